@@ -1,0 +1,33 @@
+"""Every ``ATLAS_*`` environment variable is read here (and listed in docs/env_vars.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def plugin_allow_list() -> list[str] | None:
+    """``ATLAS_PLUGINS``: comma-separated entry-point names to load; unset loads all."""
+    raw = os.environ.get("ATLAS_PLUGINS")
+    if raw is None or not raw.strip():
+        return None
+    return [p.strip() for p in raw.split(",") if p.strip()]
+
+
+def cache_dir() -> Path:
+    """``ATLAS_CACHE_DIR``: where Atlas keeps compiled kernels and other caches."""
+    raw = os.environ.get("ATLAS_CACHE_DIR")
+    if raw:
+        return Path(raw).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "atlas"
+
+
+def default_backend() -> str | None:
+    """``ATLAS_BACKEND``: backend used when ``--backend`` is not given (default: best available)."""
+    return os.environ.get("ATLAS_BACKEND") or None
+
+
+def log_level() -> str:
+    """``ATLAS_LOG_LEVEL``: logging level name (default ``INFO``)."""
+    return os.environ.get("ATLAS_LOG_LEVEL", "INFO").upper()

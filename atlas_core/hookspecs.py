@@ -1,0 +1,92 @@
+"""The five plugin points of Atlas.
+
+Every hook only *registers*: it receives a ``register(name, factory)`` callable and calls it once
+per thing the plugin provides. ``factory`` is either a callable or a lazy ``"package.module:attr"``
+string; strings are resolved only when the thing is first used, so importing a plugin never
+touches a GPU or imports a heavy library. What a registered factory must build is described by
+the ABCs in :mod:`atlas_core.interfaces`.
+
+A plugin is any module (or object) with functions of these names decorated with
+:data:`hookimpl`, advertised through the ``atlas`` entry-point group::
+
+    [project.entry-points.atlas]
+    qwen3 = "atlas_qwen3.plugin"
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+PROJECT_NAME = "atlas"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+Register = Callable[[str, object], None]
+
+
+@hookspec
+def register_gpu_backends(register: Register) -> None:
+    """Register GPU (compute) backends by name, e.g. ``"cuda"``, ``"numpy"``, ``"mock"``.
+
+    The factory is called with keyword options (``device_id``, ``memory_utilization``…) it may
+    ignore, and returns a :class:`~atlas_core.interfaces.GpuBackend`.
+
+    Since: 0.1
+    """
+
+
+@hookspec
+def register_weight_loaders(register: Register) -> None:
+    """Register model-weight loaders by HF ``architectures`` string, e.g. ``"Qwen3ForCausalLM"``.
+
+    The factory is called with no arguments and returns a
+    :class:`~atlas_core.interfaces.ModelWeightLoader`.
+
+    Since: 0.1
+    """
+
+
+@hookspec
+def register_layers(register: Register) -> None:
+    """Register transformer layer kinds, e.g. ``"attention"``, ``"mlp"``, ``"moe"``.
+
+    The factory is a :class:`~atlas_core.interfaces.TransformerLayer` subclass (or a callable
+    building one from keyword arguments). Weight loaders look layer kinds up by name, so a
+    plugin may replace how one kind is computed without touching the model families using it.
+
+    Since: 0.1
+    """
+
+
+@hookspec
+def register_comm_backends(register: Register) -> None:
+    """Register collective-communication backends, e.g. ``"loopback"``, ``"nccl"``.
+
+    The factory is called with ``rank`` and ``world_size`` keywords and returns a
+    :class:`~atlas_core.interfaces.CommBackend`.
+
+    Since: 0.1
+    """
+
+
+@hookspec
+def register_storage_backends(register: Register) -> None:
+    """Register KV-block storage backends, e.g. ``"memory"``, ``"posix"``, ``"io_uring"``.
+
+    The factory is called with keyword options (``root`` for file-backed ones) and returns a
+    :class:`~atlas_core.interfaces.StorageBackend`.
+
+    Since: 0.1
+    """
+
+
+HOOK_NAMES = (
+    "register_gpu_backends",
+    "register_weight_loaders",
+    "register_layers",
+    "register_comm_backends",
+    "register_storage_backends",
+)

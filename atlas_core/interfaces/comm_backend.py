@@ -1,0 +1,43 @@
+"""CommBackend: collective communication between ranks (tensor / expert parallelism)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class CommBackend(ABC):
+    """Collectives over device arrays of one GpuBackend.
+
+    Required: ``rank``, ``world_size``, :meth:`all_reduce`, :meth:`all_gather`.
+    Optional: :meth:`all_to_all`, :meth:`send`, :meth:`recv`, :meth:`barrier`, :meth:`close`.
+    """
+
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def all_reduce(self, array: Any, op: str = "sum") -> Any:
+        """Reduce ``array`` across ranks (``op`` in sum/max/min) and return the result."""
+
+    @abstractmethod
+    def all_gather(self, array: Any, axis: int = 0) -> Any:
+        """Concatenate every rank's ``array`` along ``axis``."""
+
+    def all_to_all(self, arrays: list[Any]) -> list[Any]:
+        """Optional. Send ``arrays[r]`` to rank r; return what each rank sent here."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement all_to_all")
+
+    def send(self, array: Any, dst: int) -> None:
+        """Optional. Point-to-point send."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement send")
+
+    def recv(self, array: Any, src: int) -> Any:
+        """Optional. Point-to-point receive into ``array``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement recv")
+
+    def barrier(self) -> None:
+        """Optional. Wait for every rank."""
+
+    def close(self) -> None:
+        """Optional. Release resources."""

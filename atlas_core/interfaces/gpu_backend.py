@@ -1,0 +1,123 @@
+"""GpuBackend: the contract every compute backend (numpy, mock, cuda…) fulfils."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a backend runs on.
+
+    Attributes:
+        name: human-readable device name, e.g. ``"NVIDIA H200"`` or ``"cpu"``.
+        kind: ``"cpu"``, ``"cuda"``…
+        total_memory: bytes of device memory (host RAM for CPU backends).
+        compute_capability: e.g. ``"9.0"``; empty for CPU backends.
+    """
+
+    name: str
+    kind: str
+    total_memory: int
+    compute_capability: str = ""
+
+
+class Graph(ABC):
+    """A captured sequence of device work that can be replayed."""
+
+    @abstractmethod
+    def replay(self) -> None:
+        """Re-run the captured work on the same buffers."""
+
+
+class EagerGraph(Graph):
+    """Fallback 'graph' for backends without capture: replays by calling the function again."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+class GpuBackend(ABC):
+    """A device that stores arrays and runs the ops of :mod:`atlas_core.ops`.
+
+    Arrays are backend objects with ``.shape``, ``.dtype`` (a NumPy dtype, ``ml_dtypes`` for
+    bf16/fp8), ``.reshape(*shape)`` returning a view of a contiguous array, and basic slicing
+    along the first axis (``a[i:j]``) returning a view. Host data enters with
+    :meth:`from_host` / :meth:`copy_from_host` and leaves with :meth:`to_host`.
+
+    Ops live on ``self.ops``: an object with one method per op name in
+    :data:`atlas_core.ops.OP_NAMES`, with the signature and semantics of the NumPy reference of
+    the same name in :mod:`atlas_core.ops.reference`. Ops return newly produced arrays taken from
+    the backend's step workspace (see :meth:`reset_workspace`); ops documented as in-place write
+    into the arrays passed to them.
+
+    Required: everything abstract below. Optional: graph capture, streams, workspace handling.
+    """
+
+    name: str = "abstract"
+    ops: Any
+
+    @abstractmethod
+    def device_info(self) -> DeviceInfo:
+        """Describe the device."""
+
+    @abstractmethod
+    def memory_info(self) -> tuple[int, int]:
+        """Return ``(free_bytes, total_bytes)`` of device memory right now."""
+
+    @abstractmethod
+    def empty(self, shape: Sequence[int], dtype: Any) -> Any:
+        """Allocate an uninitialised array that lives until dropped (weights, KV cache)."""
+
+    @abstractmethod
+    def from_host(self, array: np.ndarray) -> Any:
+        """Allocate a device array holding a copy of the host ``array``."""
+
+    @abstractmethod
+    def copy_from_host(self, dst: Any, src: np.ndarray) -> None:
+        """Copy host ``src`` into the existing device array ``dst`` (same size)."""
+
+    @abstractmethod
+    def to_host(self, array: Any) -> np.ndarray:
+        """Copy a device array to a new host array (waits for pending work on it)."""
+
+    @abstractmethod
+    def copy_(self, dst: Any, src: Any) -> None:
+        """Device-to-device copy of ``src`` into ``dst`` (same shape and dtype)."""
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block until all submitted device work has finished."""
+
+    def zeros(self, shape: Sequence[int], dtype: Any) -> Any:
+        """Optional. Allocate a zero-filled array (default: host zeros copied in)."""
+        return self.from_host(np.zeros(shape, dtype=dtype))
+
+    def reset_workspace(self) -> None:
+        """Optional. Start a new step: op outputs from before may now be overwritten.
+
+        Backends that hand op outputs out of a bump arena reset it here, so a decode step
+        allocates nothing and replays into the same addresses (what makes graph capture work).
+        """
+
+    @property
+    def supports_graphs(self) -> bool:
+        """Optional. True when :meth:`capture` records real device graphs."""
+        return False
+
+    def capture(self, fn: Callable[[], Any]) -> Graph:
+        """Optional. Record the device work ``fn`` launches; replay it later.
+
+        The default runs nothing now and calls ``fn`` on every replay (eager fallback).
+        """
+        return EagerGraph(fn)
+
+    def close(self) -> None:
+        """Optional. Release device resources."""

@@ -1,0 +1,145 @@
+"""Reference attention ops: KV-cache write, causal prefill attention, paged attention.
+
+KV pools are laid out ``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``t`` of a
+sequence lives in block ``block_table[t // block_size]`` at offset ``t % block_size``, i.e. slot
+``block * block_size + offset``. GQA: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.ops._dtypes import f32
+from atlas_core.ops.norm import rms_norm
+from atlas_core.ops.rotary import rotary_embedding
+
+
+def reshape_and_cache(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                      slot_mapping: np.ndarray, kv_scale: float = 1.0) -> None:
+    """Write new keys/values into their cache slots, in place.
+
+    Args:
+        k, v: ``[num_tokens, num_kv_heads, head_dim]``.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (any storage dtype,
+            fp8 included: values are stored as ``x / kv_scale``).
+        slot_mapping: ``[num_tokens]`` int32 slot per token; ``-1`` skips the token.
+    """
+    num_blocks, block_size = k_cache.shape[:2]
+    slots = np.asarray(slot_mapping, dtype=np.int64)
+    keep = slots >= 0
+    slots = slots[keep]
+    flat_k = k_cache.reshape(num_blocks * block_size, *k_cache.shape[2:])
+    flat_v = v_cache.reshape(num_blocks * block_size, *v_cache.shape[2:])
+    flat_k[slots] = (f32(k[keep]) / kv_scale).astype(k_cache.dtype)
+    flat_v[slots] = (f32(v[keep]) / kv_scale).astype(v_cache.dtype)
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float) -> np.ndarray:
+    # q: [n_q, num_heads, head_dim]; k, v: [n_kv, num_kv_heads, head_dim] (float32)
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    group = num_heads // num_kv_heads
+    kh = np.repeat(k, group, axis=1)
+    vh = np.repeat(v, group, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, kh) * scale
+    mask = np.arange(k.shape[0])[None, :] > q_pos[:, None]
+    scores = np.where(mask[None], -np.inf, scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", probs, vh)
+
+
+def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray,
+                      scale: float) -> np.ndarray:
+    """Causal self-attention over packed variable-length sequences (no cache).
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]``.
+        k, v: ``[num_tokens, num_kv_heads, head_dim]``.
+        cu_seqlens: ``[num_seqs + 1]`` int32 prefix sums of sequence lengths.
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in ``q.dtype`` (float32 softmax and accumulation).
+    """
+    out = np.empty(q.shape, dtype=np.float32)
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    for b in range(len(cu) - 1):
+        s, e = cu[b], cu[b + 1]
+        out[s:e] = _attend(f32(q[s:e]), f32(k[s:e]), f32(v[s:e]), np.arange(e - s), scale)
+    return out.astype(q.dtype)
+
+
+def gather_kv(cache: np.ndarray, block_table: np.ndarray, length: int, kv_scale: float = 1.0) -> np.ndarray:
+    """The first ``length`` cached tokens of one sequence as ``[length, num_kv_heads, head_dim]`` float32."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    blocks = cache[np.asarray(block_table[:num_blocks], dtype=np.int64)]
+    return f32(blocks.reshape(-1, *cache.shape[2:])[:length]) * kv_scale
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
+                    seq_lens: np.ndarray, cu_seqlens_q: np.ndarray, scale: float,
+                    kv_scale: float = 1.0) -> np.ndarray:
+    """Causal attention of new query tokens over each sequence's paged KV cache.
+
+    Serves decode (one query per sequence), chunked prefill and prefix-cached prefill alike: the
+    ``n_q`` queries of sequence ``b`` are its last ``n_q`` positions, ``seq_lens[b] - n_q + i``,
+    and attend to cached tokens ``0..position`` (their own K/V must already be written).
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]`` packed by sequence.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks_per_seq]`` int32 (unused entries arbitrary).
+        seq_lens: ``[num_seqs]`` int32 context length including this step's tokens.
+        cu_seqlens_q: ``[num_seqs + 1]`` int32 prefix sums of query counts.
+        scale: softmax scale.
+        kv_scale: dequantisation scale of the cache (fp8 KV).
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in ``q.dtype``.
+    """
+    out = np.empty(q.shape, dtype=np.float32)
+    cu = np.asarray(cu_seqlens_q, dtype=np.int64)
+    for b in range(len(cu) - 1):
+        s, e = cu[b], cu[b + 1]
+        if e == s:
+            continue
+        length = int(seq_lens[b])
+        k = gather_kv(k_cache, block_tables[b], length, kv_scale)
+        v = gather_kv(v_cache, block_tables[b], length, kv_scale)
+        q_pos = np.arange(length - (e - s), length)
+        out[s:e] = _attend(f32(q[s:e]), k, v, q_pos, scale)
+    return out.astype(q.dtype)
+
+
+def qk_norm_rope_and_cache(qkv: np.ndarray, positions: np.ndarray, cos_sin_cache: np.ndarray,
+                           k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray, *,
+                           num_heads: int, num_kv_heads: int, head_dim: int,
+                           q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None,
+                           eps: float = 1e-6, rotary_dim: int | None = None, is_neox: bool = True,
+                           kv_scale: float = 1.0) -> np.ndarray:
+    """Fused attention prologue: split QKV, per-head RMSNorm of q and k, rotary, cache write.
+
+    Args:
+        qkv: ``[num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]`` output of the fused
+            QKV projection (q heads, then k heads, then v heads).
+        positions, cos_sin_cache, rotary_dim, is_neox: as :func:`rotary_embedding`.
+        k_cache, v_cache, slot_mapping, kv_scale: as :func:`reshape_and_cache` (written in place).
+        q_norm, k_norm: optional ``[head_dim]`` RMSNorm weights applied per head (Qwen3).
+
+    Returns:
+        ``q``: ``[num_tokens, num_heads, head_dim]`` normed and rotated, ready for attention.
+    """
+    t = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q = qkv[:, :q_size].reshape(t, num_heads, head_dim)
+    k = qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim)
+    v = qkv[:, q_size + kv_size:].reshape(t, num_kv_heads, head_dim)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+    if k_norm is not None:
+        k = rms_norm(k, k_norm, eps)
+    q, k = rotary_embedding(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
+    reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
+    return q

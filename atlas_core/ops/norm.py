@@ -1,0 +1,97 @@
+"""Reference elementwise ops: embedding, RMSNorm, linear, gated activations."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.ops._dtypes import f32
+
+
+def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Gather rows of ``table``.
+
+    Args:
+        ids: ``[num_tokens]`` int32 token ids, each in ``[0, vocab_size)``.
+        table: ``[vocab_size, hidden_size]``.
+
+    Returns:
+        ``[num_tokens, hidden_size]`` in ``table.dtype``.
+    """
+    return table[np.asarray(ids, dtype=np.int64)]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray | None = None,
+             *, zero_centered: bool = False):
+    """RMSNorm over the last axis, optionally fused with the residual add.
+
+    ``y = x / sqrt(mean(x**2) + eps) * w`` computed in float32, stored in ``x.dtype``. With
+    ``zero_centered`` the stored weight is ``w - 1`` (Gemma / Qwen3.5), so ``y * (1 + w)``.
+
+    Args:
+        x: ``[..., hidden]``.
+        weight: ``[hidden]``.
+        eps: variance epsilon.
+        residual: optional ``[..., hidden]``; when given, ``r = x + residual`` (rounded to
+            ``x.dtype``) is normalised and returned as the new residual.
+
+    Returns:
+        ``y`` or, with ``residual``, the tuple ``(y, r)``.
+    """
+    dtype = x.dtype
+    if residual is not None:
+        x = (f32(x) + f32(residual)).astype(dtype)
+    xf = f32(x)
+    w = f32(weight) + 1.0 if zero_centered else f32(weight)
+    y = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + eps) * w
+    y = y.astype(dtype)
+    return (y, x) if residual is not None else y
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """``y = x @ weight.T + bias`` with float32 accumulation.
+
+    Args:
+        x: ``[..., in_features]``.
+        weight: ``[out_features, in_features]`` (the HF / PyTorch layout).
+        bias: optional ``[out_features]``.
+
+    Returns:
+        ``[..., out_features]`` in ``x.dtype``.
+    """
+    y = f32(x) @ f32(weight).T
+    if bias is not None:
+        y = y + f32(bias)
+    return y.astype(x.dtype)
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+
+
+ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh}
+
+
+def silu_and_mul(x: np.ndarray) -> np.ndarray:
+    """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of last size ``2d`` (gate then up)."""
+    return act_and_mul(x, "silu")
+
+
+def gelu_tanh_and_mul(x: np.ndarray) -> np.ndarray:
+    """``gelu_tanh(x[..., :d]) * x[..., d:]`` for ``x`` of last size ``2d`` (gate then up)."""
+    return act_and_mul(x, "gelu_tanh")
+
+
+def act_and_mul(x: np.ndarray, activation: str) -> np.ndarray:
+    """Gated activation by name (``silu`` or ``gelu_tanh``); see :func:`silu_and_mul`."""
+    d = x.shape[-1] // 2
+    xf = f32(x)
+    return (ACTIVATIONS[activation](xf[..., :d]) * xf[..., d:]).astype(x.dtype)
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise ``a + b`` in float32, stored in ``a.dtype``."""
+    return (f32(a) + f32(b)).astype(a.dtype)

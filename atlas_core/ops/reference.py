@@ -1,0 +1,16 @@
+"""Every op's NumPy reference in one namespace: the semantics all backends are tested against."""
+
+from atlas_core.ops.attention import (gather_kv, paged_attention, prefill_attention,
+                                      qk_norm_rope_and_cache, reshape_and_cache)
+from atlas_core.ops.moe import moe_experts, moe_route
+from atlas_core.ops.norm import (act_and_mul, add, embedding, gelu_tanh_and_mul, linear, rms_norm,
+                                 silu_and_mul)
+from atlas_core.ops.rotary import rope_cos_sin_cache, rotary_embedding
+from atlas_core.ops.sampling import apply_penalties, argmax, log_softmax, sample, topk
+
+__all__ = [
+    "act_and_mul", "add", "apply_penalties", "argmax", "embedding", "gather_kv",
+    "gelu_tanh_and_mul", "linear", "log_softmax", "moe_experts", "moe_route", "paged_attention",
+    "prefill_attention", "qk_norm_rope_and_cache", "reshape_and_cache", "rms_norm",
+    "rope_cos_sin_cache", "rotary_embedding", "sample", "silu_and_mul", "topk",
+]
