@@ -1,1 +1,8 @@
-"""atlas_core.weights."""
+"""Checkpoint access: safetensors read by mmap (:class:`Checkpoint`) and model resolution."""
+
+from atlas_core.weights.checkpoint import Checkpoint
+from atlas_core.weights.resolve import ModelNotFoundError, resolve_model
+from atlas_core.weights.safetensors_file import CheckpointError, SafetensorsFile, write_safetensors
+
+__all__ = ["Checkpoint", "CheckpointError", "ModelNotFoundError", "SafetensorsFile",
+           "resolve_model", "write_safetensors"]
