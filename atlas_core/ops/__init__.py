@@ -30,9 +30,20 @@ OP_NAMES = (
     "topk",
     "apply_penalties",
     "sample",
+    "causal_conv1d",
+    "causal_conv1d_update",
+    "gated_delta_rule_chunked",
+    "gated_delta_rule_recurrent",
+    "gdn_gating",
+    "rms_norm_gated",
+    "sigmoid_mul",
 )
 
 #: Ops that write into arrays they are given (the KV cache) rather than returning new ones.
 INPLACE_OPS = ("reshape_and_cache", "qk_norm_rope_and_cache")
 
-__all__ = ["INPLACE_OPS", "OP_NAMES", "reference"]
+#: Ops that also update state pools in place while returning a new array (recurrent layers).
+STATEFUL_OPS = ("causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
+                "gated_delta_rule_recurrent")
+
+__all__ = ["INPLACE_OPS", "OP_NAMES", "STATEFUL_OPS", "reference"]

@@ -1,0 +1,279 @@
+"""Reference ops of Gated DeltaNet layers (Qwen3-Next / Qwen3.5) and sigmoid gating.
+
+Recurrent state lives in per-sequence slots of two pools a layer receives through
+``bind_state``: the conv state ``[num_slots, kernel_size - 1, conv_dim]`` (the last inputs of the
+causal conv, token-major like the activations) and the SSM state
+``[num_slots, num_v_heads, head_k_dim, head_v_dim]`` float32. Sequence ``b`` of a step owns slot
+``state_indices[b]`` (``-1``: padding row, state neither read nor written). A sequence starts
+from a zero state when this step holds its whole context (``seq_lens[b]`` equals its query
+count), and continues from its slot otherwise; its final state is written back in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.ops._dtypes import f32
+from atlas_core.ops.norm import ACTIVATIONS
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def _runs(cu_seqlens: np.ndarray, seq_lens: np.ndarray, state_indices: np.ndarray):
+    """Yield ``(start, end, slot, has_initial_state)`` for every sequence of the step."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    for b in range(len(cu) - 1):
+        start, end = int(cu[b]), int(cu[b + 1])
+        slot = int(state_indices[b])
+        yield start, end, slot, slot >= 0 and int(seq_lens[b]) > end - start
+
+
+def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, conv_states: np.ndarray,
+                  cu_seqlens: np.ndarray, seq_lens: np.ndarray, state_indices: np.ndarray,
+                  activation: str | None = "silu") -> np.ndarray:
+    """Depthwise causal conv1d over packed variable-length sequences, carrying conv state.
+
+    For sequence ``b`` with inputs ``x_0..x_{n-1}`` and previous inputs ``s`` (its conv state, or
+    zeros when it starts here), ``xs = [s; x]`` and
+    ``y_t = act(sum_i weight[:, i] * xs[t + i] + bias)`` for ``i in 0..K-1``. The last ``K - 1``
+    rows of ``xs`` become the new conv state (in place). Computed in float32.
+
+    Args:
+        x: ``[num_tokens, dim]`` packed by sequence.
+        weight: ``[dim, kernel_size]`` (HF ``conv1d.weight`` ``[dim, 1, K]`` squeezed).
+        bias: optional ``[dim]``.
+        conv_states: ``[num_slots, kernel_size - 1, dim]`` pool, updated in place.
+        cu_seqlens: ``[num_seqs + 1]`` int32 prefix sums of query counts.
+        seq_lens: ``[num_seqs]`` int32 context length including this step's tokens.
+        state_indices: ``[num_seqs]`` int32 slot of each sequence (``-1``: skip).
+        activation: ``"silu"`` or ``None``.
+
+    Returns:
+        ``[num_tokens, dim]`` in ``x.dtype``.
+    """
+    k = weight.shape[-1]
+    w = f32(weight)
+    out = np.zeros(x.shape, dtype=np.float32)
+    for start, end, slot, has_state in _runs(cu_seqlens, seq_lens, state_indices):
+        prev = f32(conv_states[slot]) if has_state else np.zeros((k - 1, x.shape[1]), np.float32)
+        xs = np.concatenate([prev, f32(x[start:end])], axis=0)
+        n = end - start
+        y = sum(xs[i:i + n] * w[:, i] for i in range(k))
+        out[start:end] = y + f32(bias) if bias is not None else y
+        if slot >= 0:
+            conv_states[slot] = xs[n:].astype(conv_states.dtype)
+    if activation is not None:
+        out = ACTIVATIONS[activation](out)
+    return out.astype(x.dtype)
+
+
+def causal_conv1d_update(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+                         conv_states: np.ndarray, seq_lens: np.ndarray, state_indices: np.ndarray,
+                         activation: str | None = "silu") -> np.ndarray:
+    """One decode step of :func:`causal_conv1d`: one new token per sequence.
+
+    Args:
+        x: ``[num_seqs, dim]``, row ``b`` the new token of sequence ``b``.
+        weight, bias, conv_states, seq_lens, state_indices, activation: as :func:`causal_conv1d`
+            (a sequence with ``seq_lens[b] == 1`` starts from zeros).
+
+    Returns:
+        ``[num_seqs, dim]`` in ``x.dtype``.
+    """
+    cu = np.arange(x.shape[0] + 1, dtype=np.int32)
+    return causal_conv1d(x, weight, bias, conv_states, cu, seq_lens, state_indices, activation)
+
+
+def _split_qkv(qkv: np.ndarray, num_k_heads: int, num_v_heads: int, head_k_dim: int,
+               head_v_dim: int, use_qk_l2norm: bool, scale: float | None):
+    # qkv: [n, 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim] -> float32 [num_v_heads, n, d]
+    n = qkv.shape[0]
+    key_dim = num_k_heads * head_k_dim
+    x = f32(qkv)
+    q = x[:, :key_dim].reshape(n, num_k_heads, head_k_dim)
+    k = x[:, key_dim:2 * key_dim].reshape(n, num_k_heads, head_k_dim)
+    v = x[:, 2 * key_dim:].reshape(n, num_v_heads, head_v_dim)
+    if use_qk_l2norm:
+        q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + 1e-6)
+        k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + 1e-6)
+    group = num_v_heads // num_k_heads
+    q = np.repeat(q, group, axis=1) * (head_k_dim ** -0.5 if scale is None else scale)
+    k = np.repeat(k, group, axis=1)
+    return q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+
+
+def _recurrent_run(q, k, v, g, beta, state):
+    # q, k: [H, n, dk]; v: [H, n, dv]; g, beta: [H, n]; state: [H, dk, dv] (all float32)
+    out = np.empty(v.shape, dtype=np.float32)
+    for t in range(q.shape[1]):
+        state = state * np.exp(g[:, t])[:, None, None]
+        kv_mem = np.einsum("hkv,hk->hv", state, k[:, t])
+        delta = (v[:, t] - kv_mem) * beta[:, t, None]
+        state = state + k[:, t, :, None] * delta[:, None, :]
+        out[:, t] = np.einsum("hkv,hk->hv", state, q[:, t])
+    return out, state
+
+
+def _chunked_run(q, k, v, g, beta, state, chunk_size):
+    # Same shapes as _recurrent_run; the WY form of the delta rule, one chunk at a time.
+    num_heads, n, _ = q.shape
+    out = np.empty(v.shape, dtype=np.float32)
+    for c0 in range(0, n, chunk_size):
+        c1 = min(c0 + chunk_size, n)
+        qc, kc, vc, bc = q[:, c0:c1], k[:, c0:c1], v[:, c0:c1], beta[:, c0:c1]
+        gamma = np.cumsum(g[:, c0:c1], axis=-1)                 # [H, C] log decay since chunk start
+        size = c1 - c0
+        diff = gamma[:, :, None] - gamma[:, None, :]            # log(Gamma_i / Gamma_j)
+        lower = np.tril(np.ones((size, size), dtype=bool))
+        decay = np.exp(np.where(lower, diff, -np.inf))          # [H, C, C], zero above the diagonal
+        strict = decay * ~np.eye(size, dtype=bool)
+        a = (bc[:, :, None] * (kc @ kc.transpose(0, 2, 1))) * strict
+        system = np.eye(size, dtype=np.float32)[None] + a       # unit lower triangular
+        w_v = np.linalg.solve(system, bc[:, :, None] * vc)
+        w_k = np.linalg.solve(system, (bc * np.exp(gamma))[:, :, None] * kc)
+        u = w_v - w_k @ state                                    # values written to the state
+        attn = (qc @ kc.transpose(0, 2, 1)) * decay
+        out[:, c0:c1] = (np.exp(gamma)[:, :, None] * qc) @ state + attn @ u
+        tail = np.exp(gamma[:, -1:] - gamma)[:, :, None] * kc
+        state = np.exp(gamma[:, -1])[:, None, None] * state + tail.transpose(0, 2, 1) @ u
+    return out, state
+
+
+def _delta_rule(run, qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices, *,
+                num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale, use_qk_l2norm):
+    out = np.zeros((qkv.shape[0], num_v_heads, head_v_dim), dtype=np.float32)
+    for start, end, slot, has_state in _runs(cu_seqlens, seq_lens, state_indices):
+        if end == start:
+            continue
+        q, k, v = _split_qkv(qkv[start:end], num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                             use_qk_l2norm, scale)
+        state = (f32(ssm_states[slot]).copy() if has_state
+                 else np.zeros((num_v_heads, head_k_dim, head_v_dim), np.float32))
+        o, state = run(q, k, v, f32(g[start:end]).T, f32(beta[start:end]).T, state)
+        out[start:end] = o.transpose(1, 0, 2)
+        if slot >= 0:
+            ssm_states[slot] = state.astype(ssm_states.dtype)
+    return out.astype(qkv.dtype)
+
+
+def gated_delta_rule_recurrent(qkv: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                               ssm_states: np.ndarray, cu_seqlens: np.ndarray, seq_lens: np.ndarray,
+                               state_indices: np.ndarray, *, num_k_heads: int, num_v_heads: int,
+                               head_k_dim: int, head_v_dim: int, scale: float | None = None,
+                               use_qk_l2norm: bool = True) -> np.ndarray:
+    """Gated delta rule, token by token (the decode form; any query counts allowed).
+
+    Per value head ``h`` (its key head is ``h // (num_v_heads // num_k_heads)``), with ``q, k``
+    L2-normalised (eps ``1e-6`` inside the root) when ``use_qk_l2norm``, ``q`` scaled by
+    ``scale`` (default ``head_k_dim ** -0.5``) and state ``S`` ``[head_k_dim, head_v_dim]``::
+
+        S = exp(g_t) * S
+        S = S + k_t (beta_t * (v_t - S^T k_t))^T
+        o_t = S^T q_t
+
+    Args:
+        qkv: ``[num_tokens, 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim]`` packed by
+            sequence: all q heads, then all k heads, then all v heads (the conv output).
+        g: ``[num_tokens, num_v_heads]`` float32 log decay (``<= 0``), see :func:`gdn_gating`.
+        beta: ``[num_tokens, num_v_heads]`` float32 write strength in ``(0, 1)``.
+        ssm_states: ``[num_slots, num_v_heads, head_k_dim, head_v_dim]`` pool (float32), updated
+            in place with each sequence's final state.
+        cu_seqlens, seq_lens, state_indices: as :func:`causal_conv1d`.
+
+    Returns:
+        ``[num_tokens, num_v_heads, head_v_dim]`` in ``qkv.dtype`` (float32 math).
+    """
+    return _delta_rule(_recurrent_run, qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
+                       state_indices, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
+                       head_k_dim=head_k_dim, head_v_dim=head_v_dim, scale=scale,
+                       use_qk_l2norm=use_qk_l2norm)
+
+
+def gated_delta_rule_chunked(qkv: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                             ssm_states: np.ndarray, cu_seqlens: np.ndarray, seq_lens: np.ndarray,
+                             state_indices: np.ndarray, *, num_k_heads: int, num_v_heads: int,
+                             head_k_dim: int, head_v_dim: int, scale: float | None = None,
+                             use_qk_l2norm: bool = True, chunk_size: int = 64) -> np.ndarray:
+    """Gated delta rule in chunked (WY) form, for prefill; equals :func:`gated_delta_rule_recurrent`.
+
+    Within a chunk starting from state ``S0``, with ``G_i = exp(sum_{j<=i} g_j)`` and the
+    strictly lower ``A_ij = beta_i (G_i / G_j) k_i.k_j``, the values written to the state are
+    ``U = (I + A)^-1 (beta V - beta G K S0)``; outputs are ``O = (G Q) S0 + tril((Q K^T) G_i / G_j) U``
+    and the next state ``G_C S0 + sum_j (G_C / G_j) k_j u_j^T``.
+
+    Args:
+        qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices, num_k_heads,
+            num_v_heads, head_k_dim, head_v_dim, scale, use_qk_l2norm: as
+            :func:`gated_delta_rule_recurrent`.
+        chunk_size: tokens per chunk (affects rounding only).
+
+    Returns:
+        ``[num_tokens, num_v_heads, head_v_dim]`` in ``qkv.dtype``.
+    """
+    def run(q, k, v, g_, beta_, state):
+        return _chunked_run(q, k, v, g_, beta_, state, chunk_size)
+
+    return _delta_rule(run, qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                       num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
+                       head_v_dim=head_v_dim, scale=scale, use_qk_l2norm=use_qk_l2norm)
+
+
+def gdn_gating(ba: np.ndarray, A_log: np.ndarray, dt_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gated DeltaNet decay and write strength from the ``b``/``a`` projections.
+
+    ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` in float32.
+
+    Args:
+        ba: ``[num_tokens, 2 * num_v_heads]``: ``b`` for every head, then ``a`` for every head.
+        A_log: ``[num_v_heads]`` (any float dtype).
+        dt_bias: ``[num_v_heads]``.
+
+    Returns:
+        ``(g, beta)``, each ``[num_tokens, num_v_heads]`` float32.
+    """
+    num_heads = ba.shape[-1] // 2
+    x = f32(ba)
+    beta = _sigmoid(x[:, :num_heads])
+    g = -np.exp(f32(A_log)) * _softplus(x[:, num_heads:] + f32(dt_bias))
+    return g.astype(np.float32), beta.astype(np.float32)
+
+
+def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Gated RMSNorm of the GDN output: ``rms_norm(x) * weight * silu(gate)`` over the last axis.
+
+    The weight is used as stored (not zero-centred). Computed in float32.
+
+    Args:
+        x: ``[..., d]``, e.g. ``[num_tokens, num_v_heads, head_v_dim]``.
+        gate: same shape as ``x`` (the ``z`` projection).
+        weight: ``[d]``.
+        eps: variance epsilon.
+
+    Returns:
+        Same shape as ``x``, in ``x.dtype``.
+    """
+    xf = f32(x)
+    y = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + eps) * f32(weight)
+    return (y * ACTIVATIONS["silu"](f32(gate))).astype(x.dtype)
+
+
+def sigmoid_mul(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(gate)`` in float32, stored in ``x.dtype``.
+
+    Serves the gated attention output (``gate`` ``[num_tokens, num_heads * head_dim]``) and the
+    shared-expert gate (``gate`` ``[num_tokens, 1]``, broadcast along the last axis).
+
+    Args:
+        x: ``[num_tokens, d]``.
+        gate: ``[num_tokens, d]`` or ``[num_tokens, 1]``.
+
+    Returns:
+        ``[num_tokens, d]`` in ``x.dtype``.
+    """
+    return (f32(x) * _sigmoid(f32(gate))).astype(x.dtype)
