@@ -16,7 +16,8 @@ class ModelWeightLoader(ABC):
     Parameter names mirror the HF checkpoint; the loader walks the checkpoint's tensors and hands
     each to the layer parameter it belongs to, validating shapes with errors that name the tensor.
 
-    Required: :meth:`load`. Optional: :meth:`validate_config`, :meth:`default_generation`.
+    Required: :meth:`load`. Optional: :meth:`validate_config`, :meth:`tiny_config`,
+    :meth:`checkpoint_tensors`.
     """
 
     @abstractmethod
@@ -33,3 +34,18 @@ class ModelWeightLoader(ABC):
 
     def validate_config(self, config: dict[str, Any]) -> None:
         """Optional. Raise ``ValueError`` naming the field when the config is unsupported."""
+
+    def tiny_config(self) -> dict[str, Any] | None:
+        """Optional. A config.json dict for a tiny random test model of this architecture.
+
+        Used by :func:`atlas_core.testing.checkpoints.write_tiny_checkpoint` (hidden ~64, 2-4
+        layers, vocab ~300-512). ``None`` (the default) means the loader offers no tiny model.
+        """
+        return None
+
+    def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]] | None:
+        """Optional. HF tensor name -> shape of every tensor :meth:`load` reads for ``config``.
+
+        Used to write tiny random checkpoints; ``None`` (the default) means unknown.
+        """
+        return None

@@ -1,0 +1,127 @@
+"""A generic :class:`ModelWeightLoader` for Llama-style decoder stacks.
+
+Model-family plugins subclass :class:`DecoderOnlyLoader` and override the few hooks where their
+architecture differs (q/k norm, which layers are sparse, extra attention options), so a family
+is usually a dozen lines. Layers are looked up by kind in the plugin registry, so another plugin
+may replace how ``attention`` or ``moe`` is computed without touching the families.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atlas_core.interfaces.layer import TransformerLayer
+from atlas_core.interfaces.weight_loader import ModelWeightLoader
+from atlas_core.model.layers.decoder import DecoderLayer
+from atlas_core.model.model import CausalLM
+from atlas_core.model.weight_loading import checkpoint_tensors, load_weights, plan_weights
+from atlas_core.ops._dtypes import as_dtype
+from atlas_core.ops.rotary import rope_parameters
+from atlas_core.plugins import resolve
+
+#: Built-in layer kinds, used when no registry is attached.
+BUILTIN_LAYERS = {
+    "attention": "atlas_core.model.layers.attention:Attention",
+    "mlp": "atlas_core.model.layers.mlp:GatedMLP",
+    "moe": "atlas_core.model.layers.moe:SparseMoE",
+}
+
+REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def model_dtype(config: dict[str, Any], dtype: Any = None, fallback: Any = None) -> np.dtype:
+    """Activation dtype: ``dtype`` if given, else the config's ``torch_dtype``/``dtype``, else
+    ``fallback``; fp8 storage dtypes become bfloat16 (fp8 weights are dequantised at load)."""
+    chosen = dtype or config.get("torch_dtype") or config.get("dtype") or fallback or "bfloat16"
+    np_dtype = as_dtype(chosen)
+    return as_dtype("bfloat16") if np_dtype.itemsize == 1 else np_dtype
+
+
+class DecoderOnlyLoader(ModelWeightLoader):
+    """Builds embed -> N x (norm, attention, norm, mlp|moe) -> norm -> lm_head from config.json.
+
+    Attributes:
+        qk_norm: attention has per-head ``q_norm`` / ``k_norm`` (Qwen3).
+        registry: a :class:`~atlas_core.plugins.Registry` to look layer kinds up in
+            (``load_model`` attaches its own); ``None`` uses the built-in layers.
+    """
+
+    qk_norm = False
+    registry: Any = None
+
+    def layer_factory(self, kind: str) -> Any:
+        """The factory of layer ``kind`` (registry first, then the built-ins)."""
+        if self.registry is not None:
+            return self.registry.get("layers", kind)
+        return resolve(BUILTIN_LAYERS[kind])
+
+    def validate_config(self, config: dict[str, Any]) -> None:
+        for name in REQUIRED_FIELDS:
+            if not isinstance(config.get(name), int) or config[name] <= 0:
+                raise ValueError(f"config.json field {name!r} must be a positive integer, got "
+                                 f"{config.get(name)!r}")
+
+    def head_dim(self, config: dict[str, Any]) -> int:
+        return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+
+    def attention_kwargs(self, config: dict[str, Any], layer_idx: int) -> dict[str, Any]:
+        """Keyword arguments of the ``attention`` layer for block ``layer_idx``."""
+        bias = bool(config.get("attention_bias", False))
+        return dict(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
+                    num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+                    head_dim=self.head_dim(config), rope=rope_parameters(config),
+                    max_position_embeddings=self.max_position_embeddings(config),
+                    rms_norm_eps=config.get("rms_norm_eps", 1e-6), qk_norm=self.qk_norm,
+                    qkv_bias=bias, o_bias=bias)
+
+    def is_sparse(self, config: dict[str, Any], layer_idx: int) -> bool:
+        """Whether block ``layer_idx`` uses the ``moe`` feed-forward (default: never)."""
+        return False
+
+    def mlp_kwargs(self, config: dict[str, Any], layer_idx: int) -> dict[str, Any]:
+        return dict(hidden_size=config["hidden_size"], intermediate_size=config["intermediate_size"],
+                    hidden_act=config.get("hidden_act", "silu"), bias=bool(config.get("mlp_bias", False)))
+
+    def moe_kwargs(self, config: dict[str, Any], layer_idx: int) -> dict[str, Any]:
+        return dict(hidden_size=config["hidden_size"], num_experts=config["num_experts"],
+                    num_experts_per_tok=config["num_experts_per_tok"],
+                    moe_intermediate_size=config["moe_intermediate_size"],
+                    norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+                    hidden_act=config.get("hidden_act", "silu"))
+
+    def max_position_embeddings(self, config: dict[str, Any]) -> int:
+        return int(config.get("max_position_embeddings") or 4096)
+
+    def build_layer(self, config: dict[str, Any], layer_idx: int) -> TransformerLayer:
+        """One decoder block: attention then the dense or sparse feed-forward."""
+        attention = self.layer_factory("attention")(**self.attention_kwargs(config, layer_idx))
+        if self.is_sparse(config, layer_idx):
+            ffn = self.layer_factory("moe")(**self.moe_kwargs(config, layer_idx))
+        else:
+            ffn = self.layer_factory("mlp")(**self.mlp_kwargs(config, layer_idx))
+        return DecoderLayer(attention, ffn, hidden_size=config["hidden_size"],
+                            rms_norm_eps=config.get("rms_norm_eps", 1e-6))
+
+    def build(self, config: dict[str, Any]) -> CausalLM:
+        """The model tree for ``config``, parameters declared but not allocated."""
+        self.validate_config(config)
+        layers = [self.build_layer(config, i) for i in range(config["num_hidden_layers"])]
+        return CausalLM(config, layers, hidden_size=config["hidden_size"],
+                        vocab_size=config["vocab_size"], rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+                        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+                        max_position_embeddings=self.max_position_embeddings(config))
+
+    def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
+             dtype: Any = None) -> CausalLM:
+        model = self.build(config)
+        plan = plan_weights(model, checkpoint)
+        embed = "model.embed_tokens.weight"
+        fallback = checkpoint.dtype(embed) if embed in checkpoint else None
+        model.materialize(backend, model_dtype(config, dtype, fallback))
+        load_weights(model, checkpoint, config, plan)
+        return model
+
+    def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        return checkpoint_tensors(self.build(config))

@@ -1,0 +1,55 @@
+"""Gated feed-forward block (layer ``mlp``): ``down(act(gate(x)) * up(x))``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_core.interfaces.layer import TransformerLayer
+from atlas_core.model.metadata import StepMetadata
+from atlas_core.model.params import Module
+
+#: HF ``hidden_act`` values -> the activation name of the gated ops.
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+
+def gated_activation(hidden_act: str) -> str:
+    """Map an HF ``hidden_act`` to ``"silu"`` or ``"gelu_tanh"``; ``ValueError`` otherwise."""
+    try:
+        return ACTIVATIONS[hidden_act]
+    except KeyError:
+        raise ValueError(f"unsupported hidden_act {hidden_act!r}; supported: "
+                         f"{', '.join(ACTIVATIONS)}") from None
+
+
+class GatedMLP(Module, TransformerLayer):
+    """SwiGLU / GeGLU MLP with the gate and up projections fused into ``gate_up_proj``.
+
+    Args:
+        hidden_size: model width.
+        intermediate_size: width of the gate and up projections.
+        hidden_act: HF activation name (``silu``, ``gelu_pytorch_tanh``…).
+        bias: biases on all three projections (Llama ``mlp_bias``).
+    """
+
+    def __init__(self, *, hidden_size: int, intermediate_size: int, hidden_act: str = "silu",
+                 bias: bool = False) -> None:
+        super().__init__()
+        self.activation = gated_activation(hidden_act)
+        inter = intermediate_size
+        self.declare("gate_up_proj.weight", (2 * inter, hidden_size), [
+            ("gate_proj.weight", (inter, hidden_size)), ("up_proj.weight", (inter, hidden_size))])
+        self.declare("down_proj.weight", (hidden_size, inter))
+        if bias:
+            self.declare("gate_up_proj.bias", (2 * inter,), [
+                ("gate_proj.bias", (inter,)), ("up_proj.bias", (inter,))])
+            self.declare("down_proj.bias", (hidden_size,))
+
+    def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+        ops = self.ops
+        gate_up = ops.linear(hidden, self.params["gate_up_proj.weight"], self.param("gate_up_proj.bias"))
+        if self.activation == "silu":
+            act = ops.silu_and_mul(gate_up)
+        else:
+            act = ops.gelu_tanh_and_mul(gate_up)
+        return ops.linear(act, self.params["down_proj.weight"], self.param("down_proj.bias")), residual

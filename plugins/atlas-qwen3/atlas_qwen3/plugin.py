@@ -1,0 +1,16 @@
+"""Registers the weight loaders of this family. Lazy strings: importing this imports nothing heavy."""
+
+from atlas_core.hookspecs import hookimpl
+
+LOADERS = {
+    "Qwen3ForCausalLM": "atlas_qwen3.loaders:Qwen3Loader",
+    "Qwen3MoeForCausalLM": "atlas_qwen3.loaders:Qwen3MoeLoader",
+    "LlamaForCausalLM": "atlas_qwen3.loaders:LlamaLoader",
+    "MistralForCausalLM": "atlas_qwen3.loaders:MistralLoader",
+}
+
+
+@hookimpl
+def register_weight_loaders(register):
+    for architecture, factory in LOADERS.items():
+        register(architecture, factory)
