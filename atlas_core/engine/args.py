@@ -1,0 +1,71 @@
+"""EngineArgs: every knob of an engine, shared by the CLI, the server and the offline API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class EngineArgs:
+    """Settings of an :class:`~atlas_core.engine.LLMEngine`.
+
+    Attributes:
+        model: local path or Hugging Face id (``None``: the built-in demo model).
+        backend: GpuBackend name (default: ``ATLAS_BACKEND``, else cuda when present, else numpy).
+        dtype: weight / activation dtype override (``bfloat16``, ``float32``…).
+        max_num_seqs: sequences running at once (decoding or mid-prefill).
+        max_batch_size: sequences in one step (default ``max_num_seqs``).
+        max_prefill_tokens: prompt tokens computed per step (longer prompts are chunked).
+        max_seq_len: longest prompt + output (default: the model's limit, capped by the KV cache).
+        gpu_memory_utilization: fraction of device memory Atlas may use in total.
+        kv_cache_dtype: ``auto`` (the model's dtype), ``bf16`` or ``fp8`` (float8_e4m3fn).
+        block_size: tokens per KV block.
+        num_kv_blocks: KV blocks to allocate (overrides the memory-based sizing; tests).
+        enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
+        cache_dir: where downloaded models are kept.
+        seed: seed of the engine's random source (per-request seeds when none is given).
+        served_model_name: the model name the server reports.
+        max_waiting: requests allowed to wait for a slot before new ones are refused (``None``:
+            unbounded).
+        revision: model revision (branch, tag or commit) on the Hub.
+    """
+
+    model: str | None = None
+    backend: str | None = None
+    dtype: str | None = None
+    max_num_seqs: int = 64
+    max_batch_size: int | None = None
+    max_prefill_tokens: int = 2048
+    max_seq_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    cache_dir: str | None = None
+    seed: int = 0
+    served_model_name: str | None = None
+    max_waiting: int | None = None
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        positive = ("max_num_seqs", "max_prefill_tokens", "block_size")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("max_batch_size", "max_seq_len", "num_kv_blocks", "max_waiting"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset), got {value!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization!r}")
+        if self.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "float8_e4m3fn"):
+            raise ValueError(f"kv_cache_dtype must be auto, bf16 or fp8, got {self.kv_cache_dtype!r}")
+        if self.max_batch_size is None:
+            self.max_batch_size = self.max_num_seqs
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        """Names accepted as keyword arguments."""
+        return {f.name for f in fields(cls)}

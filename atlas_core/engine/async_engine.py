@@ -1,0 +1,176 @@
+"""AsyncLLMEngine: the engine's step loop on a background thread, streamed to asyncio consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from typing import AsyncIterator
+
+from atlas_core.engine.llm_engine import LLMEngine
+from atlas_core.engine.outputs import EngineStats, RequestOutput
+from atlas_core.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    """Too many requests are waiting; retry later (HTTP 429 / 503)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped after an error; every later request fails with this."""
+
+
+class AsyncLLMEngine:
+    """Runs ``engine.step()`` on its own thread, off the asyncio event loop.
+
+    Requests enter through :meth:`generate`, an async iterator of :class:`RequestOutput` (one
+    per step that produced tokens; the last has ``finished=True``). Outputs reach each
+    consumer's queue with ``loop.call_soon_threadsafe``. Cancelling the consumer (a client
+    disconnect) aborts the request and frees its KV blocks. An engine error is raised in every
+    waiting consumer and later requests fail with :class:`EngineDeadError`.
+
+    Args:
+        engine: the LLMEngine (only this object's thread touches it after construction).
+        max_waiting: requests allowed to wait for a slot; more raise :class:`QueueFull`
+            (default: ``engine.args.max_waiting``, ``None`` = unbounded).
+    """
+
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting if max_waiting is not None else engine.args.max_waiting
+        self._cond = threading.Condition()
+        self._commands: deque[tuple] = deque()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._num_waiting = 0
+        self._stats = engine.stats()
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def errored(self) -> bool:
+        return self._error is not None
+
+    def stats(self) -> EngineStats:
+        """The engine's stats as of the last step."""
+        return self._stats
+
+    def start(self) -> None:
+        """Start the step thread (done by the first :meth:`generate`)."""
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="atlas-engine", daemon=True)
+                self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the step thread (requests still running are left unfinished)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs.
+
+        Raises:
+            ValueError: the request is invalid (before anything is queued).
+            QueueFull: ``max_waiting`` requests are already waiting.
+            EngineDeadError: the engine loop has failed.
+        """
+        if self._error is not None:
+            raise EngineDeadError(f"the engine stopped after an error: {self._error!r}")
+        self.engine.validate_request(prompt_token_ids, params)
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._cond:
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already running; use a unique id")
+            waiting = self._num_waiting + sum(c[0] == "add" for c in self._commands)
+            if self.max_waiting is not None and waiting >= self.max_waiting:
+                raise QueueFull(f"{waiting} requests are already waiting (max_waiting="
+                                f"{self.max_waiting}); retry later")
+            self._streams[request_id] = (asyncio.get_running_loop(), queue)
+            self._commands.append(("add", request_id, list(prompt_token_ids), params, time.time()))
+            self._cond.notify_all()
+        self.start()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    break
+        finally:
+            with self._cond:
+                self._streams.pop(request_id, None)
+                if not finished:
+                    self._commands.append(("abort", request_id))
+                    self._cond.notify_all()
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; its stream ends with an output whose finish_reason is ``abort``."""
+        with self._cond:
+            self._commands.append(("abort", request_id))
+            self._cond.notify_all()
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        loop, queue = stream
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:
+            log.debug("event loop of request %s is closed; dropping its output", request_id)
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cond:
+                while not self._commands and not engine.has_unfinished_requests() and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                commands = list(self._commands)
+                self._commands.clear()
+            try:
+                self._apply(commands)
+                outputs = engine.step() if engine.has_unfinished_requests() else []
+                with self._cond:
+                    for out in outputs:
+                        self._deliver(out.request_id, out)
+                    self._stats = engine.stats()
+                    self._num_waiting = self._stats.num_waiting
+            except Exception as exc:  # noqa: BLE001 - every waiting request must hear of it
+                log.exception("engine step failed; failing every request")
+                with self._cond:
+                    self._error = exc
+                    for request_id in list(self._streams):
+                        self._deliver(request_id, EngineDeadError(f"engine step failed: {exc!r}"))
+                return
+
+    def _apply(self, commands: list[tuple]) -> None:
+        for cmd in commands:
+            if cmd[0] == "add":
+                _, request_id, prompt, params, arrival = cmd
+                if request_id not in self._streams:
+                    continue
+                try:
+                    self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
+                except ValueError as exc:
+                    with self._cond:
+                        self._deliver(request_id, exc)
+            else:
+                out = self.engine.abort_request(cmd[1])
+                if out is not None:
+                    with self._cond:
+                        self._deliver(cmd[1], out)

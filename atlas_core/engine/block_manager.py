@@ -1,0 +1,143 @@
+"""BlockManager: paged KV blocks with reference counts and a content-hashed prefix cache.
+
+A full block is identified by a chained hash: ``H(parent_hash, its block_size token ids)``, so
+equal hashes mean equal prefixes, not just equal blocks. Computed full blocks are registered
+under their hash; later sequences with the same prefix take a reference instead of recomputing.
+Blocks whose reference count drops to zero stay cached (and findable) until their memory is
+needed, then the least recently freed are evicted first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from atlas_core.engine.sequence import Sequence
+
+
+def block_hash(parent: bytes | None, token_ids: list[int]) -> bytes:
+    """Chained content hash of one full block (16 bytes of SHA-256)."""
+    h = hashlib.sha256(parent or b"atlas-kv")
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    return h.digest()[:16]
+
+
+class BlockManager:
+    """Allocates KV blocks ``0..num_blocks-1`` to sequences.
+
+    Args:
+        num_blocks: blocks in the KV pool.
+        block_size: tokens per block.
+        enable_prefix_caching: register computed full blocks and reuse them.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.hash_of: dict[int, bytes] = {}
+        self.block_of: dict[bytes, int] = {}
+        self.free_uncached: deque[int] = deque(range(num_blocks))
+        self.free_cached: OrderedDict[int, None] = OrderedDict()
+        self.num_hit_tokens = 0
+        self.num_query_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now (cached-but-unused ones included)."""
+        return len(self.free_uncached) + len(self.free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """New blocks ``seq`` needs to hold ``num_tokens`` tokens in total."""
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    def _take(self) -> int:
+        if self.free_uncached:
+            block = self.free_uncached.popleft()
+        else:
+            block, _ = self.free_cached.popitem(last=False)
+            del self.block_of[self.hash_of.pop(block)]
+        self.ref_counts[block] = 1
+        return block
+
+    def _ref(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            self.free_cached.pop(block)
+        self.ref_counts[block] += 1
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach cached blocks of ``seq``'s leading full blocks; return the tokens reused.
+
+        Only called for a sequence holding no blocks. The last token is never served from the
+        cache (its logits are needed), so at most ``len(seq) - 1`` tokens are reused. Requests
+        asking for prompt logprobs compute every prompt token.
+        """
+        assert not seq.block_table
+        self._update_hashes(seq, len(seq) - 1)
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return 0
+        for h in seq.block_hashes:
+            block = self.block_of.get(h)
+            if block is None:
+                break
+            self._ref(block)
+            seq.block_table.append(block)
+        return len(seq.block_table) * self.block_size
+
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted sequence's prefix-cache lookup (tokens looked up / reused)."""
+        self.num_query_tokens += num_tokens
+        self.num_hit_tokens += num_hit_tokens
+
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_tokens) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> None:
+        """Grow ``seq``'s block table to hold ``num_tokens`` tokens."""
+        need = self.blocks_needed(seq, num_tokens)
+        if need > self.num_free_blocks:
+            raise RuntimeError(f"out of KV blocks: need {need}, {self.num_free_blocks} free")
+        seq.block_table.extend(self._take() for _ in range(need))
+
+    def commit(self, seq: Sequence) -> None:
+        """Register ``seq``'s computed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        self._update_hashes(seq, seq.num_computed_tokens)
+        for i, h in enumerate(seq.block_hashes[:seq.num_computed_tokens // self.block_size]):
+            block = seq.block_table[i]
+            if block in self.hash_of or h in self.block_of:
+                continue
+            self.hash_of[block] = h
+            self.block_of[h] = block
+
+    def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), num_tokens // bs):
+            parent = seq.block_hashes[i - 1] if i else None
+            seq.block_hashes.append(block_hash(parent, seq.tokens_range(i * bs, (i + 1) * bs)))
+
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references; unreferenced blocks become free (cached ones stay findable)."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if block in self.hash_of:
+                    self.free_cached[block] = None
+                else:
+                    self.free_uncached.append(block)
+        seq.block_table = []
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block that no sequence holds."""
+        for block in list(self.free_cached):
+            del self.block_of[self.hash_of.pop(block)]
+            self.free_uncached.append(block)
+        self.free_cached.clear()

@@ -1,0 +1,131 @@
+"""KV-cache sizing: how many blocks fit, and the longest sequence the engine accepts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
+from atlas_core.ops._dtypes import as_dtype, bfloat16, float8_e4m3fn
+
+log = logging.getLogger(__name__)
+
+_MIB = 1 << 20
+#: CPU backends keep their KV pool small: their "device memory" is the host's RAM.
+CPU_KV_LIMIT_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The planned KV pool.
+
+    Attributes:
+        num_blocks: blocks per layer pool.
+        block_size: tokens per block.
+        dtype: storage dtype of K and V.
+        bytes_per_block: bytes one block takes across every layer (K and V).
+        max_seq_len: longest prompt + output the engine accepts.
+    """
+
+    num_blocks: int
+    block_size: int
+    dtype: np.dtype
+    bytes_per_block: int
+    max_seq_len: int
+
+
+def kv_cache_dtype(name: str, model_dtype: Any) -> np.dtype:
+    """``auto`` -> the model's dtype; ``bf16`` -> bfloat16; ``fp8`` -> float8_e4m3fn storage."""
+    if name == "auto":
+        return as_dtype(model_dtype)
+    if name in ("bf16", "bfloat16"):
+        return bfloat16
+    if name in ("fp8", "fp8_e4m3", "float8_e4m3fn"):
+        return float8_e4m3fn
+    raise ValueError(f"kv_cache_dtype must be auto, bf16 or fp8, got {name!r}")
+
+
+def kv_specs(model: Any) -> list[KVCacheSpec | None]:
+    """The model's per-layer KV specs; layers with recurrent state are not supported yet."""
+    specs = list(model.kv_cache_specs())
+    if any(isinstance(s, RecurrentStateSpec) for s in specs):
+        raise ValueError("this model has recurrent-state layers (linear attention / Mamba), which "
+                         "the engine does not schedule yet; use an attention-only model")
+    return specs
+
+
+def bytes_per_block(specs: list, block_size: int, dtype: np.dtype) -> int:
+    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs if s is not None)
+    return max(1, per_token * block_size * np.dtype(dtype).itemsize)
+
+
+def _activation_reserve(model: Any, args: Any) -> int:
+    num_tokens = args.max_prefill_tokens + args.max_batch_size
+    hidden = int(getattr(model, "hidden_size", 0) or 0)
+    vocab = int(getattr(model, "vocab_size", 0) or 0)
+    return num_tokens * hidden * 4 * 16 + args.max_batch_size * vocab * 4 * 4 + 64 * _MIB
+
+
+def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
+    """Size the KV pool from free device memory, or check the explicit sizes asked for.
+
+    Budget: ``total * gpu_memory_utilization - used_now - activation reserve`` where ``used_now``
+    is at least the model's weights. Raises ``ValueError`` stating what fits when an explicit
+    ``max_seq_len`` or ``num_kv_blocks`` does not.
+    """
+    dtype = kv_cache_dtype(args.kv_cache_dtype, model.dtype)
+    specs = kv_specs(model)
+    bs = args.block_size
+    bpb = bytes_per_block(specs, bs, dtype)
+    free, total = backend.memory_info()
+    used = max(total - free, int(getattr(model, "weights_nbytes", 0) or 0))
+    reserve = _activation_reserve(model, args)
+    budget = int(total * args.gpu_memory_utilization) - used - reserve
+    model_max = int(model.max_position_embeddings)
+    if backend.device_info().kind == "cpu":
+        want = min(args.max_seq_len or model_max, model_max)
+        budget = min(budget, CPU_KV_LIMIT_BYTES, -(-want // bs) * args.max_num_seqs * bpb)
+    fit_blocks = max(0, budget // bpb)
+
+    def util_for(num_blocks: int) -> float:
+        return min(1.0, (used + reserve + num_blocks * bpb) / total + 0.005)
+
+    if args.num_kv_blocks is not None:
+        if args.num_kv_blocks > fit_blocks and args.num_kv_blocks * bpb > max(budget, 0):
+            raise ValueError(
+                f"num_kv_blocks={args.num_kv_blocks} needs {args.num_kv_blocks * bpb / _MIB:.0f} MiB "
+                f"but only {fit_blocks} blocks ({max(budget, 0) / _MIB:.0f} MiB) fit with "
+                f"gpu_memory_utilization={args.gpu_memory_utilization}; use --num-kv-blocks "
+                f"{fit_blocks} or --gpu-memory-utilization {util_for(args.num_kv_blocks):.2f}")
+        num_blocks = args.num_kv_blocks
+    else:
+        num_blocks = fit_blocks
+    if num_blocks < 1:
+        raise ValueError(
+            f"no memory left for the KV cache: {used / _MIB:.0f} MiB in use of {total / _MIB:.0f} "
+            f"MiB with gpu_memory_utilization={args.gpu_memory_utilization}; raise "
+            f"--gpu-memory-utilization to {util_for(16):.2f} or use a smaller model")
+    max_seq_len = _max_seq_len(args, model_max, num_blocks, bs, bpb, util_for)
+    log.info("KV cache: %d blocks of %d tokens (%s, %.1f MiB), max_seq_len %d", num_blocks, bs,
+             np.dtype(dtype).name, num_blocks * bpb / _MIB, max_seq_len)
+    return KVCacheConfig(num_blocks, bs, np.dtype(dtype), bpb, max_seq_len)
+
+
+def _max_seq_len(args: Any, model_max: int, num_blocks: int, bs: int, bpb: int, util_for) -> int:
+    fit_len = num_blocks * bs
+    if args.max_seq_len is None:
+        return min(model_max, fit_len)
+    if args.max_seq_len > model_max:
+        raise ValueError(f"max_seq_len={args.max_seq_len} exceeds the model's "
+                         f"max_position_embeddings ({model_max}); use --max-seq-len {model_max} or less")
+    if args.max_seq_len > fit_len:
+        need = -(-args.max_seq_len // bs)
+        hint = (f"use --max-seq-len {fit_len}" if args.num_kv_blocks is not None else
+                f"use --max-seq-len {fit_len} or --gpu-memory-utilization {util_for(need):.2f}")
+        raise ValueError(f"max_seq_len={args.max_seq_len} needs {need} KV blocks "
+                         f"({need * bpb / _MIB:.0f} MiB) but only {num_blocks} blocks fit "
+                         f"({num_blocks * bpb / _MIB:.0f} MiB); {hint}")
+    return args.max_seq_len

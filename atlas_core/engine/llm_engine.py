@@ -1,0 +1,248 @@
+"""LLMEngine: requests in, one scheduler + model step at a time, RequestOutputs out."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable
+
+from atlas_core.engine.args import EngineArgs
+from atlas_core.engine.block_manager import BlockManager
+from atlas_core.engine.kv_sizing import plan_kv_cache
+from atlas_core.engine.model_runner import ModelRunner
+from atlas_core.engine.outputs import (CompletionOutput, EngineStats, RequestMetrics,
+                                       RequestOutput)
+from atlas_core.engine.sampler import LogitsRow
+from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.engine.scheduler import Scheduler, SchedulerOutput
+from atlas_core.engine.sequence import Sequence, SequenceGroup
+from atlas_core.engine.stop import StopChecker
+
+
+def sibling_seed(seed: int, index: int) -> int:
+    """Seed of completion ``index`` of a request seeded with ``seed`` (index 0 keeps it)."""
+    if index == 0:
+        return seed
+    return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (1 << 63)
+
+
+class LLMEngine:
+    """Continuous-batching engine over one model.
+
+    Not thread-safe: one thread calls ``add_request`` / ``abort_request`` / ``step`` (the
+    :class:`~atlas_core.engine.AsyncLLMEngine` runs them on its own thread).
+
+    Args:
+        model: a loaded CausalLM.
+        backend: its GpuBackend.
+        args: engine settings.
+        tokenizer: for text output and stop strings (``None``: token ids only).
+        eos_token_ids: ids ending generation (default: the tokenizer's).
+        detokenizer_factory: ``(prompt_ids, skip_special_tokens) -> detokenizer`` (default:
+            :class:`~atlas_core.tokenizer.IncrementalDetokenizer` over ``tokenizer``).
+        generation_defaults: ``temperature`` / ``top_p`` / ``top_k`` from generation_config.json.
+    """
+
+    def __init__(self, model, backend, args: EngineArgs, *, tokenizer=None,
+                 eos_token_ids: set[int] | None = None,
+                 detokenizer_factory: Callable[[list[int], bool], Any] | None = None,
+                 generation_defaults: dict | None = None) -> None:
+        self.model, self.backend, self.args, self.tokenizer = model, backend, args, tokenizer
+        self.kv_config = plan_kv_cache(backend, model, args)
+        self.max_seq_len = self.kv_config.max_seq_len
+        self.block_manager = BlockManager(self.kv_config.num_blocks, args.block_size,
+                                          args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_batch_size,
+                                   args.max_prefill_tokens)
+        self.runner = ModelRunner(model, backend, self.kv_config, args.max_batch_size,
+                                  args.max_prefill_tokens, self.max_seq_len)
+        if eos_token_ids is None:
+            eos_token_ids = set(getattr(tokenizer, "eos_token_ids", ()) or ())
+        if detokenizer_factory is None and tokenizer is not None:
+            from atlas_core.tokenizer import IncrementalDetokenizer
+
+            def detokenizer_factory(prompt_ids, skip):
+                return IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip)
+        self.stop_checker = StopChecker(eos_token_ids, self.max_seq_len, detokenizer_factory)
+        self.generation_defaults = dict(generation_defaults or {})
+        self.groups: dict[str, SequenceGroup] = {}
+        self._rng = random.Random(args.seed)
+        self._stats = EngineStats()
+
+    @classmethod
+    def from_args(cls, args: EngineArgs, backend=None) -> "LLMEngine":
+        """Load the backend, model and tokenizer named by ``args`` and size the KV cache.
+
+        ``backend`` (a GpuBackend instance or name) overrides ``args.backend``.
+        """
+        from atlas_core.engine.loading import load_engine_parts
+        parts = load_engine_parts(args, backend)
+        return cls(parts.model, parts.backend, args, tokenizer=parts.tokenizer,
+                   generation_defaults=parts.generation_defaults)
+
+    def default_sampling_params(self, **overrides: Any) -> SamplingParams:
+        """SamplingParams with the model's generation_config defaults, then ``overrides``."""
+        kwargs = {k: v for k, v in self.generation_defaults.items()
+                  if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+        kwargs.update(overrides)
+        return SamplingParams(**kwargs)
+
+    # Requests
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request.
+
+        Raises:
+            ValueError: duplicate id, empty prompt, token ids out of range, or a prompt +
+                ``max_tokens`` longer than ``max_seq_len`` (the message gives the numbers).
+        """
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already running; use a unique id")
+        prompt = [int(t) for t in prompt_token_ids]
+        self.validate_request(prompt, params)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        group = SequenceGroup(request_id, prompt, params, [], RequestMetrics(arrival_time or time.time()))
+        if params.prompt_logprobs is not None:
+            group.prompt_logprobs = [None] * len(prompt)
+        for i in range(params.n):
+            seq = Sequence(request_id, i, prompt, params, sibling_seed(seed, i), group)
+            self.stop_checker.start(seq)
+            group.seqs.append(seq)
+        self.groups[request_id] = group
+        self.scheduler.add(group.seqs[0])
+        if self.args.enable_prefix_caching and params.n > 1:
+            group.pending = group.seqs[1:]
+        else:
+            for seq in group.seqs[1:]:
+                self.scheduler.add(seq)
+
+    def validate_request(self, prompt: list[int], params: SamplingParams) -> None:
+        """Raise ``ValueError`` (one line, how to fix it) when the request cannot be served."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("the prompt is empty; give at least one token")
+        vocab = self.model.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad[:3]}")
+        params.validate_vocab(vocab)
+        if params.stop and self.stop_checker.detokenizer_factory is None:
+            raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
+        limit = self.max_seq_len
+        want = len(prompt) + (params.max_tokens or 1)
+        if want > limit:
+            raise ValueError(
+                f"this engine's maximum context length is {limit} tokens, but the request needs "
+                f"{want} ({len(prompt)} in the prompt, {params.max_tokens or 1} to generate); "
+                "shorten the prompt or lower max_tokens")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its KV blocks; returns its final output (None if unknown)."""
+        group = self.groups.pop(request_id, None)
+        if group is None:
+            return None
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                self.stop_checker.abort(seq)
+        group.pending = []
+        group.metrics.finish_time = time.time()
+        return self._output(group)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    # Stepping
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler + model step; return the requests that got tokens or finished."""
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        now = time.time()
+        rows_of = {s.seq.seq_id: self._rows(s.seq, s.start, s.num_tokens, s.samples)
+                   for s in sched.scheduled}
+        results = self.runner.execute(sched, rows_of)
+        self.scheduler.complete_step(sched)
+        self._stats.num_steps += 1
+        touched: dict[str, SequenceGroup] = {}
+        for s in sched.scheduled:
+            group = s.seq.group
+            if group.metrics.first_scheduled_time is None:
+                group.metrics.first_scheduled_time = now
+            if s.start < s.seq.num_prompt_tokens:
+                self._stats.num_prompt_tokens += min(s.start + s.num_tokens, s.seq.num_prompt_tokens) - s.start
+        for res in results:
+            seq, group = res.row.seq, res.row.seq.group
+            if not res.row.samples:
+                group.prompt_logprobs[res.row.position + 1] = res.logprob
+                continue
+            self._accept(seq, res.token_id, res.logprob)
+            touched[group.request_id] = group
+        self._release_pending(sched)
+        return [self._finish_step_output(g) for g in touched.values()]
+
+    def _rows(self, seq: Sequence, start: int, num_tokens: int, samples: bool) -> list[LogitsRow]:
+        rows = []
+        group = seq.group
+        if group.prompt_logprobs is not None and seq.index == 0 and not seq.output_token_ids:
+            end = min(start + num_tokens, seq.num_prompt_tokens - 1)
+            rows = [LogitsRow(seq, samples=False, target=seq.prompt_token_ids[p + 1], position=p)
+                    for p in range(start, end)]
+        if samples:
+            rows.append(LogitsRow(seq, stop_ids=self.stop_checker.masked_ids(seq)))
+        return rows
+
+    def _accept(self, seq: Sequence, token_id: int, logprob) -> None:
+        group = seq.group
+        if group.metrics.first_token_time is None:
+            group.metrics.first_token_time = time.time()
+        if seq.logprobs is not None and logprob is not None:
+            seq.logprobs.append(logprob)
+        self.stop_checker.append(seq, token_id)
+        self._stats.num_generation_tokens += 1
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+
+    def _release_pending(self, sched: SchedulerOutput) -> None:
+        for s in sched.scheduled:
+            group = s.seq.group
+            if group.pending and s.seq is group.seqs[0] and s.samples:
+                for seq in reversed(group.pending):
+                    self.scheduler.add(seq, front=True)
+                group.pending = []
+
+    def _finish_step_output(self, group: SequenceGroup) -> RequestOutput:
+        out = self._output(group)
+        if out.finished:
+            group.metrics.finish_time = time.time()
+            self.groups.pop(group.request_id, None)
+        return out
+
+    def _output(self, group: SequenceGroup) -> RequestOutput:
+        completions = []
+        for seq in group.seqs:
+            st = seq.stop_state
+            tokens = list(seq.output_token_ids)
+            text = st.text[:st.released]
+            completions.append(CompletionOutput(
+                index=seq.index, token_ids=tokens, text=text,
+                new_token_ids=tokens[st.reported_tokens:], new_text=text[st.reported_text:],
+                logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+            st.reported_tokens, st.reported_text = len(tokens), len(text)
+        return RequestOutput(group.request_id, group.prompt_token_ids, completions,
+                             finished=group.is_finished, num_cached_tokens=group.num_cached_tokens,
+                             metrics=group.metrics, prompt_logprobs=group.prompt_logprobs)
+
+    def stats(self) -> EngineStats:
+        """Current gauges and counters."""
+        s = self._stats
+        bm = self.block_manager
+        s.num_running = len(self.scheduler.running)
+        s.num_waiting = len(self.scheduler.waiting) + sum(len(g.pending) for g in self.groups.values())
+        s.num_kv_blocks_used, s.num_kv_blocks_total = bm.num_used_blocks, bm.num_blocks
+        s.prefix_cache_hits, s.prefix_cache_queries = bm.num_hit_tokens, bm.num_query_tokens
+        s.num_preemptions = self.scheduler.num_preemptions
+        return EngineStats(**vars(s))

@@ -1,0 +1,195 @@
+"""ModelRunner: one engine step on the device — metadata upload, forward, logits, sampling.
+
+Inputs go through static device buffers sized at start-up (``copy_from_host`` into views), so a
+step allocates no metadata. Decode-only steps on a backend with ``supports_graphs`` replay a
+graph captured once per batch-size bucket (1, 2, 4, … up to ``max_batch_size``); padding rows
+write to slot -1 and attend over a dummy block table. Exactly one device->host transfer happens
+per step when no logprobs are asked: the sampled token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from atlas_core.engine.kv_sizing import KVCacheConfig, kv_specs
+from atlas_core.engine.outputs import TokenLogprob
+from atlas_core.engine.sampler import LogitsRow, Sampler
+from atlas_core.engine.scheduler import SchedulerOutput
+from atlas_core.model.metadata import StepMetadata
+
+_I32_FIELDS = ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "seq_lens",
+               "logits_indices", "state_indices")
+
+
+@dataclass
+class StepResult:
+    """What one step produced for one logits row."""
+
+    row: LogitsRow
+    token_id: int
+    logprob: TokenLogprob | None
+
+
+def batch_buckets(max_batch_size: int) -> list[int]:
+    """Decode graph sizes: powers of two below ``max_batch_size``, then ``max_batch_size``."""
+    sizes, b = [], 1
+    while b < max_batch_size:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch_size]
+
+
+class ModelRunner:
+    """Owns the KV pools and the step buffers of one model on one backend.
+
+    Args:
+        model: a CausalLM (``forward``, ``compute_logits``, ``kv_cache_specs``, ``bind_kv_caches``).
+        backend: its GpuBackend.
+        kv: the planned KV pool.
+        max_batch_size: most sequences per step.
+        max_prefill_tokens: most prefill tokens per step.
+        max_seq_len: longest sequence.
+        use_graphs: capture decode graphs when the backend supports them.
+    """
+
+    def __init__(self, model, backend, kv: KVCacheConfig, max_batch_size: int,
+                 max_prefill_tokens: int, max_seq_len: int, use_graphs: bool = True) -> None:
+        self.model, self.backend, self.kv = model, backend, kv
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.max_tokens = max_prefill_tokens + max_batch_size
+        self.max_blocks_per_seq = -(-max_seq_len // kv.block_size)
+        self.kv_caches = self._allocate_kv()
+        model.bind_kv_caches(self.kv_caches)
+        rows = self.max_tokens
+        self.host = {name: np.zeros(rows + 1, np.int32) for name in _I32_FIELDS}
+        self.host["block_tables"] = np.zeros((max_batch_size, self.max_blocks_per_seq), np.int32)
+        self.device = {name: backend.from_host(arr) for name, arr in self.host.items()}
+        self.sampler = Sampler(backend, rows, model.vocab_size)
+        self.use_graphs = use_graphs and backend.supports_graphs
+        self.buckets = batch_buckets(max_batch_size)
+        self.graphs: dict[int, tuple] = {}
+        self.num_graph_replays = 0
+
+    def _allocate_kv(self) -> list:
+        caches = []
+        for spec in kv_specs(self.model):
+            if spec is None:
+                caches.append(None)
+                continue
+            shape = (self.kv.num_blocks, self.kv.block_size, spec.num_kv_heads, spec.head_dim)
+            caches.append((self.backend.empty(shape, self.kv.dtype),
+                           self.backend.empty(shape, self.kv.dtype)))
+        return caches
+
+    def execute(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]]) -> list[StepResult]:
+        """Run one step; ``rows_of[seq_id]`` lists each scheduled sequence's logits rows."""
+        self.backend.reset_workspace()
+        rows = [r for s in sched.scheduled for r in rows_of.get(s.seq.seq_id, [])]
+        if self.use_graphs and sched.is_decode_only and not Sampler.needs_eager(rows):
+            tokens = self._run_decode_graph(sched, rows)
+            handle = None
+        else:
+            tokens, raw_logits = self._run_eager(sched, rows_of, rows)
+            handle = self.sampler.logprobs(raw_logits, rows, tokens)
+        tokens_host = self.backend.to_host(tokens)
+        logprobs = self.sampler.fetch_logprobs(handle, rows, tokens_host)
+        return [StepResult(r, int(tokens_host[i]), logprobs[i]) for i, r in enumerate(rows)]
+
+    def _fill(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]],
+              num_seqs: int) -> tuple[int, int]:
+        h, bs = self.host, self.kv.block_size
+        t = 0
+        num_rows = 0
+        h["cu_seqlens_q"][0] = 0
+        for b, s in enumerate(sched.scheduled):
+            seq, n = s.seq, s.num_tokens
+            pos = np.arange(s.start, s.start + n, dtype=np.int64)
+            table = np.asarray(seq.block_table, np.int64)
+            h["input_ids"][t:t + n] = seq.tokens_range(s.start, s.start + n)
+            h["positions"][t:t + n] = pos
+            h["slot_mapping"][t:t + n] = table[pos // bs] * bs + pos % bs
+            h["seq_lens"][b] = s.start + n
+            h["block_tables"][b, :len(table)] = table
+            seq_rows = rows_of.get(seq.seq_id, [])
+            first = t + n - len(seq_rows)
+            h["logits_indices"][num_rows:num_rows + len(seq_rows)] = np.arange(first, t + n)
+            num_rows += len(seq_rows)
+            t += n
+            h["cu_seqlens_q"][b + 1] = t
+        for b in range(len(sched.scheduled), num_seqs):
+            h["input_ids"][t], h["positions"][t], h["slot_mapping"][t] = 0, 0, -1
+            h["seq_lens"][b] = 1
+            h["block_tables"][b, :] = 0
+            h["logits_indices"][num_rows] = t
+            num_rows += 1
+            t += 1
+            h["cu_seqlens_q"][b + 1] = t
+        h["state_indices"][:num_seqs] = np.arange(num_seqs)
+        return t, num_rows
+
+    def _upload(self, num_tokens: int, num_seqs: int, num_rows: int) -> dict:
+        sizes = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
+                 "cu_seqlens_q": num_seqs + 1, "seq_lens": num_seqs, "block_tables": num_seqs,
+                 "logits_indices": num_rows, "state_indices": num_seqs}
+        views = {}
+        for name, n in sizes.items():
+            self.backend.copy_from_host(self.device[name][:n], self.host[name][:n])
+            views[name] = self.device[name][:n]
+        return views
+
+    def _metadata(self, views: dict, num_tokens: int, num_seqs: int, num_rows: int,
+                  max_seqlen_q: int, max_seq_len: int, is_decode: bool) -> StepMetadata:
+        sizes = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
+                 "cu_seqlens_q": num_seqs + 1, "seq_lens": num_seqs, "block_tables": num_seqs,
+                 "logits_indices": num_rows, "state_indices": num_seqs}
+        host = {name: self.host[name][:n] for name, n in sizes.items()}
+        return StepMetadata(
+            num_tokens=num_tokens, num_seqs=num_seqs, positions=views["positions"],
+            slot_mapping=views["slot_mapping"], cu_seqlens_q=views["cu_seqlens_q"],
+            seq_lens=views["seq_lens"], block_tables=views["block_tables"],
+            logits_indices=views["logits_indices"], state_indices=views["state_indices"],
+            max_seqlen_q=max_seqlen_q, max_seq_len=max_seq_len, block_size=self.kv.block_size,
+            is_decode=is_decode, host=host)
+
+    def _run_eager(self, sched: SchedulerOutput, rows_of, rows: list[LogitsRow]):
+        num_seqs = len(sched.scheduled)
+        num_tokens, num_rows = self._fill(sched, rows_of, num_seqs)
+        views = self._upload(num_tokens, num_seqs, num_rows)
+        meta = self._metadata(views, num_tokens, num_seqs, num_rows,
+                              max(s.num_tokens for s in sched.scheduled),
+                              max(s.start + s.num_tokens for s in sched.scheduled),
+                              sched.is_decode_only)
+        hidden = self.model.forward(views["input_ids"], meta)
+        logits = self.model.compute_logits(hidden, views["logits_indices"])
+        params = self.sampler.upload_params(rows, num_rows)
+        return self.sampler.process(logits, rows, params), logits
+
+    def _run_decode_graph(self, sched: SchedulerOutput, rows: list[LogitsRow]):
+        batch = len(sched.scheduled)
+        bucket = next(b for b in self.buckets if b >= batch)
+        rows_of = {s.seq.seq_id: [r] for s, r in zip(sched.scheduled, rows)}
+        self._fill(sched, rows_of, bucket)
+        self._upload(bucket, bucket, bucket)
+        self.sampler.upload_params(rows, bucket)
+        if bucket not in self.graphs:
+            self.graphs[bucket] = self._capture(bucket)
+        graph, holder = self.graphs[bucket]
+        graph.replay()
+        self.num_graph_replays += 1
+        return holder["tokens"][:batch]
+
+    def _capture(self, bucket: int) -> tuple:
+        views = {name: self.device[name][:bucket + (name == "cu_seqlens_q")] for name in self.device}
+        meta = self._metadata(views, bucket, bucket, bucket, 1, self.max_seq_len, True)
+        params = {name: arr[:bucket] for name, arr in self.sampler.device.items()}
+        holder: dict = {}
+
+        def step():
+            hidden = self.model.forward(views["input_ids"], meta)
+            logits = self.model.compute_logits(hidden, views["logits_indices"])
+            holder["tokens"] = self.sampler.sample(logits, params)
+
+        return self.backend.capture(step), holder

@@ -1,0 +1,109 @@
+"""What the engine hands back: per-request outputs, per-token logprobs, timings and stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of one token and the top alternatives at its position.
+
+    Attributes:
+        token_id: the chosen (or prompt) token.
+        logprob: its log-probability under the model's distribution (before temperature).
+        top: ``[(token_id, logprob), ...]`` of the most likely tokens, best first.
+    """
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock timestamps (``time.time()`` seconds) of one request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        """Seconds from arrival to the first generated token."""
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
+@dataclass
+class CompletionOutput:
+    """One completion of a request (``n`` of them per request).
+
+    ``token_ids``, ``text`` and ``logprobs`` hold everything so far; ``new_token_ids`` and
+    ``new_text`` only what this step added (for streaming). ``text`` never contains a partial
+    UTF-8 character nor text that might still turn out to start a stop string.
+    """
+
+    index: int
+    token_ids: list[int]
+    text: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """State of one request after an engine step.
+
+    Attributes:
+        request_id: the id given to ``add_request``.
+        prompt_token_ids: the prompt.
+        outputs: one :class:`CompletionOutput` per completion, by index.
+        finished: every completion has finished.
+        num_cached_tokens: prompt tokens served from the prefix cache.
+        metrics: timestamps.
+        prompt_logprobs: per prompt token (``None`` for the first), when asked for.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int
+    metrics: RequestMetrics
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters and gauges of an engine (for ``/metrics`` and logs)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_kv_blocks_used: int = 0
+    num_kv_blocks_total: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+    num_preemptions: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_steps: int = 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use."""
+        return self.num_kv_blocks_used / self.num_kv_blocks_total if self.num_kv_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens looked up."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0

@@ -1,0 +1,123 @@
+"""SamplingParams: how one request is decoded, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The most top logprobs a request may ask for per token.
+MAX_LOGPROBS = 20
+
+
+def _check(ok: bool, name: str, allowed: str, value) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    """Decoding settings of one request (vLLM / OpenAI names and semantics).
+
+    Attributes:
+        n: completions to generate from the prompt (each with its own random stream).
+        max_tokens: most tokens to generate per completion; ``None`` means up to the context limit.
+        min_tokens: tokens generated before EOS, stop token ids or stop strings may end it.
+        temperature: softmax temperature; ``0`` is greedy.
+        top_p, top_k, min_p: nucleus / top-k (``0`` or ``-1`` disables) / min-p filters.
+        repetition_penalty, presence_penalty, frequency_penalty: HF / OpenAI penalties.
+        logit_bias: token id -> value added to its logit every step.
+        seed: seed of this request's random stream (default: a random one per request).
+        stop: strings that end generation (trimmed from the text unless
+            ``include_stop_str_in_output``); they may span token boundaries.
+        stop_token_ids: token ids that end generation (besides EOS).
+        ignore_eos: keep generating past EOS.
+        logprobs: number of top logprobs to return per generated token (``0``: only the chosen).
+        prompt_logprobs: number of top logprobs to return per prompt token.
+        skip_special_tokens: leave special tokens out of the text.
+        include_stop_str_in_output: keep the matched stop string (or stop token text).
+
+    Raises:
+        ValueError: naming the field and its allowed range.
+    """
+
+    n: int = 1
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.logit_bias:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer in [1, 128]", self.n)
+        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+               "max_tokens", "an integer >= 1 (or None)", self.max_tokens)
+        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
+               "an integer >= 0", self.min_tokens)
+        if self.max_tokens is not None:
+            _check(self.min_tokens <= self.max_tokens, "min_tokens",
+                   f"<= max_tokens ({self.max_tokens})", self.min_tokens)
+        _check(0.0 <= self.temperature <= 100.0, "temperature", "in [0, 100]", self.temperature)
+        _check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
+               "an integer >= 0 (0 or -1 disables)", self.top_k)
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
+        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "in (0, 10]",
+               self.repetition_penalty)
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]",
+               self.presence_penalty)
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]",
+               self.frequency_penalty)
+        for tok, bias in (self.logit_bias or {}).items():
+            _check(tok >= 0, "logit_bias", "keyed by token ids >= 0", tok)
+            _check(-100.0 <= bias <= 100.0, "logit_bias", "values in [-100, 100]", bias)
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2 ** 64),
+               "seed", "an integer in [0, 2**64)", self.seed)
+        for s in self.stop:
+            _check(isinstance(s, str) and s != "", "stop", "a list of non-empty strings", s)
+        for t in self.stop_token_ids:
+            _check(t >= 0, "stop_token_ids", "token ids >= 0", t)
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            _check(v is None or (isinstance(v, int) and 0 <= v <= MAX_LOGPROBS), name,
+                   f"an integer in [0, {MAX_LOGPROBS}] (or None)", v)
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether tokens are chosen by argmax."""
+        return self.temperature <= 1e-5
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any repetition / presence / frequency penalty is active."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def validate_vocab(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` when a token id named here is outside ``[0, vocab_size)``."""
+        for name, ids in (("logit_bias", list(self.logit_bias or {})),
+                          ("stop_token_ids", self.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab_size]
+            _check(not bad, name, f"token ids in [0, {vocab_size})", bad[:3])

@@ -1,0 +1,160 @@
+"""Scheduler: continuous batching of prefill chunks and decode rows over a paged KV cache."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from atlas_core.engine.block_manager import BlockManager
+from atlas_core.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: ``num_tokens`` query tokens from ``start``."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """This chunk reaches the end of the stream, so a token is sampled from its last row."""
+        return self.start + self.num_tokens == len(self.seq)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool(self.scheduled) and all(s.num_tokens == 1 for s in self.scheduled)
+
+
+class Scheduler:
+    """Decides which sequences run in the next step and how many tokens each computes.
+
+    Every step first serves the running sequences (decode rows and unfinished prefill chunks),
+    oldest first, then admits waiting ones while sequence slots, batch rows, the prefill token
+    budget and KV blocks allow. When a running sequence needs a block and none is free, the
+    newest running sequence is preempted: its blocks are freed and it goes back to the front of
+    the queue keeping its generated tokens, to be recomputed later (its full blocks usually
+    survive in the prefix cache).
+
+    Args:
+        block_manager: the KV block pool.
+        max_num_seqs: most running sequences.
+        max_batch_size: most sequences in one step.
+        max_prefill_tokens: most prefill tokens in one step (decode rows are not counted).
+    """
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batch_size: int,
+                 max_prefill_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self._rr = 0
+
+    def add(self, seq: Sequence, front: bool = False) -> None:
+        seq.status = SequenceStatus.WAITING
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove ``seq`` (finished or aborted) and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_prefill_tokens)
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        chosen: set[int] = set()
+        order = self.running[self._rr:] + self.running[:self._rr]
+        if len(self.running) > self.max_batch_size:
+            self._rr = (self._rr + self.max_batch_size) % len(self.running)
+        for seq in order:
+            if len(out.scheduled) >= self.max_batch_size:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            num_tokens = min(seq.num_uncomputed_tokens, budget) if seq.is_prefilling else 1
+            if num_tokens == 0:
+                continue
+            if not self._make_room(seq, seq.num_computed_tokens + num_tokens, chosen, out):
+                continue
+            self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens)
+            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, num_tokens))
+            chosen.add(seq.seq_id)
+            if seq.is_prefilling:
+                budget -= num_tokens
+        return budget
+
+    def _make_room(self, seq: Sequence, num_tokens: int, chosen: set[int],
+                   out: SchedulerOutput) -> bool:
+        while not self.block_manager.can_allocate(seq, num_tokens):
+            victims = [s for s in reversed(self.running) if s.seq_id not in chosen and s is not seq]
+            victim = victims[0] if victims else seq
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks and requeue it at the front; it keeps its generated tokens."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        self.num_preemptions += 1
+        self.add(seq, front=True)
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+               and len(out.scheduled) < self.max_batch_size):
+            seq = self.waiting[0]
+            cached = bm.match_prefix(seq)
+            num_tokens = min(len(seq) - cached, budget)
+            if not bm.can_allocate(seq, cached + num_tokens):
+                bm.free(seq)
+                break
+            self.waiting.popleft()
+            seq.num_computed_tokens = cached
+            bm.record_lookup(len(seq), cached)
+            if not seq.output_token_ids:
+                seq.num_cached_tokens = cached
+            bm.allocate(seq, cached + num_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, cached, num_tokens))
+            budget -= num_tokens
+
+    def complete_step(self, out: SchedulerOutput) -> None:
+        """Advance every scheduled sequence past its computed tokens and cache its full blocks."""
+        for s in out.scheduled:
+            s.seq.num_computed_tokens = s.start + s.num_tokens
+            self.block_manager.commit(s.seq)
