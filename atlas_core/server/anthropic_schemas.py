@@ -1,0 +1,77 @@
+"""msgspec schemas of the Anthropic Messages API (the subset Atlas serves)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+
+class ContentBlock(msgspec.Struct, kw_only=True):
+    """One content block. ``text`` blocks carry ``text``; ``tool_use`` blocks ``id``/``name``/
+    ``input``; ``tool_result`` blocks ``tool_use_id``/``content``; ``thinking`` blocks
+    ``thinking``. Other fields (``cache_control``…) are accepted and ignored."""
+
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    thinking: str | None = None
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[ContentBlock]
+
+
+class MessagesRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    max_tokens: Annotated[int, Meta(ge=1)]
+    system: str | list[ContentBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CountTokensRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    system: str | list[ContentBlock] | None = None
+    tools: list[dict[str, Any]] | None = None
+    thinking: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class Usage(msgspec.Struct):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class TextBlock(msgspec.Struct):
+    text: str
+    type: str = "text"
+
+
+class MessagesResponse(msgspec.Struct):
+    id: str
+    model: str
+    content: list[TextBlock]
+    stop_reason: str | None
+    stop_sequence: str | None
+    usage: Usage
+    type: str = "message"
+    role: str = "assistant"

@@ -1,0 +1,68 @@
+"""Running an app under uvicorn: on a socket bound up front, in this thread or a background one."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0 picks a free one).
+
+    Raises:
+        OSError: the address is in use or cannot be bound.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app, sock: socket.socket, *, log_level: str = "warning") -> uvicorn.Server:
+    """A uvicorn server for ``app`` that will listen on ``sock``."""
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=5, lifespan="on")
+    return uvicorn.Server(config)
+
+
+class ServerThread:
+    """Serve ``app`` on ``host`` (a free port) from a daemon thread; a context manager.
+
+    Example:
+        with ServerThread(app) as server:
+            httpx.get(f"{server.url}/health")
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, start_timeout: float = 30.0):
+        self.sock = bind_socket(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{host}:{self.port}"
+        self.server = make_server(app, self.sock)
+        self.start_timeout = start_timeout
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True, name="atlas-server")
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + self.start_timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()

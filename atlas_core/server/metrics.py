@@ -1,0 +1,123 @@
+"""Prometheus metrics of one server, in a registry of its own (several apps per process are fine).
+
+Counters and histograms are updated as requests run; engine gauges (running and waiting
+sequences, KV-cache usage, prefix-cache hit rate, preemptions) are read from ``engine.stats()``
+when ``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
+               "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/health", "/metrics"}
+
+
+def stat(stats, name: str) -> float:
+    """``stats.<name>`` of an ``EngineStats`` (0 when absent)."""
+    return getattr(stats, name, None) or 0
+
+
+def kv_blocks(stats) -> tuple[int, int]:
+    """``(used, total)`` KV blocks from an ``EngineStats``."""
+    return int(stat(stats, "num_kv_blocks_used")), int(stat(stats, "num_kv_blocks_total"))
+
+
+class _EngineCollector:
+    def __init__(self, get_stats):
+        self.get_stats = get_stats
+
+    def collect(self):
+        stats = self.get_stats()
+        if stats is None:
+            return
+        used, total = kv_blocks(stats)
+        queries = stat(stats, "prefix_cache_queries")
+        hits = stat(stats, "prefix_cache_hits")
+        gauges = {
+            "atlas_num_requests_running": ("Sequences running in the engine",
+                                           stat(stats, "num_running")),
+            "atlas_num_requests_waiting": ("Sequences waiting for a slot",
+                                           stat(stats, "num_waiting")),
+            "atlas_kv_cache_blocks_used": ("KV-cache blocks in use", used),
+            "atlas_kv_cache_blocks_total": ("KV-cache blocks in the pool", total),
+            "atlas_kv_cache_usage_ratio": ("Fraction of KV-cache blocks in use",
+                                           used / total if total else 0.0),
+            "atlas_prefix_cache_hit_rate": ("Prefix-cache hits / queries (tokens)",
+                                            hits / queries if queries else 0.0),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(name, doc, value=value)
+        yield CounterMetricFamily("atlas_num_preemptions", "Sequences preempted so far",
+                                  value=stat(stats, "num_preemptions"))
+        yield CounterMetricFamily("atlas_prefix_cache_queries", "Prefix-cache lookups (tokens)",
+                                  value=queries)
+        yield CounterMetricFamily("atlas_prefix_cache_hits", "Prefix-cache hits (tokens)",
+                                  value=hits)
+
+
+class Metrics:
+    """The metrics of one app. ``get_stats`` returns ``engine.stats()`` or ``None``."""
+
+    def __init__(self, get_stats):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("atlas_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("atlas_prompt_tokens", "Prompt tokens processed",
+                                     registry=r)
+        self.generation_tokens = Counter("atlas_generation_tokens", "Tokens generated",
+                                         registry=r)
+        self.ttft = Histogram("atlas_time_to_first_token_seconds", "Time to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("atlas_time_per_output_token_seconds",
+                              "Mean time between output tokens of a request",
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("atlas_e2e_request_latency_seconds", "End-to-end request latency",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        r.register(_EngineCollector(get_stats))
+
+    def on_first_token(self, stream, choice) -> None:
+        self.ttft.observe(choice.first_token_time - stream.start_time)
+
+    def on_finish(self, stream, choice) -> None:
+        now = time.monotonic()
+        self.e2e.observe(now - stream.start_time)
+        self.prompt_tokens.inc(len(choice.prompt_ids))
+        self.generation_tokens.inc(len(choice.token_ids))
+        if choice.first_token_time is not None and len(choice.token_ids) > 1:
+            self.tpot.observe((now - choice.first_token_time) / (len(choice.token_ids) - 1))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def middleware(self, app):
+        """ASGI middleware counting requests by endpoint and final status."""
+        async def counting_app(scope, receive, send):
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            status = [500]
+
+            async def send_status(message):
+                if message["type"] == "http.response.start":
+                    status[0] = message["status"]
+                await send(message)
+            try:
+                await app(scope, receive, send_status)
+            finally:
+                path = scope["path"]
+                if path.startswith("/v1/models/"):
+                    path = "/v1/models/{id}"
+                elif path not in KNOWN_PATHS:
+                    path = "other"
+                self.requests.labels(endpoint=path, status=str(status[0])).inc()
+        return counting_app

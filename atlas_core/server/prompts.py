@@ -1,0 +1,124 @@
+"""Turning API messages into prompt token ids through the model's chat template.
+
+Both APIs are first converted to OpenAI-style message dicts (``role``, ``content`` text,
+``tool_calls``, ``tool_call_id``, ``reasoning_content``), which is what HF chat templates read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_core.server.errors import APIError
+
+CHAT_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+
+
+def text_of_parts(content: Any, param: str) -> str | None:
+    """Flatten OpenAI message content (a string or text parts) to one string."""
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for i, part in enumerate(content):
+        if part.type not in ("text", "input_text", "output_text") or part.text is None:
+            raise APIError(400, f"content part type `{part.type}` is not supported (this server "
+                           "takes text only)", param=f"{param}.content[{i}].type")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def openai_messages(messages: list) -> list[dict]:
+    """OpenAI chat messages as template dicts (``developer`` is rendered as ``system``)."""
+    converted = []
+    for i, m in enumerate(messages):
+        if m.role not in CHAT_ROLES:
+            raise APIError(400, f"unknown role `{m.role}`; use one of system, developer, user, "
+                           "assistant, tool", param=f"messages[{i}].role")
+        item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                                "content": text_of_parts(m.content, f"messages[{i}]") or ""}
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+            if getattr(m, key) is not None:
+                item[key] = getattr(m, key)
+        converted.append(item)
+    return converted
+
+
+def _block_text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "\n".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+
+def system_text(system: Any, param: str = "system") -> str | None:
+    """Anthropic ``system`` (a string or text blocks) as one string."""
+    if system is None or isinstance(system, str):
+        return system
+    for i, block in enumerate(system):
+        if block.type != "text":
+            raise APIError(400, f"system block type `{block.type}` is not supported; send text",
+                           param=f"{param}[{i}].type")
+    return "\n".join(block.text or "" for block in system)
+
+
+def _anthropic_turn(role: str, content: Any, param: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    texts, thinking, tool_calls, results = [], [], [], []
+    for i, block in enumerate(content):
+        if block.type == "text":
+            texts.append(block.text or "")
+        elif block.type in ("thinking", "redacted_thinking"):
+            thinking.append(block.thinking or "")
+        elif block.type == "tool_use":
+            tool_calls.append({"id": block.id, "type": "function",
+                               "function": {"name": block.name, "arguments": block.input or {}}})
+        elif block.type == "tool_result":
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                            "content": _block_text(block.content)})
+        else:
+            raise APIError(400, f"content block type `{block.type}` is not supported (this "
+                           "server takes text, tool_use and tool_result blocks)",
+                           param=f"{param}.content[{i}].type")
+    turn: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    if thinking:
+        turn["reasoning_content"] = "\n".join(thinking)
+    if tool_calls:
+        turn["tool_calls"] = tool_calls
+    if results and not texts:
+        return results
+    return results + [turn]
+
+
+def anthropic_messages(system: Any, messages: list) -> list[dict]:
+    """Anthropic ``system`` + ``messages`` as template dicts."""
+    converted = []
+    text = system_text(system)
+    if text:
+        converted.append({"role": "system", "content": text})
+    for i, m in enumerate(messages):
+        if m.role not in ("user", "assistant"):
+            raise APIError(400, f"unknown role `{m.role}`; Anthropic messages are user or "
+                           "assistant (put system text in `system`)", param=f"messages[{i}].role")
+        converted.extend(_anthropic_turn(m.role, m.content, f"messages[{i}]"))
+    return converted
+
+
+def render_chat(tokenizer, messages: list[dict], *, tools: list | None = None,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                template_kwargs: dict | None = None) -> list[int]:
+    """Render ``messages`` with the chat template and encode them.
+
+    Raises:
+        APIError: 400 when the template rejects the conversation or there is no template.
+    """
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt and
+            not continue_final_message, **(template_kwargs or {}))
+    except ValueError as exc:
+        raise APIError(400, f"cannot render the conversation: {exc}", param="messages") from None
+    if continue_final_message:
+        last = messages[-1].get("content") or ""
+        cut = text.rfind(last)
+        if last and cut >= 0:
+            text = text[:cut + len(last)]
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,104 @@
+"""Small endpoints: models, tokenize / detokenize, health and metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.params import FromPath
+
+from atlas_core.server.decode import read_request
+from atlas_core.server.errors import APIError
+from atlas_core.server.metrics import CONTENT_TYPE
+from atlas_core.server.openai_schemas import ChatMessage
+from atlas_core.server.prompts import openai_messages, render_chat
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    tokens: list[int]
+    model: str | None = None
+    skip_special_tokens: bool = False
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(payload), status_code=status,
+                    media_type="application/json")
+
+
+def _model_card(state, name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "atlas",
+            "root": state.config.model_name, "parent": None, "max_model_len": state.max_seq_len}
+
+
+@get("/v1/models")
+async def list_models(request: Request) -> Response:
+    state = request.app.state.atlas
+    cards = [_model_card(state, name) for name in state.config.served_model_names]
+    return json_response({"object": "list", "data": cards})
+
+
+@get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: FromPath[str]) -> Response:
+    state = request.app.state.atlas
+    return json_response(_model_card(state, state.resolve_model(model_id.lstrip("/"))))
+
+
+@post("/tokenize", status_code=200)
+async def tokenize(request: Request) -> Response:
+    state = request.app.state.atlas
+    req = await read_request(request, TokenizeRequest)
+    state.resolve_model(req.model)
+    state.require_engine()
+    if (req.prompt is None) == (req.messages is None):
+        raise APIError(400, "send exactly one of `prompt` (text) or `messages` (a conversation)",
+                       param="prompt")
+    if req.prompt is not None:
+        ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    else:
+        kwargs = {**state.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
+        ids = render_chat(state.tokenizer, openai_messages(req.messages), tools=req.tools,
+                          add_generation_prompt=req.add_generation_prompt, template_kwargs=kwargs)
+    return json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_seq_len})
+
+
+@post("/detokenize", status_code=200)
+async def detokenize(request: Request) -> Response:
+    state = request.app.state.atlas
+    req = await read_request(request, DetokenizeRequest)
+    state.resolve_model(req.model)
+    state.require_engine()
+    state.check_token_ids(req.tokens, "tokens")
+    text = state.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)
+    return json_response({"prompt": text})
+
+
+@get("/health")
+async def health(request: Request) -> Response:
+    state = request.app.state.atlas
+    if state.is_ready:
+        return json_response({"status": "ok", "model": state.config.model_name})
+    if state.load_error:
+        return json_response({"status": "error", "message": state.load_error}, 503)
+    return json_response({"status": "loading"}, 503)
+
+
+@get("/health/live")
+async def live(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+@get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = request.app.state.atlas
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,62 @@
+"""Building engine ``SamplingParams`` from API request fields."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from atlas_core.server.errors import APIError
+
+_FIELD = re.compile(r"^(\w+) must be")
+DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                   "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
+                   "skip_special_tokens", "include_stop_str_in_output")
+
+
+def stop_list(stop: str | list[str] | None) -> list[str] | None:
+    if stop is None:
+        return None
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    for i, s in enumerate(stops):
+        if not s:
+            raise APIError(400, "stop strings must be non-empty", param=f"stop[{i}]")
+    return stops
+
+
+def logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI ``logit_bias`` (token id strings to bias) keyed by int token ids."""
+    if not raw:
+        return None
+    try:
+        return {int(k): float(v) for k, v in raw.items()}
+    except ValueError:
+        raise APIError(400, "logit_bias keys must be token ids (integers as strings)",
+                       param="logit_bias") from None
+
+
+def sampling_kwargs(req: Any, **extra: Any) -> dict[str, Any]:
+    """Sampling fields a request set (unset fields keep the model's defaults)."""
+    kwargs = {name: getattr(req, name) for name in SAMPLING_FIELDS
+              if getattr(req, name, None) is not None}
+    return {**kwargs, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def make_params(kwargs: dict[str, Any], defaults: dict[str, Any] | None = None, n: int = 1):
+    """An engine ``SamplingParams``; its ``ValueError`` becomes a 400 naming the field.
+
+    Args:
+        kwargs: fields the request set.
+        defaults: the model's generation defaults, for fields the request left unset.
+        n: completions of the prompt (the engine gives each its own random stream).
+    """
+    from atlas_core.engine import SamplingParams
+
+    defaults = {k: v for k, v in (defaults or {}).items() if k in DEFAULTABLE}
+    merged = {**defaults, **kwargs, "n": n}
+    try:
+        return SamplingParams(**merged)
+    except (ValueError, TypeError) as exc:
+        match = _FIELD.match(str(exc))
+        raise APIError(400, f"invalid sampling parameter: {exc}",
+                       param=match.group(1) if match else None) from None

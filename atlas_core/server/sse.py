@@ -1,0 +1,48 @@
+"""Server-sent events framing and streaming responses that always clean up."""
+
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+import msgspec
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from atlas_core.server.errors import APIError, error_body, logger
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def data_event(payload: Any) -> bytes:
+    """``data: {json}\\n\\n`` (OpenAI style)."""
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+def named_event(name: str, payload: Any) -> bytes:
+    """``event: name\\ndata: {json}\\n\\n`` (Anthropic style)."""
+    return b"event: " + name.encode() + b"\ndata: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+def error_event(exc: APIError, path: str) -> bytes:
+    """An error inside an already-started stream, in the shape of the API at ``path``."""
+    body = error_body(exc, path)
+    return named_event("error", body) if path.startswith("/v1/messages") else data_event(body)
+
+
+def stream_error(exc: Exception) -> APIError:
+    """``exc`` as an :class:`APIError` to report inside a started stream (logged if unexpected)."""
+    if isinstance(exc, APIError):
+        return exc
+    logger.exception("error while streaming", exc_info=exc)
+    return APIError(500, f"internal server error ({type(exc).__name__}); see the server log")
+
+
+def sse_response(events: AsyncIterator[bytes], stream) -> Stream:
+    """A ``text/event-stream`` response; ``stream.close()`` runs when it ends, even when the
+    client went away mid-stream (litestar runs background tasks after a disconnect too)."""
+    async def cleanup() -> None:
+        await events.aclose()
+        await stream.close()
+    return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS,
+                  background=BackgroundTask(cleanup))

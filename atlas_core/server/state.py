@@ -1,0 +1,161 @@
+"""Per-app server state: the engine (once loaded), tokenizer, limits, admission and ids."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any, Callable
+
+from atlas_core.server.config import ServerConfig
+from atlas_core.server.errors import APIError
+from atlas_core.server.generation import GenerationStream
+from atlas_core.server.metrics import Metrics
+
+logger = logging.getLogger("atlas.server")
+
+
+def engine_attr(engine: Any, *names: str, default: Any = None) -> Any:
+    """Look ``names`` up on an async engine, then on the sync engine it wraps."""
+    for obj in (engine, getattr(engine, "engine", None)):
+        for name in names:
+            value = getattr(obj, name, None) if obj is not None else None
+            if value is not None:
+                return value
+    return default
+
+
+class ServerState:
+    """What every handler shares. ``engine`` is ``None`` until the model has loaded.
+
+    Args:
+        config: The server settings.
+        engine: An ``AsyncLLMEngine`` (or anything with its ``generate``/``abort``/``stats`` and
+            a ``tokenizer``), or ``None`` while loading.
+        tokenizer: Overrides ``engine.tokenizer``.
+    """
+
+    def __init__(self, config: ServerConfig, engine: Any = None, tokenizer: Any = None):
+        self.config = config
+        self.engine: Any = None
+        self.tokenizer = tokenizer
+        self.max_seq_len: int | None = None
+        self.vocab_size: int | None = None
+        self.load_error: str | None = None
+        self.created = int(time.time())
+        self.num_admitted = 0
+        self.metrics = Metrics(self.stats)
+        self.generation_defaults: dict[str, Any] = {}
+        if engine is not None:
+            self.attach(engine)
+
+    def attach(self, engine: Any) -> None:
+        """Start serving with ``engine`` (called once the model has loaded)."""
+        self.tokenizer = self.tokenizer or engine_attr(engine, "tokenizer")
+        if self.tokenizer is None:
+            raise ValueError("the engine has no tokenizer; pass one to create_app(tokenizer=...)")
+        self.max_seq_len = engine_attr(engine, "max_seq_len", "max_model_len")
+        model_vocab = getattr(engine_attr(engine, "model"), "vocab_size", None)
+        self.vocab_size = int(model_vocab or self.tokenizer.vocab_size)
+        self.generation_defaults = dict(engine_attr(engine, "generation_defaults", default={}))
+        self.engine = engine
+
+    def make_chat_shaper(self, request: Any) -> Any:
+        """The output shaper of one chat choice (see ``openai_chat``); parsers replace this."""
+        from atlas_core.server.openai_chat import PlainShaper
+        return PlainShaper()
+
+    def fail(self, message: str) -> None:
+        """Record that loading failed (``/health`` reports it)."""
+        self.load_error = message
+
+    async def load(self, loader: Callable[[], Any]) -> None:
+        """Run ``loader`` on a worker thread and attach the engine it returns."""
+        try:
+            self.attach(await asyncio.to_thread(loader))
+        except Exception as exc:  # noqa: BLE001 - reported through /health and the log
+            logger.error("model failed to load: %s", exc)
+            self.fail(str(exc) or type(exc).__name__)
+
+    @property
+    def is_ready(self) -> bool:
+        return self.engine is not None
+
+    def require_engine(self) -> Any:
+        """The engine, or a 503 saying why there is none yet."""
+        if self.engine is not None:
+            return self.engine
+        if self.load_error:
+            raise APIError(503, f"the model failed to load: {self.load_error}")
+        raise APIError(503, "the model is still loading; retry when GET /health returns 200",
+                       headers={"Retry-After": str(self.config.retry_after)})
+
+    def stats(self) -> Any:
+        return self.engine.stats() if self.engine is not None else None
+
+    def resolve_model(self, name: str | None) -> str:
+        """The served name a request addressed; 404 for any other model."""
+        if name is None or name == "":
+            return self.config.model_name
+        if name in self.config.served_model_names:
+            return name
+        served = ", ".join(self.config.served_model_names)
+        raise APIError(404, f"model `{name}` is not served here; available: {served}",
+                       param="model", code="model_not_found")
+
+    def request_id(self, prefix: str) -> str:
+        return f"{prefix}{secrets.token_hex(12)}"
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        """400 unless every id is a token of this model."""
+        for position, token_id in enumerate(ids):
+            if not 0 <= token_id < self.vocab_size:
+                raise APIError(400, f"token id {token_id} at {param}[{position}] is out of range "
+                               f"[0, {self.vocab_size})", param=param, code="invalid_token_id")
+
+    def resolve_max_tokens(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
+        """The generation budget; 400 (with the numbers) if prompt + max_tokens exceed the context."""
+        if num_prompt == 0:
+            raise APIError(400, "the prompt is empty; send at least one token", param="prompt")
+        limit = self.max_seq_len
+        if limit is None:
+            return max_tokens or 16
+        if max_tokens is None:
+            if num_prompt >= limit:
+                raise APIError(400, f"the prompt has {num_prompt} tokens but this model's context "
+                               f"is {limit} tokens; shorten the prompt", param="messages",
+                               code="context_length_exceeded")
+            return limit - num_prompt
+        if num_prompt + max_tokens > limit:
+            raise APIError(400, f"the prompt ({num_prompt} tokens) plus {param} ({max_tokens}) is "
+                           f"{num_prompt + max_tokens} tokens, over this model's context of {limit} "
+                           f"tokens; lower {param} or shorten the prompt", param=param,
+                           code="context_length_exceeded")
+        return max_tokens
+
+    def open_stream(self, choices: list, *, idle_interval: float | None = None,
+                    receive=None) -> GenerationStream:
+        """A :class:`GenerationStream` over ``choices``, after admission control (429 when the
+        queue is full)."""
+        engine = self.require_engine()
+        self._admit(len(choices))
+        count = len(choices)
+
+        def release() -> None:
+            self.num_admitted -= count
+        return GenerationStream(engine, choices, self.metrics, timeout=self.config.request_timeout,
+                                idle_interval=idle_interval, receive=receive, on_close=release)
+
+    def _admit(self, count: int) -> None:
+        limit = self.config.max_waiting
+        if limit is not None:
+            args = engine_attr(self.engine, "args")
+            slots = int(getattr(args, "max_num_seqs", 0) or 0)
+            stats = self.stats()
+            waiting = max(int(getattr(stats, "num_waiting", 0) or 0), self.num_admitted - slots)
+            if waiting + count > limit and self.num_admitted + count > slots:
+                raise APIError(429, f"the server is busy ({waiting} requests waiting, limit "
+                               f"--max-waiting {limit}); retry shortly",
+                               headers={"Retry-After": str(self.config.retry_after)})
+        self.num_admitted += count
