@@ -1,0 +1,125 @@
+"""Attention for the numpy backend: BLAS matmuls per KV head, decode batched over sequences.
+
+Same semantics as :mod:`atlas_core.ops.attention` (float32 softmax and accumulation, causal
+mask, GQA query head ``h`` reading KV head ``h // group``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.backends.numpy_convert import as_codes, to_f32
+from atlas_core.backends.numpy_kernels import paged_decode_kernel
+
+
+def _softmax_(scores: np.ndarray) -> np.ndarray:
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float) -> np.ndarray:
+    """Causal attention of ``n`` queries at positions ``q_pos`` over ``L`` keys (all float32).
+
+    Args:
+        q: ``[n, num_heads, head_dim]``; k, v: ``[L, num_kv_heads, head_dim]``.
+        q_pos: ``[n]`` position of each query; query ``i`` sees keys ``0..q_pos[i]``.
+
+    Returns:
+        ``[n, num_heads, head_dim]`` float32.
+    """
+    n, num_heads, head_dim = q.shape
+    length, num_kv_heads = k.shape[0], k.shape[1]
+    group = num_heads // num_kv_heads
+    # qg: [num_kv_heads, group * n, head_dim]
+    qg = q.reshape(n, num_kv_heads, group, head_dim).transpose(1, 2, 0, 3).reshape(
+        num_kv_heads, group * n, head_dim)
+    scores = np.matmul(qg, k.transpose(1, 2, 0)).reshape(num_kv_heads, group, n, length)
+    scores *= scale
+    if length > 1:
+        mask = np.arange(length)[None, :] > np.asarray(q_pos)[:, None]
+        if mask.any():
+            scores[:, :, mask] = -np.inf
+    probs = _softmax_(scores).reshape(num_kv_heads, group * n, length)
+    out = np.matmul(probs, np.ascontiguousarray(v.transpose(1, 0, 2)))
+    return out.reshape(num_kv_heads, group, n, head_dim).transpose(2, 0, 1, 3).reshape(
+        n, num_heads, head_dim)
+
+
+def prefill_attention(q, k, v, cu_seqlens, scale):
+    """Same contract as :func:`atlas_core.ops.reference.prefill_attention`."""
+    out = np.empty(q.shape, dtype=np.float32)
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    qf, kf, vf = to_f32(q), to_f32(k), to_f32(v)
+    for b in range(len(cu) - 1):
+        s, e = int(cu[b]), int(cu[b + 1])
+        if e > s:
+            out[s:e] = attend(qf[s:e], kf[s:e], vf[s:e], np.arange(e - s), scale)
+    return out.astype(q.dtype, copy=False)
+
+
+def _gather(cache: np.ndarray, tables: np.ndarray, kv_scale: float) -> np.ndarray:
+    # tables: [..., num_blocks] -> [..., num_blocks * block_size, num_kv_heads, head_dim] float32
+    blocks = to_f32(cache[tables])
+    blocks = blocks.reshape(*tables.shape[:-1], -1, *cache.shape[2:])
+    if kv_scale != 1.0:
+        blocks *= np.float32(kv_scale)
+    return blocks
+
+
+def _paged_decode(q, k_cache, v_cache, block_tables, lens, scale, kv_scale):
+    # q: [num_seqs, num_heads, head_dim], one query per sequence at position lens[b] - 1
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_blocks = -(-int(lens.max()) // block_size)
+    tables = np.asarray(block_tables[:, :num_blocks], dtype=np.int64)
+    used = np.arange(num_blocks)[None, :] < (-(-lens // block_size))[:, None]
+    tables = np.where(used, tables, 0)
+    # k, v: [num_seqs, num_kv_heads, L, head_dim]
+    k = _gather(k_cache, tables, kv_scale).transpose(0, 2, 1, 3)
+    v = np.ascontiguousarray(_gather(v_cache, tables, kv_scale).transpose(0, 2, 1, 3))
+    qg = q.reshape(num_seqs, num_kv_heads, group, head_dim)
+    scores = np.matmul(qg, k.transpose(0, 1, 3, 2))
+    scores *= scale
+    length = scores.shape[-1]
+    mask = np.arange(length)[None, :] >= lens[:, None]
+    if mask.any():
+        scores[np.broadcast_to(mask[:, None, None, :], scores.shape)] = -np.inf
+    probs = _softmax_(scores)
+    return np.matmul(probs, v).reshape(num_seqs, num_heads, head_dim)
+
+
+def _decode(q, k_cache, v_cache, block_tables, lens, scale, kv_scale):
+    k_codes, v_codes = as_codes(k_cache), as_codes(v_cache)
+    if (paged_decode_kernel is None or k_codes is None or k_cache.dtype != v_cache.dtype
+            or lens.min() <= 0):
+        return _paged_decode(q, k_cache, v_cache, np.asarray(block_tables), lens, scale, kv_scale)
+    out = np.empty(q.shape, dtype=np.float32)
+    tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+    paged_decode_kernel(np.ascontiguousarray(q), k_codes[0], v_codes[0], k_codes[1], tables, lens,
+                        np.float32(scale), np.float32(kv_scale), out)
+    return out
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, kv_scale=1.0):
+    """Same contract as :func:`atlas_core.ops.reference.paged_attention`."""
+    cu = np.asarray(cu_seqlens_q, dtype=np.int64)
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    counts = np.diff(cu)
+    if len(counts) and np.all(counts == 1) and cu[0] == 0:
+        out = _decode(to_f32(q[:len(counts)]), k_cache, v_cache, block_tables, lens, scale, kv_scale)
+        return out.astype(q.dtype, copy=False)
+    out = np.empty(q.shape, dtype=np.float32)
+    qf = to_f32(q)
+    block_size = k_cache.shape[1]
+    for b, n in enumerate(counts):
+        if n == 0:
+            continue
+        s, length = int(cu[b]), int(lens[b])
+        table = np.asarray(block_tables[b][:-(-length // block_size)], dtype=np.int64)
+        k = _gather(k_cache, table, kv_scale)[:length]
+        v = _gather(v_cache, table, kv_scale)[:length]
+        out[s:s + n] = attend(qf[s:s + n], k, v, np.arange(length - n, length), scale)
+    return out.astype(q.dtype, copy=False)

@@ -1,0 +1,99 @@
+"""The ``posix`` StorageBackend: one file per KV block in a directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from atlas_core import env
+from atlas_core.interfaces import StorageBackend
+
+_SAFE = re.compile(r"[a-z0-9_-]")
+_MAX_NAME = 240
+
+
+def key_to_filename(key: str) -> str:
+    """Reversible safe file name for ``key``: ``[a-z0-9_-]`` kept, other UTF-8 bytes ``%XX``.
+
+    Encoded names never contain ``.`` or ``/``, so they cannot escape the directory or collide
+    with the ``.``-prefixed temporary files of in-flight writes; escaping capitals keeps keys
+    distinct on case-insensitive file systems (macOS).
+    """
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"storage keys must be non-empty strings, got {key!r}")
+    name = "".join(c if _SAFE.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode())
+                   for c in key)
+    if len(name) > _MAX_NAME:
+        raise ValueError(f"storage key {key[:40]!r}... is too long: it encodes to {len(name)} "
+                         f"characters, the limit is {_MAX_NAME}; use shorter keys (block hashes)")
+    return name
+
+
+def filename_to_key(name: str) -> str:
+    """Inverse of :func:`key_to_filename`."""
+    out, i = bytearray(), 0
+    while i < len(name):
+        if name[i] == "%":
+            out.append(int(name[i + 1:i + 3], 16))
+            i += 3
+        else:
+            out += name[i].encode()
+            i += 1
+    return out.decode()
+
+
+class PosixStorage(StorageBackend):
+    """Blocks as files under ``root``; writes are atomic (temporary file, then rename).
+
+    Args:
+        root: directory to keep blocks in (created if missing); default
+            ``$ATLAS_CACHE_DIR/kv-blocks``.
+        **options: other factory options are ignored.
+    """
+
+    def __init__(self, root: str | os.PathLike | None = None, **options: Any) -> None:
+        self.root = Path(root) if root is not None else env.cache_dir() / "kv-blocks"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key_to_filename(key)
+
+    def _write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self.root / f".{path.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _read(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise KeyError(f"no stored block under key {key!r} in {self.root}") from None
+
+    async def write(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write, key, bytes(data))
+
+    async def read(self, key: str) -> bytes:
+        return await asyncio.to_thread(self._read, key)
+
+    async def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def contains(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def keys(self) -> list[str]:
+        return sorted(filename_to_key(p.name) for p in self.root.iterdir()
+                      if not p.name.startswith("."))
+
+    def used_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.iterdir() if not p.name.startswith("."))
