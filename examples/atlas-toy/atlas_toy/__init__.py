@@ -1,0 +1,1 @@
+"""atlas-toy: an example model-family plugin for Atlas."""
