@@ -12,10 +12,6 @@ from types import SimpleNamespace
 
 import atlas_core.engine as engine_pkg
 
-if not hasattr(engine_pkg, "SamplingParams"):  # until the engine package exports it
-    from atlas_core.engine.sampling_params import SamplingParams
-    engine_pkg.SamplingParams = SamplingParams
-
 EOS = 2
 OFFSET = 3
 
@@ -56,7 +52,8 @@ class FakeAsyncEngine:
     without a seed), one token per ``delay`` seconds, then EOS."""
 
     def __init__(self, reply: str = "Hello from atlas! ", delay: float = 0.001,
-                 max_seq_len: int = 512, num_kv_blocks: int = 64):
+                 max_seq_len: int = 512, num_kv_blocks: int = 64, max_running: int | None = None):
+        self.max_running = max_running
         self.tokenizer = FakeTokenizer()
         self.max_seq_len = max_seq_len
         self.reply = reply
@@ -76,6 +73,8 @@ class FakeAsyncEngine:
         return [random.randrange(ord("a"), ord("z") + 1) + OFFSET for _ in range(200)]
 
     async def generate(self, request_id, prompt_token_ids, params):
+        if self.max_running is not None and len(self.running) >= self.max_running:
+            raise engine_pkg.QueueFull(f"{len(self.running)} requests are already waiting")
         self.requests.append((request_id, list(prompt_token_ids), params))
         cached = len(prompt_token_ids) - 1 if prompt_token_ids in self.seen_prompts else 0
         self.seen_prompts.append(list(prompt_token_ids))

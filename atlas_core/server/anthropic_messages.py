@@ -11,10 +11,10 @@ from atlas_core.server.anthropic_schemas import (CountTokensRequest, MessagesReq
                                                  MessagesResponse, TextBlock, Usage)
 from atlas_core.server.decode import read_request
 from atlas_core.server.errors import APIError
-from atlas_core.server.generation import IDLE, Choice
+from atlas_core.server.generation import IDLE, Choice, as_api_error
 from atlas_core.server.prompts import anthropic_messages, render_chat
 from atlas_core.server.sampling import make_params, sampling_kwargs, stop_list
-from atlas_core.server.sse import error_event, named_event, sse_response, stream_error
+from atlas_core.server.sse import error_event, named_event, sse_response
 from atlas_core.server.usage import prompt_usage
 
 PATH = "/v1/messages"
@@ -63,13 +63,9 @@ async def messages(request: Request) -> Any:
     rid = state.request_id("msg_")
     choice = Choice(0, rid, prompt_ids, make_params(fields, state.generation_defaults))
     if req.stream:
-        stream = state.open_stream([choice], idle_interval=state.config.ping_interval)
+        stream = await state.stream([choice], idle_interval=state.config.ping_interval)
         return sse_response(_message_events(model, rid, stream, stops), stream)
-    stream = state.open_stream([choice], receive=request.receive)
-    try:
-        await stream.collect()
-    finally:
-        await stream.close()
+    stream = await state.run([choice], receive=request.receive)
     if stream.timed_out:
         raise APIError(504, f"generation timed out after {state.config.request_timeout:g} s "
                        "(server --request-timeout)")
@@ -115,7 +111,7 @@ async def _message_events(model: str, rid: str, stream, stops: list[str]):
             "usage": msgspec.to_builtins(usage_of(choice))})
         yield named_event("message_stop", {"type": "message_stop"})
     except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
-        yield error_event(stream_error(exc), PATH)
+        yield error_event(as_api_error(exc), PATH)
 
 
 @post(f"{PATH}/count_tokens", status_code=200)

@@ -18,9 +18,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             means no authentication. ``/health`` and ``/metrics`` are always open.
         max_request_body: Largest request body in bytes; larger bodies get a 413.
         request_timeout: Seconds a generation may run before it is aborted; 0 means no limit.
-        max_waiting: Most requests that may wait for a free engine slot; more get a 429 with
-            ``Retry-After``. ``None`` means unlimited.
-        retry_after: Seconds suggested to clients in ``Retry-After`` when the queue is full.
+        retry_after: Seconds suggested in ``Retry-After`` while the model is loading. (A full
+            queue is the engine's ``max_waiting``: such requests get a 429 with Retry-After.)
         default_chat_template_kwargs: Extra chat-template variables for every chat request
             (e.g. ``{"enable_thinking": true}``); a request's ``chat_template_kwargs`` override them.
         ping_interval: Seconds between Anthropic ``ping`` events on an idle stream.
@@ -32,7 +31,6 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     api_keys: list[str] = msgspec.field(default_factory=list)
     max_request_body: int = DEFAULT_MAX_REQUEST_BODY
     request_timeout: float = 0.0
-    max_waiting: int | None = None
     retry_after: int = 1
     default_chat_template_kwargs: dict = msgspec.field(default_factory=dict)
     ping_interval: float = 10.0

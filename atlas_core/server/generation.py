@@ -13,7 +13,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
+from atlas_core.server.errors import APIError, logger
+
 IDLE = "idle"
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """An engine exception as the HTTP error to send (429 queue full, 400 invalid, 503 dead)."""
+    from atlas_core.engine import EngineDeadError, QueueFull
+
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFull):
+        return APIError(429, f"the server is busy: {exc}", headers={"Retry-After": "1"})
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, f"the engine has stopped: {exc}; restart the server")
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc))
+    logger.error("generation failed", exc_info=exc)
+    return APIError(500, f"internal server error ({type(exc).__name__}); see the server log")
 
 
 @dataclass
@@ -59,35 +77,52 @@ class GenerationStream:
         timeout: Seconds before every unfinished choice is aborted; 0 means none.
         idle_interval: When set, :data:`IDLE` is yielded after this many quiet seconds.
         receive: The ASGI ``receive`` of a non-streaming request; a disconnect aborts.
-        on_close: Called once when the stream closes (releases the request's admission).
     """
 
     def __init__(self, engine, choices: list[Choice], metrics=None, *, timeout: float = 0.0,
-                 idle_interval: float | None = None, receive: Callable | None = None,
-                 on_close: Callable[[], None] | None = None):
+                 idle_interval: float | None = None, receive: Callable | None = None):
         self.engine = engine
         self.choices = choices
         self.metrics = metrics
         self.timeout = timeout
         self.idle_interval = idle_interval
         self.receive = receive
-        self.on_close = on_close
         self.timed_out = False
         self.disconnected = False
         self.start_time = time.monotonic()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
+        self._groups: dict[str, list[Choice]] = {}
+        self._early_errors: list[Exception] = []
         self._closed = False
 
     async def _pump(self, request_id: str, choices: list[Choice]) -> None:
         first = choices[0]
+        started = False
         try:
             async for out in self.engine.generate(request_id, first.prompt_ids, first.params):
+                started = True
                 self._queue.put_nowait((request_id, out))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer to raise
+            if not started:
+                self._early_errors.append(exc)
             self._queue.put_nowait((request_id, exc))
         else:
             self._queue.put_nowait((request_id, None))
+
+    async def start(self) -> None:
+        """Submit every engine request; raise at once if the engine refuses one (invalid,
+        queue full, engine dead) so the client gets a proper HTTP error, not a broken stream."""
+        if self._tasks:
+            return
+        self._groups = self._requests()
+        self._tasks = [asyncio.create_task(self._pump(rid, cs)) for rid, cs in self._groups.items()]
+        if self.receive is not None:
+            self._tasks.append(asyncio.create_task(self._watch_disconnect()))
+        await asyncio.sleep(0)
+        if self._early_errors:
+            await self.close()
+            raise self._early_errors[0]
 
     async def _watch_disconnect(self) -> None:
         while True:
@@ -144,10 +179,8 @@ class GenerationStream:
         return groups
 
     async def __aiter__(self) -> AsyncIterator[Delta | str]:
-        groups = self._requests()
-        self._tasks = [asyncio.create_task(self._pump(rid, cs)) for rid, cs in groups.items()]
-        if self.receive is not None:
-            self._tasks.append(asyncio.create_task(self._watch_disconnect()))
+        await self.start()
+        groups = self._groups
         pending = set(groups)
         try:
             while pending:
@@ -198,8 +231,6 @@ class GenerationStream:
                     pass
         for task in self._tasks:
             task.cancel()
-        if self.on_close is not None:
-            self.on_close()
 
     async def collect(self) -> list[Choice]:
         """Run to completion (non-streaming use) and return the choices."""

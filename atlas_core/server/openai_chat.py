@@ -16,14 +16,14 @@ from litestar import Request, Response, post
 
 from atlas_core.server.decode import read_request
 from atlas_core.server.errors import APIError
-from atlas_core.server.generation import IDLE, Choice
+from atlas_core.server.generation import IDLE, Choice, as_api_error
 from atlas_core.server.logprobs import chat_logprobs
 from atlas_core.server.openai_schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                               ChatCompletionRequest, ChatCompletionResponse,
                                               ChatDelta, ResponseMessage)
 from atlas_core.server.prompts import openai_messages, render_chat
 from atlas_core.server.sampling import logit_bias, make_params, sampling_kwargs, stop_list
-from atlas_core.server.sse import DONE, data_event, error_event, sse_response, stream_error
+from atlas_core.server.sse import DONE, data_event, error_event, sse_response
 from atlas_core.server.usage import openai_usage
 
 
@@ -79,13 +79,9 @@ async def chat_completions(request: Request) -> Any:
     rid = state.request_id("chatcmpl-")
     choices = build_choices(state, req, rid)
     if req.stream:
-        stream = state.open_stream(choices)
+        stream = await state.stream(choices)
         return sse_response(_chat_events(state, req, model, rid, stream), stream)
-    stream = state.open_stream(choices, receive=request.receive)
-    try:
-        await stream.collect()
-    finally:
-        await stream.close()
+    stream = await state.run(choices, receive=request.receive)
     result = []
     for c in choices:
         shaper = state.make_chat_shaper(req)
@@ -127,5 +123,5 @@ async def _chat_events(state, req: ChatCompletionRequest, model: str, rid: str, 
             yield data_event(ChatCompletionChunk(rid, created, model, [], usage))
         yield DONE
     except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
-        yield error_event(stream_error(exc), "/v1/chat/completions")
+        yield error_event(as_api_error(exc), "/v1/chat/completions")
         yield DONE

@@ -10,11 +10,11 @@ from litestar import Request, Response, post
 
 from atlas_core.server.decode import read_request
 from atlas_core.server.errors import APIError
-from atlas_core.server.generation import IDLE, Choice
+from atlas_core.server.generation import IDLE, Choice, as_api_error
 from atlas_core.server.logprobs import completion_logprobs, token_text
 from atlas_core.server.openai_schemas import CompletionChoice, CompletionRequest, CompletionResponse
 from atlas_core.server.sampling import logit_bias, make_params, sampling_kwargs, stop_list
-from atlas_core.server.sse import DONE, data_event, error_event, sse_response, stream_error
+from atlas_core.server.sse import DONE, data_event, error_event, sse_response
 from atlas_core.server.usage import openai_usage
 
 
@@ -88,13 +88,9 @@ async def completions(request: Request) -> Any:
     rid = state.request_id("cmpl-")
     choices = build_choices(state, req, rid)
     if req.stream:
-        stream = state.open_stream(choices)
+        stream = await state.stream(choices)
         return sse_response(_completion_events(state, req, model, rid, stream), stream)
-    stream = state.open_stream(choices, receive=request.receive)
-    try:
-        await stream.collect()
-    finally:
-        await stream.close()
+    stream = await state.run(choices, receive=request.receive)
     result = []
     for c in choices:
         prefix = _echo_text(state, c) if req.echo else ""
@@ -133,5 +129,5 @@ async def _completion_events(state, req: CompletionRequest, model: str, rid: str
                                                 openai_usage(stream.choices, req.n)))
         yield DONE
     except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
-        yield error_event(stream_error(exc), "/v1/completions")
+        yield error_event(as_api_error(exc), "/v1/completions")
         yield DONE

@@ -8,7 +8,7 @@ import msgspec
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from atlas_core.server.errors import APIError, error_body, logger
+from atlas_core.server.errors import APIError, error_body
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -28,14 +28,6 @@ def error_event(exc: APIError, path: str) -> bytes:
     """An error inside an already-started stream, in the shape of the API at ``path``."""
     body = error_body(exc, path)
     return named_event("error", body) if path.startswith("/v1/messages") else data_event(body)
-
-
-def stream_error(exc: Exception) -> APIError:
-    """``exc`` as an :class:`APIError` to report inside a started stream (logged if unexpected)."""
-    if isinstance(exc, APIError):
-        return exc
-    logger.exception("error while streaming", exc_info=exc)
-    return APIError(500, f"internal server error ({type(exc).__name__}); see the server log")
 
 
 def sse_response(events: AsyncIterator[bytes], stream) -> Stream:

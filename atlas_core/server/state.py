@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from atlas_core.server.config import ServerConfig
 from atlas_core.server.errors import APIError
-from atlas_core.server.generation import GenerationStream
+from atlas_core.server.generation import GenerationStream, as_api_error
 from atlas_core.server.metrics import Metrics
 
 logger = logging.getLogger("atlas.server")
@@ -44,7 +44,6 @@ class ServerState:
         self.vocab_size: int | None = None
         self.load_error: str | None = None
         self.created = int(time.time())
-        self.num_admitted = 0
         self.metrics = Metrics(self.stats)
         self.generation_defaults: dict[str, Any] = {}
         if engine is not None:
@@ -75,7 +74,7 @@ class ServerState:
         try:
             self.attach(await asyncio.to_thread(loader))
         except Exception as exc:  # noqa: BLE001 - reported through /health and the log
-            logger.error("model failed to load: %s", exc)
+            logger.debug("model failed to load", exc_info=exc)
             self.fail(str(exc) or type(exc).__name__)
 
     @property
@@ -134,28 +133,46 @@ class ServerState:
                            code="context_length_exceeded")
         return max_tokens
 
-    def open_stream(self, choices: list, *, idle_interval: float | None = None,
-                    receive=None) -> GenerationStream:
-        """A :class:`GenerationStream` over ``choices``, after admission control (429 when the
-        queue is full)."""
+    def _stream(self, choices: list, **kwargs) -> GenerationStream:
         engine = self.require_engine()
-        self._admit(len(choices))
-        count = len(choices)
+        validate = engine_attr(engine, "validate_request")
+        if validate is not None:
+            seen = set()
+            for choice in choices:
+                if choice.request_id not in seen:
+                    seen.add(choice.request_id)
+                    try:
+                        validate(choice.prompt_ids, choice.params)
+                    except ValueError as exc:
+                        raise APIError(400, str(exc)) from None
+        return GenerationStream(engine, choices, self.metrics,
+                                timeout=self.config.request_timeout, **kwargs)
 
-        def release() -> None:
-            self.num_admitted -= count
-        return GenerationStream(engine, choices, self.metrics, timeout=self.config.request_timeout,
-                                idle_interval=idle_interval, receive=receive, on_close=release)
+    async def stream(self, choices: list, *, idle_interval: float | None = None
+                     ) -> GenerationStream:
+        """A started :class:`GenerationStream` over ``choices`` (for SSE responses).
 
-    def _admit(self, count: int) -> None:
-        limit = self.config.max_waiting
-        if limit is not None:
-            args = engine_attr(self.engine, "args")
-            slots = int(getattr(args, "max_num_seqs", 0) or 0)
-            stats = self.stats()
-            waiting = max(int(getattr(stats, "num_waiting", 0) or 0), self.num_admitted - slots)
-            if waiting + count > limit and self.num_admitted + count > slots:
-                raise APIError(429, f"the server is busy ({waiting} requests waiting, limit "
-                               f"--max-waiting {limit}); retry shortly",
-                               headers={"Retry-After": str(self.config.retry_after)})
-        self.num_admitted += count
+        Raises:
+            APIError: the engine refused a request (400 invalid, 429 queue full, 503 dead).
+        """
+        stream = self._stream(choices, idle_interval=idle_interval)
+        try:
+            await stream.start()
+        except Exception as exc:  # noqa: BLE001 - mapped to an HTTP status
+            raise as_api_error(exc) from None
+        return stream
+
+    async def run(self, choices: list, receive=None) -> GenerationStream:
+        """Run ``choices`` to completion (non-streaming); a client disconnect aborts them.
+
+        Raises:
+            APIError: as :meth:`stream`, or the engine failed mid-way.
+        """
+        stream = self._stream(choices, receive=receive)
+        try:
+            await stream.collect()
+        except Exception as exc:  # noqa: BLE001 - mapped to an HTTP status
+            raise as_api_error(exc) from None
+        finally:
+            await stream.close()
+        return stream

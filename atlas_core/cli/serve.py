@@ -1,0 +1,214 @@
+"""``atlas serve``: load a model and serve it over OpenAI- and Anthropic-compatible HTTP.
+
+The HTTP listener starts at once (``/health`` answers 503 while the model loads in the
+background); a model that fails to load stops the server with one clear line and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+DEMO_NAME = "atlas-demo"
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def parse_size(text: str) -> int:
+    """``"32M"``, ``"1G"``, ``"1048576"`` -> bytes (K/M/G are powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 1048576, 512K, 32M, 1G)")
+    return int(match.group(1)) * 1024 ** " KMG".index(match.group(2).upper() or " ")
+
+
+def parse_json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"enable_thinking": true}\'')
+    return value
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over OpenAI- and Anthropic-compatible HTTP",
+        description="Serve MODEL (a local directory or Hugging Face id; default: the built-in "
+                    "demo model) on http://HOST:PORT/v1. See docs/serving.md.")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="model directory or Hugging Face id (default: the built-in demo model)")
+    g = p.add_argument_group("model")
+    g.add_argument("--served-model-name", "--model-name", action="append", default=None,
+                   metavar="NAME", help="name clients use in `model` (repeatable; the first is "
+                   "reported; default: MODEL as given)")
+    g.add_argument("--revision", default=None, help="Hub branch, tag or commit")
+    g.add_argument("--cache-dir", default=None, help="where downloaded models are kept "
+                   "(default: the Hugging Face cache)")
+    g.add_argument("--backend", default=None, help="GpuBackend (default: ATLAS_BACKEND, else "
+                   "cuda when a GPU is present, else numpy)")
+    g.add_argument("--dtype", default=None, help="weight dtype override (bfloat16, float32, ...)")
+    g.add_argument("--seed", type=int, default=0, help="engine random seed (default 0)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-num-seqs", type=int, default=64,
+                   help="sequences running at once (default 64)")
+    e.add_argument("--max-batch-size", type=int, default=None,
+                   help="sequences per step (default: --max-num-seqs)")
+    e.add_argument("--max-prefill-tokens", type=int, default=2048,
+                   help="prompt tokens per step; longer prompts are chunked (default 2048)")
+    e.add_argument("--max-seq-len", type=int, default=None, help="longest prompt + output "
+                   "(default: the model's limit, capped by the KV cache)")
+    e.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of device memory Atlas may use (default 0.9)")
+    e.add_argument("--kv-cache-dtype", choices=["auto", "bf16", "fp8"], default="auto",
+                   help="KV cache dtype (default auto: the model's dtype)")
+    e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV cache of shared prompt prefixes (default on)")
+    e.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV blocks to allocate (default: sized from memory)")
+    e.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    e.add_argument("--max-waiting", type=int, default=None, help="requests allowed to wait for "
+                   "a slot; more get HTTP 429 with Retry-After (default: unlimited)")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", "--bind", default="127.0.0.1", metavar="ADDR",
+                   help="address to listen on (default 127.0.0.1, this machine only; use "
+                   "0.0.0.0 to accept other machines and containers)")
+    s.add_argument("--port", type=int, default=8888, help="HTTP port (default 8888)")
+    s.add_argument("--api-key", "--auth-token", action="append", default=[], metavar="KEY",
+                   help="require this key (Bearer or x-api-key; repeatable)")
+    s.add_argument("--auth-tokens-file", default=None, metavar="PATH",
+                   help="file of accepted keys, one per line (# comments allowed)")
+    s.add_argument("--request-timeout", type=float, default=0.0, metavar="SECONDS",
+                   help="abort a generation after this long (default 0: no limit)")
+    s.add_argument("--max-request-body", type=parse_size, default="32M", metavar="SIZE",
+                   help="largest request body; bigger gets HTTP 413 (default 32M)")
+    s.add_argument("--default-chat-template-kwargs", type=parse_json_object, default={},
+                   metavar="JSON", help='chat-template variables for every request, e.g. '
+                   '\'{"enable_thinking": true}\' (requests may override)')
+    s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser calls (CORS) from this origin (repeatable; `*` for any)")
+    return p
+
+
+def served_names(args) -> list[str]:
+    if args.served_model_name:
+        return args.served_model_name
+    if args.model is None:
+        return [DEMO_NAME]
+    names = [args.model]
+    base = Path(args.model.rstrip("/")).name
+    if Path(args.model).exists() and base and base != args.model:
+        names.append(base)
+    return names
+
+
+def engine_args(args):
+    from atlas_core.cli import UserError
+    from atlas_core.engine import EngineArgs
+    try:
+        return EngineArgs(
+            model=args.model, backend=args.backend, dtype=args.dtype, seed=args.seed,
+            max_num_seqs=args.max_num_seqs, max_batch_size=args.max_batch_size,
+            max_prefill_tokens=args.max_prefill_tokens, max_seq_len=args.max_seq_len,
+            gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
+            block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+            enable_prefix_caching=args.enable_prefix_caching, cache_dir=args.cache_dir,
+            served_model_name=served_names(args)[0], max_waiting=args.max_waiting,
+            revision=args.revision)
+    except ValueError as exc:
+        message = re.sub(r"^(\w+) must", lambda m: f"--{m.group(1).replace('_', '-')} must",
+                         str(exc))
+        raise UserError(message) from None
+
+
+def check_model(args) -> None:
+    """Fail before binding the port when MODEL clearly cannot load."""
+    from atlas_core.cli import UserError
+    from atlas_core.engine.loading import model_path_or_demo
+    try:
+        source = model_path_or_demo(args.model)
+    except FileNotFoundError:
+        raise UserError("no MODEL given and the built-in demo model is not installed; pass a "
+                        "model directory or Hugging Face id, e.g. `atlas serve Qwen/Qwen3-0.6B`"
+                        ) from None
+    path = Path(source).expanduser()
+    looks_local = path.exists() or source.startswith((".", "/", "~")) or source.count("/") > 1
+    if looks_local and not (path / "config.json").is_file():
+        raise UserError(f"{source} is not a model directory (no config.json there); pass a "
+                        "directory holding config.json + *.safetensors, or a Hugging Face id")
+
+
+def server_config(args):
+    from atlas_core.cli import UserError
+    from atlas_core.server import ServerConfig
+    from atlas_core.server.auth import read_tokens_file
+    keys = list(args.api_key)
+    if args.auth_tokens_file:
+        try:
+            keys += read_tokens_file(args.auth_tokens_file)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return ServerConfig(served_model_names=served_names(args), api_keys=keys,
+                        max_request_body=args.max_request_body,
+                        request_timeout=args.request_timeout,
+                        default_chat_template_kwargs=args.default_chat_template_kwargs,
+                        allowed_origins=args.allowed_origin)
+
+
+def describe(engine, names: list[str]) -> str:
+    """One line with the model, backend and the sizing the engine chose."""
+    kv = engine.kv_config
+    backend = getattr(engine.backend, "name", type(engine.backend).__name__)
+    mib = kv.num_blocks * kv.bytes_per_block / 2 ** 20
+    return (f"model ready: {names[0]} | backend {backend} | KV cache {kv.num_blocks} blocks x "
+            f"{kv.block_size} tokens ({kv.num_blocks * kv.block_size} tokens, {mib:.1f} MiB, "
+            f"{kv.dtype}) | max seq len {kv.max_seq_len} | max num seqs "
+            f"{engine.args.max_num_seqs}")
+
+
+def run(args) -> int:
+    from atlas_core.cli import UserError
+    from atlas_core.engine import AsyncLLMEngine, LLMEngine
+    from atlas_core.server import create_app
+    from atlas_core.server.launch import bind_socket, make_server
+
+    check_model(args)
+    eargs = engine_args(args)
+    config = server_config(args)
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+                        "pick another --port or stop the program using it") from None
+    failure: list[str] = []
+    server = None
+
+    def load():
+        try:
+            engine = LLMEngine.from_args(eargs)
+        except Exception as exc:
+            failure.append(f"cannot load {args.model or DEMO_NAME}: {exc}")
+            server.should_exit = True
+            raise
+        print(describe(engine, config.served_model_names), flush=True)
+        return AsyncLLMEngine(engine)
+
+    app = create_app(None, config, loader=load)
+    server = make_server(app, sock, log_level="warning")
+    url = f"http://{args.host}:{sock.getsockname()[1]}"
+    print(f"Atlas listening on {url}/v1 (OpenAI + Anthropic APIs); loading "
+          f"{args.model or DEMO_NAME}, GET /health turns 200 when ready", flush=True)
+    if args.host in LOOPBACK:
+        print("  reachable from this machine only; pass --host 0.0.0.0 to accept other "
+              "machines and containers", flush=True)
+    elif not config.api_keys:
+        print("  warning: listening beyond this machine without --api-key: anyone who can "
+              "reach the port can use the server", flush=True)
+    server.run(sockets=[sock])
+    if failure:
+        print(f"error: {failure[0]}", file=sys.stderr)
+        return 1
+    return 0
