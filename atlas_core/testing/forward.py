@@ -13,14 +13,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from atlas_core.interfaces.layer import KVCacheSpec
+from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
 from atlas_core.model.metadata import StepMetadata
 
 
 class ForwardRunner:
     """Owns KV pools for ``max_seqs`` sequences and steps the model over them.
 
-    Sequence ``b`` owns blocks ``b * blocks_per_seq ... (b + 1) * blocks_per_seq - 1``.
+    Sequence ``b`` owns blocks ``b * blocks_per_seq ... (b + 1) * blocks_per_seq - 1`` and, for
+    recurrent layers (:class:`RecurrentStateSpec`), slot ``b`` of each state pool (bound as a dict
+    name -> ``[max_seqs, *shape]``).
 
     Args:
         model: a loaded :class:`~atlas_core.model.model.CausalLM`.
@@ -45,6 +47,10 @@ class ForwardRunner:
                 shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
                 dtype = kv_dtype or model.dtype
                 caches.append((backend.zeros(shape, dtype), backend.zeros(shape, dtype)))
+            elif isinstance(spec, RecurrentStateSpec):
+                # one slot per sequence: sequence b owns slot b (meta.state_indices)
+                caches.append({name: backend.zeros((max_seqs, *shape), spec.dtype)
+                               for name, shape in spec.shapes.items()})
             else:
                 raise NotImplementedError(f"ForwardRunner has no state for {spec!r}")
         model.bind_kv_caches(caches)

@@ -1,0 +1,49 @@
+"""Sparse MoE plus a sigmoid-gated shared expert (layer ``moe_shared_expert``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atlas_core.model.layers.mlp import GatedMLP
+from atlas_core.model.layers.moe import SparseMoE
+from atlas_core.model.metadata import StepMetadata
+from atlas_core.model.params import ParamSpec
+
+
+class SharedExpertMoE(SparseMoE):
+    """``routed(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`` (Qwen2-MoE family).
+
+    Routed experts as :class:`~atlas_core.model.layers.moe.SparseMoE` (per-expert or fused
+    checkpoint tensors); ``shared_expert`` is a gated MLP (``shared_expert.{gate,up,down}_proj``)
+    and ``shared_expert_gate.weight`` is ``[1, hidden]``.
+
+    Args:
+        shared_expert_intermediate_size: width of the shared expert (0: none).
+        fused_checkpoint: list the fused ``experts.gate_up_proj`` / ``experts.down_proj`` tensors
+            first (what Qwen3.5-MoE checkpoints hold; both layouts load either way).
+        **kwargs: as :class:`SparseMoE`.
+    """
+
+    def __init__(self, *, shared_expert_intermediate_size: int, fused_checkpoint: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if fused_checkpoint:
+            for name in ("experts.gate_up_proj", "experts.down_proj"):
+                spec = self.specs[name]
+                self.specs[name] = ParamSpec(spec.shape, spec.sources[::-1], spec.dtype)
+        hidden = kwargs["hidden_size"]
+        self.shared_expert = None
+        if shared_expert_intermediate_size > 0:
+            self.shared_expert = self.add("shared_expert", GatedMLP(
+                hidden_size=hidden, intermediate_size=shared_expert_intermediate_size,
+                hidden_act=kwargs.get("hidden_act", "silu")))
+            self.declare("shared_expert_gate.weight", (1, hidden))
+
+    def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+        routed, _ = super().forward(hidden, None, meta)
+        if self.shared_expert is None:
+            return routed, residual
+        ops = self.ops
+        shared, _ = self.shared_expert.forward(hidden, None, meta)
+        gate = ops.linear(hidden, self.params["shared_expert_gate.weight"])
+        return ops.add(routed, ops.sigmoid_mul(shared, gate)), residual

@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny hybrid checkpoints (written once per session) and the numpy backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlas_core.ops import OP_NAMES, reference
+from atlas_core.plugins import Registry
+
+ARCHS = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+
+
+@pytest.fixture(scope="session")
+def registry():
+    reg = Registry()
+    if "Qwen3_5ForCausalLM" not in reg.names("weight_loaders"):
+        pytest.skip("atlas-qwen35 is not installed: pip install --no-deps -e plugins/atlas-qwen35")
+    return reg
+
+
+@pytest.fixture
+def backend(registry):
+    backend = registry.create("gpu_backends", "numpy")
+    for name in OP_NAMES:
+        # Ops added after the backend was written run as their references.
+        if not hasattr(backend.ops, name):
+            setattr(backend.ops, name, getattr(reference, name))
+    return backend
+
+
+@pytest.fixture(scope="session")
+def checkpoints(registry, tmp_path_factory):
+    from atlas_core.testing.checkpoints import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("qwen35")
+    return {arch: write_tiny_checkpoint(arch, root / arch, registry=registry) for arch in ARCHS}
+
+
+def prompts(vocab_size: int = 384) -> list[list[int]]:
+    """Three prompts of different lengths (one longer than a GDN chunk would be at size 8)."""
+    rng = np.random.default_rng(7)
+    return [rng.integers(0, vocab_size, n).tolist() for n in (11, 5, 19)]
