@@ -12,7 +12,7 @@ import numpy as np
 
 from atlas_core.backends import numpy_attention, numpy_sampling
 from atlas_core.backends.numpy_convert import Float32Cache, to_f32
-from atlas_core.ops import reference
+from atlas_core.ops import OP_NAMES, reference
 from atlas_core.ops.norm import ACTIVATIONS
 
 
@@ -128,3 +128,14 @@ class NumpyOps:
 
     def sample(self, logits, temperature, top_k, top_p, min_p, seeds, steps):
         return numpy_sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps)
+
+
+def _adopt_references() -> None:
+    # Ops without a faster version above run their reference as is (recurrent-layer ops, and any
+    # op added to OP_NAMES later), so the numpy backend always provides the whole contract.
+    for name in OP_NAMES:
+        if not hasattr(NumpyOps, name):
+            setattr(NumpyOps, name, staticmethod(getattr(reference, name)))
+
+
+_adopt_references()

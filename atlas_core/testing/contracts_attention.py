@@ -1,0 +1,139 @@
+"""KV-cache and attention tests of :class:`~atlas_core.testing.contracts.GpuBackendContract`.
+
+In-place ops write into NaN-poisoned caches: every slot they are given must become finite and
+match the reference, every other slot must still be NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atlas_core.ops import reference as ref
+from atlas_core.ops.rotary import rope_cos_sin_cache
+from atlas_core.testing.contracts_ops import (BLOCK_SIZE, DTYPES, TOLERANCES, assert_close,
+                                              check_op, make_block_tables, make_rng, poisoned,
+                                              randn, rel_error, to_device)
+
+#: (num_heads, num_kv_heads, head_dim): GQA ratios 1, 2, 4, 8 and head dims 64, 128.
+HEAD_LAYOUTS = [(4, 4, 64), (4, 2, 128), (8, 2, 64), (8, 1, 128)]
+#: Context lengths crossing 16-token block boundaries.
+SEQ_LENS = [1, 16, 17, 40]
+
+
+class AttentionContract:
+    """reshape_and_cache, prefill_attention, paged_attention, qk_norm_rope_and_cache."""
+
+    @pytest.mark.parametrize("dtype,cache_dtype,kv_scale",
+                             [("float32", "float32", 1.0), ("bfloat16", "bfloat16", 1.0),
+                              ("bfloat16", "float8_e4m3fn", 0.5), ("float32", "float8_e4m3fn", 2.0)])
+    def test_reshape_and_cache(self, backend, dtype, cache_dtype, kv_scale):
+        rng = make_rng("reshape_and_cache", dtype, cache_dtype)
+        num_blocks, num_tokens = 6, 23
+        slots = rng.permutation(num_blocks * BLOCK_SIZE)[:num_tokens].astype(np.int32)
+        slots[[3, 11]] = -1
+        k, v = randn(rng, (num_tokens, 2, 64), dtype), randn(rng, (num_tokens, 2, 64), dtype)
+        self._check_cache_write(backend, "reshape_and_cache", (k, v), {}, slots, cache_dtype,
+                                num_blocks, (2, 64), kv_scale)
+
+    def _check_cache_write(self, backend, name, args, kwargs, slots, cache_dtype, num_blocks,
+                           head_shape, kv_scale, cache_after_args=True):
+        shape = (num_blocks, BLOCK_SIZE, *head_shape)
+        k_cache, v_cache = backend.from_host(poisoned(shape, cache_dtype)), \
+            backend.from_host(poisoned(shape, cache_dtype))
+        ref_k, ref_v = poisoned(shape, cache_dtype), poisoned(shape, cache_dtype)
+        dev_args = [to_device(backend, a) for a in args]
+        dev_kw = {key: to_device(backend, val) for key, val in kwargs.items()}
+        out = getattr(backend.ops, name)(*dev_args, k_cache, v_cache, backend.from_host(slots),
+                                         kv_scale=kv_scale, **dev_kw)
+        expected = getattr(ref, name)(*args, ref_k, ref_v, slots, kv_scale=kv_scale, **kwargs)
+        written = np.zeros(num_blocks * BLOCK_SIZE, dtype=bool)
+        written[slots[slots >= 0]] = True
+        for label, got, want in (("k_cache", k_cache, ref_k), ("v_cache", v_cache, ref_v)):
+            got = backend.to_host(got).reshape(num_blocks * BLOCK_SIZE, -1).astype(np.float32)
+            want = want.reshape(num_blocks * BLOCK_SIZE, -1).astype(np.float32)
+            assert np.isnan(got[~written]).all(), f"{name} wrote {label} slots it was not given"
+            assert np.isfinite(got[written]).all(), f"{name} left {label} slots unwritten"
+            err = rel_error(got[written], want[written])
+            assert err <= TOLERANCES[cache_dtype], f"{name} {label}: relative error {err:.2e}"
+        return out if out is None else (backend.to_host(out), expected)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEAD_LAYOUTS)
+    def test_prefill_attention(self, backend, dtype, num_heads, num_kv_heads, head_dim):
+        rng = make_rng("prefill_attention", dtype, num_heads, num_kv_heads, head_dim)
+        lens = [1, 17, 33, 5]
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        n = int(cu[-1])
+        check_op(backend, "prefill_attention", randn(rng, (n, num_heads, head_dim), dtype),
+                 randn(rng, (n, num_kv_heads, head_dim), dtype),
+                 randn(rng, (n, num_kv_heads, head_dim), dtype), cu, head_dim ** -0.5)
+
+    @pytest.mark.parametrize("dtype,cache_dtype,kv_scale",
+                             [("float32", "float32", 1.0), ("bfloat16", "bfloat16", 1.0),
+                              ("bfloat16", "float8_e4m3fn", 0.7), ("float32", "float8_e4m3fn", 1.0)])
+    @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEAD_LAYOUTS)
+    @pytest.mark.parametrize("layout", ["decode", "chunked_prefill"])
+    def test_paged_attention(self, backend, dtype, cache_dtype, kv_scale, num_heads, num_kv_heads,
+                             head_dim, layout):
+        rng = make_rng("paged_attention", dtype, cache_dtype, num_heads, num_kv_heads, head_dim,
+                       layout)
+        if layout == "decode":
+            seq_lens, num_q = SEQ_LENS, [1] * len(SEQ_LENS)
+        else:  # prefix-cached chunks, a first chunk, a sequence with no query this step
+            seq_lens, num_q = [17, 9, 40, 33, 5], [1, 0, 16, 17, 5]
+        num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 3
+        tables = make_block_tables(rng, seq_lens, num_blocks)
+        cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+        cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
+        q = randn(rng, (int(cu[-1]), num_heads, head_dim), dtype)
+        check_op(backend, "paged_attention", q, randn(rng, cache_shape, cache_dtype),
+                 randn(rng, cache_shape, cache_dtype), tables, np.array(seq_lens, np.int32), cu,
+                 head_dim ** -0.5, kv_scale)
+
+    def test_paged_attention_matches_prefill(self, backend):
+        """Attention over a freshly cached prompt equals prefill attention over the same tokens."""
+        rng = make_rng("paged_vs_prefill")
+        seq_lens = [17, 33]
+        num_blocks = 6
+        tables = make_block_tables(rng, seq_lens, num_blocks)
+        cu = np.array([0, 17, 50], dtype=np.int32)
+        q, k, v = (randn(rng, (50, 8, 64)), randn(rng, (50, 2, 64)), randn(rng, (50, 2, 64)))
+        slots = np.concatenate([tables[b, np.arange(n) // BLOCK_SIZE] * BLOCK_SIZE
+                                + np.arange(n) % BLOCK_SIZE for b, n in enumerate(seq_lens)])
+        k_cache = backend.zeros((num_blocks, BLOCK_SIZE, 2, 64), np.float32)
+        v_cache = backend.zeros((num_blocks, BLOCK_SIZE, 2, 64), np.float32)
+        dq, dk, dv = (backend.from_host(a) for a in (q, k, v))
+        backend.ops.reshape_and_cache(dk, dv, k_cache, v_cache,
+                                      backend.from_host(slots.astype(np.int32)))
+        paged = backend.ops.paged_attention(dq, k_cache, v_cache, backend.from_host(tables),
+                                            backend.from_host(np.array(seq_lens, np.int32)),
+                                            backend.from_host(cu), 0.125)
+        prefill = backend.ops.prefill_attention(dq, dk, dv, backend.from_host(cu), 0.125)
+        assert_close(backend.to_host(paged), backend.to_host(prefill), "paged vs prefill")
+
+    @pytest.mark.parametrize("dtype,cache_dtype", [("float32", "float32"), ("bfloat16", "bfloat16"),
+                                                   ("bfloat16", "float8_e4m3fn")])
+    @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,rotary_dim,norms",
+                             [(4, 4, 64, None, True), (8, 2, 128, 64, False),
+                              (8, 1, 64, 32, True), (4, 2, 128, None, False)])
+    def test_qk_norm_rope_and_cache(self, backend, dtype, cache_dtype, num_heads, num_kv_heads,
+                                    head_dim, rotary_dim, norms):
+        rng = make_rng("qk_norm_rope_and_cache", dtype, cache_dtype, num_heads, head_dim, norms)
+        num_tokens, num_blocks = 21, 4
+        width = (num_heads + 2 * num_kv_heads) * head_dim
+        cache = rope_cos_sin_cache(rotary_dim or head_dim, 512, {"rope_type": "default",
+                                                                 "rope_theta": 1e6})
+        slots = rng.permutation(num_blocks * BLOCK_SIZE)[:num_tokens].astype(np.int32)
+        slots[5] = -1
+        kwargs = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      rotary_dim=rotary_dim, is_neox=bool(norms), eps=1e-6,
+                      q_norm=randn(rng, (head_dim,), dtype, 0.3) + 1 if norms else None,
+                      k_norm=randn(rng, (head_dim,), dtype, 0.3) + 1 if norms else None)
+        args = (randn(rng, (num_tokens, width), dtype, 2.0),
+                rng.integers(0, 512, num_tokens).astype(np.int32), cache)
+        kv_scale = 0.5 if cache_dtype == "float8_e4m3fn" else 1.0
+        got, want = self._check_cache_write(backend, "qk_norm_rope_and_cache", args, kwargs, slots,
+                                            cache_dtype, num_blocks, (num_kv_heads, head_dim),
+                                            kv_scale)
+        assert_close(got, want, "qk_norm_rope_and_cache q")
