@@ -1,0 +1,123 @@
+// Shared device helpers for every Atlas kernel: storage types, conversions, vector loads,
+// warp and block reductions. Self-contained (no CUDA headers) so NVRTC needs no include path.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define NEG_INF __int_as_float(0xff800000)
+
+struct bf16 { unsigned short x; };
+struct f16 { unsigned short x; };
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16 v) { return __uint_as_float(((u32)v.x) << 16); }
+__device__ __forceinline__ float to_f32(f16 v) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x)); return f;
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) {
+  bf16 r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.x) : "f"(v)); return r;
+}
+template <> __device__ __forceinline__ f16 from_f32<f16>(float v) {
+  f16 r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(v)); return r;
+}
+
+// Eight consecutive elements as one 16-byte (two for float) vector.
+template <typename T> struct Vec8 {
+  uint4 raw;
+  __device__ __forceinline__ void load(const T* p) { raw = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<uint4*>(p) = raw; }
+  __device__ __forceinline__ void to_float(float* f) const {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = to_f32(e[i]);
+  }
+  __device__ __forceinline__ void from_float(const float* f) {
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; i++) e[i] = from_f32<T>(f[i]);
+  }
+};
+template <> struct Vec8<float> {
+  uint4 raw[2];
+  __device__ __forceinline__ void load(const float* p) {
+    raw[0] = reinterpret_cast<const uint4*>(p)[0]; raw[1] = reinterpret_cast<const uint4*>(p)[1];
+  }
+  __device__ __forceinline__ void store(float* p) const {
+    reinterpret_cast<uint4*>(p)[0] = raw[0]; reinterpret_cast<uint4*>(p)[1] = raw[1];
+  }
+  __device__ __forceinline__ void to_float(float* f) const {
+    const float* e = reinterpret_cast<const float*>(raw);
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = e[i];
+  }
+  __device__ __forceinline__ void from_float(const float* f) {
+    float* e = reinterpret_cast<float*>(raw);
+#pragma unroll
+    for (int i = 0; i < 8; i++) e[i] = f[i];
+  }
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds >= 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : 0.f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : NEG_INF;
+  return warp_max(v);
+}
+
+// Largest (value, index) over the block, lowest index first on ties.
+__device__ __forceinline__ void argmax_pair(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) { v = ov; i = oi; }
+}
+__device__ __forceinline__ void block_argmax(float& v, int& i, float* sv, int* si) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    argmax_pair(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  __syncthreads();
+  if (lane == 0) { sv[warp] = v; si[warp] = i; }
+  __syncthreads();
+  v = lane < nwarps ? sv[lane] : NEG_INF;
+  i = lane < nwarps ? si[lane] : 0x7fffffff;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    argmax_pair(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+}
+
+// Each .cu file is compiled once per activation dtype: -DATLAS_T=<type> -DATLAS_S=<suffix>
+// (bf16/bf16, f16/f16, float/f32); ATLAS_MMA is 1 where tensor-core kernels exist.
+#ifndef ATLAS_T
+#define ATLAS_T bf16
+#define ATLAS_S bf16
+#endif
+#ifndef ATLAS_MMA
+#define ATLAS_MMA 0
+#endif
+#define INSTANTIATE_(M, T, S) M(T, S)
+#define INSTANTIATE(M) INSTANTIATE_(M, ATLAS_T, ATLAS_S)

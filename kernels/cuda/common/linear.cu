@@ -1,0 +1,192 @@
+// linear: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), float32 accumulation.
+// gemv_*: bandwidth-bound path for small M (one warp per output row, 16-byte loads).
+// gemm_*: tensor-core path (mma.sync m16n8k16, cp.async double buffering) for larger M.
+#include "common.cuh"
+
+template <typename T, int MT>
+__device__ void gemv_impl(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                          const T* __restrict__ bias, int M, int N, int K, int m0) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * (blockDim.x >> 5) + warp;
+  if (n >= N) return;
+  const T* wrow = w + (long long)n * K;
+  float acc[MT];
+#pragma unroll
+  for (int m = 0; m < MT; m++) acc[m] = 0.f;
+  int k = lane * 8;
+  for (; k + 3 * 256 < K; k += 4 * 256) {
+    Vec8<T> wv[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) wv[u].load(wrow + k + u * 256);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      float wf[8]; wv[u].to_float(wf);
+#pragma unroll
+      for (int m = 0; m < MT; m++) {
+        if (m0 + m < M) {
+          float xf[8]; Vec8<T> xv; xv.load(x + (long long)(m0 + m) * K + k + u * 256); xv.to_float(xf);
+#pragma unroll
+          for (int j = 0; j < 8; j++) acc[m] += wf[j] * xf[j];
+        }
+      }
+    }
+  }
+  for (; k < K; k += 256) {
+    float wf[8]; Vec8<T> wv; wv.load(wrow + k); wv.to_float(wf);
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      if (m0 + m < M) {
+        float xf[8]; Vec8<T> xv; xv.load(x + (long long)(m0 + m) * K + k); xv.to_float(xf);
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[m] += wf[j] * xf[j];
+      }
+    }
+  }
+  float b = bias ? to_f32(bias[n]) : 0.f;
+#pragma unroll
+  for (int m = 0; m < MT; m++) {
+    float s = warp_sum(acc[m]);
+    if (lane == 0 && m0 + m < M) y[(long long)(m0 + m) * N + n] = from_f32<T>(s + b);
+  }
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+template <typename T> __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b);
+template <> __device__ __forceinline__ void mma16816<bf16>(float* c, const u32* a, const u32* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float* c, const u32* a, const u32* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Block tile BM x BN, K step 32, warps WM x WN; shared rows padded to 40 elements so the
+// eight 16-byte rows one ldmatrix reads fall in distinct banks. K must be a multiple of 8.
+template <typename T, int BM, int BN, int WM, int WN, int STAGES>
+__device__ void gemm_impl(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
+                          const T* __restrict__ bias, int M, int N, int K) {
+  constexpr int BK = 32, LD = 40, TM = BM / WM / 16, TN = BN / WN / 8;
+  constexpr int THREADS = WM * WN * 32;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * BM * LD;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int wm = warp / WN, wn = warp % WN;
+  int bm0 = blockIdx.y * BM, bn0 = blockIdx.x * BN;
+  float acc[TM][TN][4];
+#pragma unroll
+  for (int i = 0; i < TM; i++)
+#pragma unroll
+    for (int j = 0; j < TN; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+  auto load_tile = [&](int stage, int k0) {
+    T* a = sa + stage * BM * LD;
+    T* b = sb + stage * BN * LD;
+#pragma unroll
+    for (int c = tid; c < BM * 4; c += THREADS) {
+      int r = c >> 2, kc = (c & 3) * 8;
+      int gm = bm0 + r, gk = k0 + kc;
+      bool ok = gm < M && gk < K;
+      cp_async16(a + r * LD + kc, x + (long long)(ok ? gm : 0) * K + (ok ? gk : 0), ok);
+    }
+#pragma unroll
+    for (int c = tid; c < BN * 4; c += THREADS) {
+      int r = c >> 2, kc = (c & 3) * 8;
+      int gn = bn0 + r, gk = k0 + kc;
+      bool ok = gn < N && gk < K;
+      cp_async16(b + r * LD + kc, w + (long long)(ok ? gn : 0) * K + (ok ? gk : 0), ok);
+    }
+  };
+
+  int num_k = (K + BK - 1) / BK;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < num_k) load_tile(s, s * BK);
+    asm volatile("cp.async.commit_group;\n");
+  }
+  for (int kt = 0; kt < num_k; kt++) {
+    int nk = kt + STAGES - 1;
+    if (nk < num_k) load_tile(nk % STAGES, nk * BK);
+    asm volatile("cp.async.commit_group;\n");
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+    __syncthreads();
+    const T* a = sa + (kt % STAGES) * BM * LD;
+    const T* b = sb + (kt % STAGES) * BN * LD;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      u32 af[TM][4], bfr[TN][2];
+#pragma unroll
+      for (int i = 0; i < TM; i++) {
+        int r = wm * (BM / WM) + i * 16 + (lane & 15);
+        ldmatrix_x4(af[i], a + r * LD + kk + (lane >> 4) * 8);
+      }
+#pragma unroll
+      for (int j = 0; j < TN; j += 2) {
+        int mi = lane >> 3;
+        int r = wn * (BN / WN) + j * 8 + (mi >> 1) * 8 + (lane & 7);
+        u32 t[4];
+        ldmatrix_x4(t, b + r * LD + kk + (mi & 1) * 8);
+        bfr[j][0] = t[0]; bfr[j][1] = t[1]; bfr[j + 1][0] = t[2]; bfr[j + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) mma16816<T>(acc[i][j], af[i], bfr[j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < TM; i++) {
+#pragma unroll
+    for (int j = 0; j < TN; j++) {
+      int n = bn0 + wn * (BN / WN) + j * 8 + (lane & 3) * 2;
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        int m = bm0 + wm * (BM / WM) + i * 16 + (lane >> 2) + h * 8;
+        if (m >= M) continue;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          if (n + e < N) {
+            float v = acc[i][j][h * 2 + e] + (bias ? to_f32(bias[n + e]) : 0.f);
+            y[(long long)m * N + n + e] = from_f32<T>(v);
+          }
+        }
+      }
+    }
+  }
+}
+
+#define GEMV(T, S, MT)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256) gemv_##S##_m##MT(                        \
+      T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0) {             \
+    gemv_impl<T, MT>(y, x, w, bias, M, N, K, m0);                                            \
+  }
+#define GEMVS(T, S) GEMV(T, S, 1) GEMV(T, S, 2) GEMV(T, S, 4) GEMV(T, S, 8)
+INSTANTIATE(GEMVS)
+
+#define GEMM(T, S, BM, BN, WM, WN, ST)                                                       \
+  extern "C" __global__ void __launch_bounds__(WM * WN * 32) gemm_##S##_##BM##x##BN(         \
+      T* y, const T* x, const T* w, const T* bias, int M, int N, int K) {                     \
+    gemm_impl<T, BM, BN, WM, WN, ST>(y, x, w, bias, M, N, K);                                 \
+  }
+#define GEMMS(T, S) GEMM(T, S, 128, 128, 2, 4, 3) GEMM(T, S, 64, 128, 2, 4, 3) GEMM(T, S, 32, 64, 1, 4, 4)
+#if ATLAS_MMA
+INSTANTIATE(GEMMS)
+#endif

@@ -1,0 +1,93 @@
+// Attention prologue: per-head RMSNorm of q/k, rotary embedding, KV-cache write.
+// One block per token; each warp handles one head at a time through a shared scratch row.
+#include "common.cuh"
+
+struct RopeArgs {
+  int num_heads, num_kv_heads, head_dim, rotary_dim, is_neox;
+  float eps, inv_kv_scale;
+};
+
+// Normalise (optional) and rotate one head of `src` into `dst`; scratch holds head_dim floats.
+template <typename T, typename C>
+__device__ void rope_head(C* dst, const T* src, const T* norm, const float* cs, float* scratch,
+                          const RopeArgs& a, bool rotate, float out_scale) {
+  int lane = threadIdx.x & 31, D = a.head_dim;
+  float ss = 0.f;
+  for (int i = lane; i < D; i += 32) { float v = to_f32(src[i]); scratch[i] = v; ss += v * v; }
+  if (norm) {
+    float inv = rsqrtf(warp_sum(ss) / D + a.eps);
+    __syncwarp();
+    for (int i = lane; i < D; i += 32)
+      scratch[i] = to_f32(from_f32<T>(scratch[i] * inv * to_f32(norm[i])));
+  }
+  __syncwarp();
+  int half = a.rotary_dim / 2;
+  for (int i = lane; i < D; i += 32) {
+    float v = scratch[i];
+    if (rotate && i < a.rotary_dim) {
+      int j = a.is_neox ? (i < half ? i : i - half) : i / 2;
+      bool first = a.is_neox ? i < half : (i & 1) == 0;
+      int partner = a.is_neox ? (first ? i + half : i - half) : (first ? i + 1 : i - 1);
+      float c = cs[j], s = cs[half + j], p = scratch[partner];
+      v = first ? v * c - p * s : v * c + p * s;
+    }
+    dst[i] = from_f32<C>(v * out_scale);
+  }
+  __syncwarp();
+}
+
+// q/k/v sources with per-token strides; k/v go to the paged cache when slot_mapping is given,
+// else to dense [num_tokens, num_kv_heads, head_dim] outputs (rotary_embedding op).
+template <typename T>
+__device__ void rope_qkv_impl(T* q_out, T* k_out, T* v_out, const T* q, const T* k, const T* v,
+                              long long q_stride, long long k_stride, long long v_stride,
+                              const int* positions, const float* cos_sin, const int* slots,
+                              const T* q_norm, const T* k_norm, RopeArgs a) {
+  extern __shared__ float rope_scratch[];
+  int t = blockIdx.x, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int H = a.num_heads, KH = a.num_kv_heads, D = a.head_dim;
+  const float* cs = cos_sin + (long long)positions[t] * a.rotary_dim;
+  long long slot = slots ? slots[t] : t;
+  float* scratch = rope_scratch + warp * D;
+  int total = H + KH + (v ? KH : 0);
+  for (int h = warp; h < total; h += nwarps) {
+    if (h < H) {
+      rope_head<T, T>(q_out + ((long long)t * H + h) * D, q + t * q_stride + h * D, q_norm, cs,
+                      scratch, a, true, 1.f);
+    } else if (slot >= 0) {
+      int kh = (h - H) % KH;
+      bool is_k = h < H + KH;
+      const T* src = is_k ? k + t * k_stride + kh * D : v + t * v_stride + kh * D;
+      T* dst = (is_k ? k_out : v_out) + (slot * KH + kh) * D;
+      rope_head<T, T>(dst, src, is_k ? k_norm : (const T*)0, cs, scratch, a, is_k,
+                      slots ? a.inv_kv_scale : 1.f);
+    }
+  }
+}
+
+// reshape_and_cache: copy k/v rows [num_tokens, kv_heads*head_dim] into cache slots.
+template <typename T>
+__device__ void reshape_and_cache_impl(T* k_cache, T* v_cache, const T* k, const T* v,
+                                       const int* slots, int row, float inv_scale) {
+  long long slot = slots[blockIdx.x];
+  if (slot < 0) return;
+  for (int i = threadIdx.x; i < row; i += blockDim.x) {
+    k_cache[slot * row + i] = from_f32<T>(to_f32(k[(long long)blockIdx.x * row + i]) * inv_scale);
+    v_cache[slot * row + i] = from_f32<T>(to_f32(v[(long long)blockIdx.x * row + i]) * inv_scale);
+  }
+}
+
+#define ROPE(T, S)                                                                            \
+  extern "C" __global__ void rope_qkv_##S(T* qo, T* ko, T* vo, const T* q, const T* k,       \
+                                          const T* v, long long qs, long long ks, long long vs, \
+                                          const int* pos, const float* cs, const int* slots,  \
+                                          const T* qn, const T* kn, int H, int KH, int D,     \
+                                          int rot, int neox, float eps, float inv) {          \
+    RopeArgs a{H, KH, D, rot, neox, eps, inv};                                                \
+    rope_qkv_impl<T>(qo, ko, vo, q, k, v, qs, ks, vs, pos, cs, slots, qn, kn, a);            \
+  }                                                                                           \
+  extern "C" __global__ void reshape_and_cache_##S(T* kc, T* vc, const T* k, const T* v,     \
+                                                   const int* slots, int row, float inv) {    \
+    reshape_and_cache_impl<T>(kc, vc, k, v, slots, row, inv);                                 \
+  }
+INSTANTIATE(ROPE)

@@ -1,0 +1,174 @@
+// Logits -> tokens on the device: argmax, log-softmax, top-k, penalties and seeded sampling.
+// One block per row; logits are float32. The sampler's random stream is the splitmix64 hash
+// of (seed, step, index) used by the NumPy reference, so seeded choices match it.
+#include "common.cuh"
+
+__device__ __forceinline__ double uniform(u64 seed, u64 step, u64 i) {
+  u64 z = seed * 0x9E3779B97F4A7C15ull + step * 0xBF58476D1CE4E5B9ull + i * 0x94D049BB133111EBull;
+  z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 27; z *= 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
+}
+
+__device__ int row_argmax(const float* x, int V, float* sv, int* si) {
+  float v = NEG_INF; int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) argmax_pair(v, idx, x[i], i);
+  block_argmax(v, idx, sv, si);
+  return idx;
+}
+
+extern "C" __global__ void argmax_f32(int* out, const float* logits, int V) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  int idx = row_argmax(logits + (long long)blockIdx.x * V, V, sv, si);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx;
+}
+
+extern "C" __global__ void log_softmax_f32(float* out, const float* logits, int V) {
+  __shared__ float scratch[32];
+  const float* x = logits + (long long)blockIdx.x * V;
+  float m = NEG_INF;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i]);
+  m = block_max(m, scratch);
+  float s = 0.f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) s += __expf(x[i] - m);
+  float lse = m + logf(block_sum(s, scratch));
+  for (int i = threadIdx.x; i < V; i += blockDim.x) out[(long long)blockIdx.x * V + i] = x[i] - lse;
+}
+
+// k passes: each finds the largest element strictly after the previous in (value desc, index asc).
+extern "C" __global__ void topk_f32(float* values, int* indices, const float* x_all, int V, int k) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const float* x = x_all + (long long)blockIdx.x * V;
+  float prev_v = __int_as_float(0x7f800000); int prev_i = -1;
+  for (int j = 0; j < k; j++) {
+    float v = NEG_INF; int idx = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+      float s = x[i];
+      if (s < prev_v || (s == prev_v && i > prev_i)) argmax_pair(v, idx, s, i);
+    }
+    block_argmax(v, idx, sv, si);
+    if (threadIdx.x == 0) { values[blockIdx.x * k + j] = v; indices[blockIdx.x * k + j] = idx; }
+    prev_v = v; prev_i = idx;
+  }
+}
+
+// counts: [num_seqs, V] int32 scratch; bit 30 marks tokens seen in the prompt.
+extern "C" __global__ void apply_penalties_f32(float* out, int* counts, const float* logits,
+                                               const int* prompt_ids, int prompt_len,
+                                               const int* output_ids, int output_len,
+                                               const float* rep, const float* pres,
+                                               const float* freq, int V) {
+  long long row = blockIdx.x;
+  int* c = counts + row * V;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) c[i] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < output_len; i += blockDim.x) {
+    int id = output_ids[row * output_len + i];
+    if (id >= 0 && id < V) atomicAdd(c + id, 1);
+  }
+  for (int i = threadIdx.x; i < prompt_len; i += blockDim.x) {
+    int id = prompt_ids[row * prompt_len + i];
+    if (id >= 0 && id < V) atomicOr(c + id, 1 << 30);
+  }
+  __syncthreads();
+  float r = rep[row], p = pres[row], f = freq[row];
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    int ci = c[i];
+    float n = (float)(ci & ((1 << 30) - 1));
+    float x = logits[row * V + i];
+    if (r != 1.f && ci != 0) x = x > 0.f ? x / r : x * r;
+    out[row * V + i] = x - (f * n + p * (n > 0.f ? 1.f : 0.f));
+  }
+}
+
+// Smallest float v (searched over its bits) with pred(v) true, for a monotone pred.
+// mode 0: count(p >= v) < k  -> threshold just above the k-th largest
+// mode 1: sum(p > v) < target -> top-p cut
+__device__ float bisect(const float* p, int V, int mode, float target, float* scratch) {
+  u32 lo = 0, hi = 0x3f800001u;
+  while (lo < hi) {
+    u32 mid = (lo + hi) >> 1;
+    float v = __uint_as_float(mid), acc = 0.f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x)
+      acc += mode == 0 ? (p[i] >= v ? 1.f : 0.f) : (p[i] > v ? p[i] : 0.f);
+    acc = block_sum(acc, scratch);
+    if (acc < target) hi = mid; else lo = mid + 1;
+  }
+  return __uint_as_float(lo);
+}
+
+extern "C" __global__ void sample_f32(int* out, float* probs, const float* logits, int V,
+                                      const float* temperature, const int* top_k,
+                                      const float* top_p, const float* min_p, const u64* seeds,
+                                      const long long* steps) {
+  __shared__ float scratch[32];
+  __shared__ int si[32];
+  long long row = blockIdx.x;
+  const float* x = logits + row * V;
+  float* p = probs + row * V;
+  float t = temperature[row];
+  if (t <= 1e-5f) {
+    int idx = row_argmax(x, V, scratch, si);
+    if (threadIdx.x == 0) out[row] = idx;
+    return;
+  }
+  float m = NEG_INF;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i] / t);
+  m = block_max(m, scratch);
+  float s = 0.f;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) { float e = expf(x[i] / t - m); p[i] = e; s += e; }
+  s = block_sum(s, scratch);
+  for (int i = threadIdx.x; i < V; i += blockDim.x) p[i] /= s;
+  __syncthreads();
+  int k = top_k[row];
+  if (k > 0 && k < V) {
+    float kth = bisect(p, V, 0, (float)k, scratch);   // smallest v with count(p >= v) < k
+    float hi = NEG_INF;                               // the k-th largest value is below kth
+    for (int i = threadIdx.x; i < V; i += blockDim.x) if (p[i] < kth) hi = fmaxf(hi, p[i]);
+    hi = block_max(hi, scratch);
+    for (int i = threadIdx.x; i < V; i += blockDim.x) if (p[i] < hi) p[i] = 0.f;
+    __syncthreads();
+  }
+  float tp = top_p[row];
+  if (tp < 1.f) {
+    float total = 0.f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) total += p[i];
+    total = block_sum(total, scratch);
+    float v0 = bisect(p, V, 1, tp * total, scratch);
+    for (int i = threadIdx.x; i < V; i += blockDim.x) if (p[i] < v0) p[i] = 0.f;
+    __syncthreads();
+  }
+  float mp = min_p[row];
+  if (mp > 0.f) {
+    float mx = 0.f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, p[i]);
+    mx = block_max(mx, scratch);
+    for (int i = threadIdx.x; i < V; i += blockDim.x) if (p[i] < mp * mx) p[i] = 0.f;
+    __syncthreads();
+  }
+  u64 seed = seeds[row], step = (u64)steps[row];
+  double best = -1.0; int idx = 0x7fffffff;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    double r = (double)p[i] / -log(uniform(seed, step, (u64)i));
+    if (r > best) { best = r; idx = i; }
+  }
+  float bv = (float)best;
+  // Ties at float precision are vanishingly rare; compare in double within each warp first.
+  for (int o = 16; o > 0; o >>= 1) {
+    double ob = __shfl_xor_sync(0xffffffffu, best, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
+  }
+  __shared__ double sb[32];
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) { sb[warp] = best; si[warp] = idx; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < nw; w++) if (sb[w] > best || (sb[w] == best && si[w] < idx)) { best = sb[w]; idx = si[w]; }
+    out[row] = idx;
+  }
+  (void)bv;
+}

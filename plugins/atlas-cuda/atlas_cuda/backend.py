@@ -1,0 +1,170 @@
+"""CudaBackend: the GpuBackend over cuda.core (NVRTC kernels, stream capture into graphs)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from atlas_core import env
+from atlas_core.interfaces.gpu_backend import DeviceInfo, GpuBackend, Graph
+from atlas_cuda.array import DeviceArray
+from atlas_cuda.driver import DeviceAllocation, check, drv
+from atlas_cuda.kernels_loader import KernelLibrary
+from atlas_cuda.memory import StagingRing, Workspace
+from atlas_cuda.targets import pick_target
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKSPACE_BYTES = 256 << 20
+
+
+class CudaGraph(Graph):
+    """An instantiated CUDA graph; ``output`` is what the captured function returned."""
+
+    def __init__(self, exec_graph: Any, graph: Any, stream: Any, workspace: Workspace,
+                 output: Any) -> None:
+        self.exec_graph, self.graph, self.stream = exec_graph, graph, stream
+        self.workspace = workspace
+        self.output = output
+
+    def replay(self) -> None:
+        check(drv().cuGraphLaunch(self.exec_graph, self.stream))
+
+    def __del__(self) -> None:
+        try:
+            drv().cuGraphExecDestroy(self.exec_graph)
+            drv().cuGraphDestroy(self.graph)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class CudaBackend(GpuBackend):
+    """NVIDIA GPUs through cuda-python.
+
+    Args:
+        device_id: CUDA device ordinal.
+        workspace_bytes: initial size of the per-step output arena (grows outside capture).
+        model: optional model family name selecting ``kernels/<hw>/<model>/`` overrides.
+        quant: optional quantisation name (``bf16``…) for ``kernels/<hw>/<model>/<quant>/``.
+    """
+
+    name = "cuda"
+
+    def __init__(self, device_id: int = 0, workspace_bytes: int | None = None,
+                 model: str | None = None, quant: str | None = None, **_: Any) -> None:
+        from cuda.core import Device
+        self.device = Device(device_id)
+        self.device.set_current()
+        self.stream_obj = self.device.create_stream()
+        self.stream = int(self.stream_obj.handle)
+        cc = self.device.compute_capability
+        self.capability = (cc.major, cc.minor)
+        self.target = pick_target(self.capability)
+        self.kernels = KernelLibrary(self.target, self, model=model, quant=quant,
+                                     cache_dir=env.cache_dir() / "kernels")
+        self.workspace = Workspace(workspace_bytes or DEFAULT_WORKSPACE_BYTES)
+        self.staging = StagingRing()
+        self.num_sms = self.device.properties.multiprocessor_count
+        self._capturing = False
+        from atlas_cuda.ops import CudaOps
+        self.ops = CudaOps(self)
+
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo(self.device.name, "cuda", self.memory_info()[1],
+                          f"{self.capability[0]}.{self.capability[1]}")
+
+    def memory_info(self) -> tuple[int, int]:
+        free, total = check(drv().cuMemGetInfo())
+        return int(free), int(total)
+
+    def empty(self, shape: Sequence[int], dtype: Any) -> DeviceArray:
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        mem = DeviceAllocation(nbytes)
+        return DeviceArray(mem.ptr, shape, dtype, mem)
+
+    def zeros(self, shape: Sequence[int], dtype: Any) -> DeviceArray:
+        arr = self.empty(shape, dtype)
+        check(drv().cuMemsetD8Async(arr.ptr, 0, arr.nbytes, self.stream))
+        return arr
+
+    def from_host(self, array: np.ndarray) -> DeviceArray:
+        array = np.asarray(array)
+        arr = self.empty(array.shape, array.dtype)
+        self.copy_from_host(arr, array)
+        return arr
+
+    def copy_from_host(self, dst: DeviceArray, src: np.ndarray) -> None:
+        src = np.asarray(src)
+        if src.nbytes != dst.nbytes:
+            raise ValueError(f"copy_from_host: {src.nbytes} host bytes into {dst.nbytes} device bytes")
+        if src.nbytes:
+            self.staging.upload(dst.ptr, src.astype(dst.dtype, copy=False), self.stream)
+
+    def to_host(self, array: DeviceArray) -> np.ndarray:
+        out = np.empty(array.shape, array.dtype)
+        if out.nbytes:
+            self.staging.download(out, array.ptr, self.stream)
+        return out
+
+    def copy_(self, dst: DeviceArray, src: DeviceArray) -> None:
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"copy_: {src.nbytes} bytes into {dst.nbytes}")
+        check(drv().cuMemcpyDtoDAsync(dst.ptr, src.ptr, src.nbytes, self.stream))
+
+    def synchronize(self) -> None:
+        check(drv().cuStreamSynchronize(self.stream))
+
+    def reset_workspace(self) -> None:
+        self.workspace.reset()
+
+    @property
+    def supports_graphs(self) -> bool:
+        return True
+
+    def capture(self, fn: Callable[[], Any]) -> CudaGraph:
+        """Record ``fn``'s device work as a CUDA graph with its own workspace.
+
+        ``fn`` runs once eagerly first (it compiles and loads its kernels and sizes the graph's
+        private workspace), then once under stream capture. The returned graph's ``output`` is
+        the captured call's return value; its arrays are rewritten by every replay.
+        """
+        main = self.workspace
+        probe = Workspace(main.chunk.nbytes)
+        self.workspace = probe
+        try:
+            fn()
+            self.synchronize()
+            graph_ws = Workspace(max(probe.peak, ALIGN_MIN), growable=False)
+            self.workspace = graph_ws
+            mode = drv().CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            check(drv().cuStreamBeginCapture(self.stream, mode))
+            self._capturing = True
+            try:
+                output = fn()
+            finally:
+                self._capturing = False
+                graph = check(drv().cuStreamEndCapture(self.stream))
+            exec_graph = check(drv().cuGraphInstantiate(graph, 0))
+        finally:
+            self.workspace = main
+        return CudaGraph(exec_graph, graph, self.stream, graph_ws, output)
+
+    def event(self) -> Any:
+        """Record a timing event on the backend's stream (``elapsed_ms(a, b)`` reads two)."""
+        ev = check(drv().cuEventCreate(drv().CUevent_flags.CU_EVENT_DEFAULT))
+        check(drv().cuEventRecord(ev, self.stream))
+        return ev
+
+    @staticmethod
+    def elapsed_ms(start: Any, end: Any) -> float:
+        check(drv().cuEventSynchronize(end))
+        return float(check(drv().cuEventElapsedTime(start, end)))
+
+    def close(self) -> None:
+        self.synchronize()
+
+
+ALIGN_MIN = 1 << 20

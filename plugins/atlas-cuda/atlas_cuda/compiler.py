@@ -1,0 +1,103 @@
+"""NVRTC build of kernel sources with an on-disk cubin cache.
+
+Each ``.cu`` file is one module. Files that instantiate per dtype (``INSTANTIATE(...)``) are
+compiled once per activation dtype with ``-DATLAS_T=.. -DATLAS_S=..``. Local includes are
+inlined (searched through the same override path as the sources), so the cache key, a hash of
+the inlined source + arch + options + NVRTC version, covers everything that affects the cubin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+DTYPE_VARIANTS = {
+    "bf16": ("bf16", "bf16", 1),
+    "f16": ("f16", "f16", 1),
+    "f32": ("float", "f32", 0),
+}
+_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$')
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC rejected a kernel source."""
+
+
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+    err, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+class KernelSources:
+    """Finds and inlines kernel sources through an override path (most specific dir first)."""
+
+    def __init__(self, search_dirs: list[Path]) -> None:
+        self.search_dirs = [Path(d) for d in search_dirs]
+
+    def find(self, filename: str) -> Path:
+        for d in self.search_dirs:
+            if (d / filename).is_file():
+                return d / filename
+        raise FileNotFoundError(f"kernel source {filename!r} not found in "
+                                f"{', '.join(map(str, self.search_dirs))}")
+
+    def modules(self) -> list[str]:
+        """Names (without ``.cu``) of every module on the path."""
+        names = {p.stem for d in self.search_dirs for p in d.glob("*.cu")}
+        return sorted(names)
+
+    def text(self, filename: str, _seen: frozenset = frozenset()) -> str:
+        path = self.find(filename)
+        out = []
+        for line in path.read_text().splitlines():
+            m = _INCLUDE.match(line)
+            if m:
+                if m.group(1) not in _seen:
+                    out.append(self.text(m.group(1), _seen | {m.group(1)}))
+            elif line.strip() != "#pragma once":
+                out.append(line)
+        return "\n".join(out) + "\n"
+
+    def variants(self, module: str) -> list[str]:
+        """Dtype variants a module is built in (``["any"]`` for dtype-free modules)."""
+        own = self.find(module + ".cu").read_text()
+        return list(DTYPE_VARIANTS) if "INSTANTIATE(" in own else ["any"]
+
+
+def build_options(arch: str, variant: str) -> dict:
+    """NVRTC options (as :class:`cuda.core.ProgramOptions` fields) for one build."""
+    opts = {"arch": arch, "std": "c++17"}
+    if variant in DTYPE_VARIANTS:
+        t, s, mma = DTYPE_VARIANTS[variant]
+        opts["define_macro"] = [("ATLAS_T", t), ("ATLAS_S", s), ("ATLAS_MMA", str(mma))]
+    return opts
+
+
+def compile_module(sources: KernelSources, module: str, variant: str, arch: str,
+                   cache_dir: Path | None) -> bytes:
+    """Cubin bytes of ``module`` for ``variant`` and ``arch`` (from the cache when present)."""
+    src = sources.text(module + ".cu")
+    opts = build_options(arch, variant)
+    key = hashlib.sha256("\0".join([src, repr(sorted(opts.items())), nvrtc_version()]).encode())
+    path = cache_dir / f"{module}-{variant}-{arch}-{key.hexdigest()[:32]}.cubin" if cache_dir else None
+    if path is not None and path.is_file():
+        return path.read_bytes()
+    cubin = _nvrtc(src, module, opts)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+    return cubin
+
+
+def _nvrtc(src: str, module: str, opts: dict) -> bytes:
+    from cuda.core import Program, ProgramOptions
+    try:
+        program = Program(src, "c++", ProgramOptions(name=f"{module}.cu", **opts))
+        return bytes(program.compile("cubin").code)
+    except Exception as exc:
+        raise KernelCompileError(f"NVRTC failed on {module}.cu for {opts['arch']}: {exc}") from exc

@@ -1,0 +1,80 @@
+"""KernelLibrary: compiled, loaded kernels of one target, and launching them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atlas_cuda.array import DeviceArray
+from atlas_cuda.compiler import KernelSources, compile_module
+from atlas_cuda.driver import check, drv
+from atlas_cuda.targets import Target
+
+_VARIANT_OF = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+def variant_of(dtype: Any) -> str:
+    """Kernel dtype variant (``bf16``/``f16``/``f32``) for a NumPy dtype, with a clear error."""
+    name = np.dtype(dtype).name
+    if name not in _VARIANT_OF:
+        raise TypeError(f"the cuda backend has no kernels for dtype {name}; "
+                        "use bfloat16, float16 or float32")
+    return _VARIANT_OF[name]
+
+
+def kernel_arg(a: Any) -> Any:
+    """Convert one launch argument: arrays and None become pointers, Python scalars 32-bit."""
+    if isinstance(a, DeviceArray):
+        return np.uint64(a.ptr)
+    if a is None:
+        return np.uint64(0)
+    if isinstance(a, (bool, int)) and not isinstance(a, np.generic):
+        return np.int32(a)
+    if isinstance(a, float):
+        return np.float32(a)
+    return a
+
+
+class KernelLibrary:
+    """Compiles modules on first use (through the disk cache) and caches loaded kernels."""
+
+    def __init__(self, target: Target, backend: Any, model: str | None = None,
+                 quant: str | None = None, cache_dir: Path | None = None) -> None:
+        self.target = target
+        self.backend = backend
+        self.sources = KernelSources(target.search_dirs(model, quant))
+        self.cache_dir = cache_dir
+        self.modules: dict[tuple[str, str], Any] = {}
+        self.kernels: dict[tuple[str, str, str], Any] = {}
+
+    def kernel(self, module: str, variant: str, name: str, max_shmem: int = 0) -> Any:
+        key = (module, variant, name)
+        k = self.kernels.get(key)
+        if k is None:
+            mod = self.modules.get((module, variant))
+            if mod is None:
+                from cuda.core import ObjectCode
+                cubin = compile_module(self.sources, module, variant, self.target.arch,
+                                       self.cache_dir)
+                mod = self.modules[(module, variant)] = ObjectCode.from_cubin(cubin)
+            k = self.kernels[key] = mod.get_kernel(name)
+            if max_shmem > 48 << 10:
+                _set_max_shmem(k, max_shmem, self.backend.device.device_id)
+        return k
+
+    def launch(self, kernel: Any, grid: Any, block: Any, *args: Any, shmem: int = 0) -> None:
+        from cuda.core import LaunchConfig, launch
+        config = LaunchConfig(grid=grid, block=block, shmem_size=shmem)
+        launch(self.backend.stream_obj, config, kernel, *[kernel_arg(a) for a in args])
+
+
+def _set_max_shmem(kernel: Any, nbytes: int, device_id: int) -> None:
+    d = drv()
+    attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, d.CUkernel):
+        check(d.cuKernelSetAttribute(attr, nbytes, handle, device_id))
+    else:
+        check(d.cuFuncSetAttribute(handle, attr, nbytes))

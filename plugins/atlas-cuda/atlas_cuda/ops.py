@@ -1,0 +1,157 @@
+"""CudaOps: every op of :mod:`atlas_core.ops` as NVRTC kernels (same signatures as the references)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from atlas_cuda.array import DeviceArray
+from atlas_cuda.kernels_loader import variant_of
+from atlas_cuda.ops_attention import AttentionOps
+from atlas_cuda.ops_sampling import SamplingOps
+
+#: Largest M served by the GEMV kernels; above it bf16/f16 go to the tensor-core GEMM.
+GEMV_MAX_M = 8
+#: (max M, BM, BN, threads, stages) of the tensor-core GEMM tiles, smallest first.
+GEMM_TILES = ((32, 32, 64, 128, 4), (128, 64, 128, 256, 3), (1 << 62, 128, 128, 256, 3))
+
+
+def _need_vec(name: str, *arrays: DeviceArray, last: int | None = None) -> None:
+    for a in arrays:
+        if a is not None and a.ptr % 16:
+            raise ValueError(f"{name}: device array at 0x{a.ptr:x} is not 16-byte aligned")
+    if last is not None and last % 8:
+        raise ValueError(f"{name}: last dimension {last} must be a multiple of 8 on the cuda backend")
+
+
+def _threads(n: int, cap: int) -> int:
+    """``n`` rounded up to whole warps, between 32 and ``cap``."""
+    return min(cap, max(32, -(-n // 32) * 32))
+
+
+class CudaOps(AttentionOps, SamplingOps):
+    """Op wrappers; outputs come from the backend's step workspace."""
+
+    def __init__(self, backend: Any) -> None:
+        self.be = backend
+
+    def _k(self, module: str, dtype: Any, name: str, max_shmem: int = 0) -> Any:
+        if dtype is None:
+            return self.be.kernels.kernel(module, "any", name, max_shmem)
+        v = variant_of(dtype)
+        return self.be.kernels.kernel(module, v, f"{name}_{v}", max_shmem)
+
+    def _launch(self, kernel: Any, grid: Any, block: Any, *args: Any, shmem: int = 0) -> None:
+        self.be.kernels.launch(kernel, grid, block, *args, shmem=shmem)
+
+    def _out(self, shape: Any, dtype: Any) -> DeviceArray:
+        return self.be.workspace.alloc(tuple(shape), dtype)
+
+    def embedding(self, ids: DeviceArray, table: DeviceArray) -> DeviceArray:
+        hidden = table.shape[-1]
+        out = self._out((*ids.shape, hidden), table.dtype)
+        if ids.size:
+            vec = hidden % 8 == 0 and table.ptr % 16 == 0 and table.dtype.itemsize <= 4
+            name = "embedding" if vec else "embedding_scalar"
+            threads = _threads(-(-hidden // 8) if vec else hidden, 256)
+            self._launch(self._k("elementwise", table.dtype, name), ids.size, threads,
+                         out, ids, table, hidden)
+        return out
+
+    def rms_norm(self, x: DeviceArray, weight: DeviceArray, eps: float,
+                 residual: DeviceArray | None = None, *, zero_centered: bool = False):
+        hidden = x.shape[-1]
+        _need_vec("rms_norm", x, weight, residual, last=hidden)
+        if hidden > 512 * 32:
+            raise ValueError(f"rms_norm: hidden size {hidden} is above the kernel limit 16384")
+        y = self._out(x.shape, x.dtype)
+        r = self._out(x.shape, x.dtype) if residual is not None else None
+        rows = x.size // hidden
+        threads = _threads(-(-hidden // 32), 512)
+        if rows:
+            self._launch(self._k("elementwise", x.dtype, "rms_norm"), rows, threads, y, r, x,
+                         residual, weight, float(eps), hidden, int(zero_centered))
+        return (y, r) if residual is not None else y
+
+    def linear(self, x: DeviceArray, weight: DeviceArray, bias: DeviceArray | None = None):
+        K, N = x.shape[-1], weight.shape[0]
+        M = x.size // K if K else 0
+        _need_vec("linear", x, weight, last=K)
+        y = self._out((*x.shape[:-1], N), x.dtype)
+        if M == 0:
+            return y
+        v = variant_of(x.dtype)
+        if M <= GEMV_MAX_M or v == "f32":
+            for m0 in range(0, M, GEMV_MAX_M):
+                mt = next(t for t in (1, 2, 4, 8) if t >= min(M - m0, GEMV_MAX_M))
+                k = self.be.kernels.kernel("linear", v, f"gemv_{v}_m{mt}")
+                self._launch(k, -(-N // 8), 256, y, x, weight, bias, M, N, K, m0)
+            return y
+        _, bm, bn, threads, stages = next(t for t in GEMM_TILES if M <= t[0])
+        shmem = stages * (bm + bn) * 40 * x.dtype.itemsize
+        k = self.be.kernels.kernel("linear", v, f"gemm_{v}_{bm}x{bn}", shmem)
+        self._launch(k, (-(-N // bn), -(-M // bm)), threads, y, x, weight, bias, M, N, K,
+                     shmem=shmem)
+        return y
+
+    def add(self, a: DeviceArray, b: DeviceArray) -> DeviceArray:
+        if a.size != b.size:
+            raise ValueError(f"add: sizes differ ({a.shape} vs {b.shape})")
+        out = self._out(a.shape, a.dtype)
+        if a.dtype == b.dtype:
+            k = self._k("elementwise", a.dtype, "add")
+        elif a.dtype == np.float32:
+            k = self._k("elementwise", b.dtype, "add_f32")
+        else:
+            raise TypeError(f"add: unsupported dtype pair {a.dtype} + {b.dtype}")
+        if a.size:
+            self._launch(k, min(-(-a.size // 256), 8192), 256, out, a, b, np.int64(a.size))
+        return out
+
+    def _act_and_mul(self, x: DeviceArray, name: str) -> DeviceArray:
+        d = x.shape[-1] // 2
+        _need_vec(name, x, last=d)
+        rows = x.size // (2 * d) if d else 0
+        out = self._out((*x.shape[:-1], d), x.dtype)
+        if rows:
+            self._launch(self._k("elementwise", x.dtype, name), (-(-d // 1024), rows), 128,
+                         out, x, d)
+        return out
+
+    def silu_and_mul(self, x: DeviceArray) -> DeviceArray:
+        return self._act_and_mul(x, "silu_and_mul")
+
+    def gelu_tanh_and_mul(self, x: DeviceArray) -> DeviceArray:
+        return self._act_and_mul(x, "gelu_tanh_and_mul")
+
+    def moe_route(self, router_logits: DeviceArray, top_k: int, renormalize: bool,
+                  scoring: str = "softmax"):
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"unsupported MoE scoring {scoring!r}; use softmax or sigmoid")
+        t, e = router_logits.shape
+        if e > 1024 or top_k > 64:
+            raise ValueError(f"moe_route: at most 1024 experts and top_k 64 (got {e}, {top_k})")
+        w, ids = self._out((t, top_k), np.float32), self._out((t, top_k), np.int32)
+        if t:
+            self._launch(self._k("moe", router_logits.dtype, "moe_route"), t, 256, w, ids,
+                         router_logits, e, top_k, int(renormalize), int(scoring == "sigmoid"))
+        return w, ids
+
+    def moe_experts(self, x: DeviceArray, w_gate_up: DeviceArray, w_down: DeviceArray,
+                    topk_weights: DeviceArray, topk_ids: DeviceArray,
+                    activation: str = "silu") -> DeviceArray:
+        t, hidden = x.shape
+        inter, k = w_down.shape[-1], topk_ids.shape[-1]
+        _need_vec("moe_experts", x, w_gate_up, w_down, last=math.gcd(hidden, inter))
+        out = self._out(x.shape, x.dtype)
+        if not t:
+            return out
+        h = self._out((t * k, inter), np.float32)
+        gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+        self._launch(self._k("moe", x.dtype, "moe_gate_up"), (-(-inter // 8), t * k), 256,
+                     h, x, w_gate_up, topk_ids, k, hidden, inter, gelu)
+        self._launch(self._k("moe", x.dtype, "moe_down"), (-(-hidden // 8), t), 256,
+                     out, h, w_down, topk_weights, topk_ids, k, hidden, inter)
+        return out
