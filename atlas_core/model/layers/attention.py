@@ -20,8 +20,8 @@ class Attention(Module, TransformerLayer):
     Args:
         hidden_size: model width.
         num_heads, num_kv_heads, head_dim: query heads, KV heads (GQA) and per-head size.
-        rope: the config's rope settings (``rope_parameters(config)`` form, or the config
-            itself): ``rope_theta``, ``rope_type`` and scaling fields, ``partial_rotary_factor``.
+        rope: the output of ``rope_parameters(config)`` (``rope_type``, ``rope_theta``, scaling
+            fields, ``partial_rotary_factor``), or a config dict to normalise.
         max_position_embeddings: rotary table length.
         rms_norm_eps: epsilon of the q/k norms.
         qk_norm: per-head RMSNorm of q and k (``q_norm.weight``, ``k_norm.weight``; Qwen3).
@@ -39,7 +39,7 @@ class Attention(Module, TransformerLayer):
             raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
                              f"num_key_value_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.rope = rope_parameters(rope)
+        self.rope = dict(rope) if "rope_type" in rope else rope_parameters(rope)
         self.rotary_dim = int(head_dim * float(self.rope.get("partial_rotary_factor", 1.0)))
         self.max_position_embeddings = max_position_embeddings
         self.eps, self.is_neox = rms_norm_eps, is_neox
