@@ -1,0 +1,38 @@
+"""Hermes / Qwen 2.5-3 tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+
+from __future__ import annotations
+
+import json
+
+from atlas_core.parsers.base import CallMatch, ToolParser, arguments_json
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+def call_from_json(obj: object) -> tuple[str, str, str | None] | None:
+    """``(name, arguments JSON, id)`` of a ``{"name", "arguments" | "parameters"}`` object, else None."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", obj.get("parameters"))
+    if arguments is not None and not isinstance(arguments, (dict, str)):
+        return None
+    call_id = obj.get("id") if isinstance(obj.get("id"), str) else None
+    return obj["name"], arguments_json(arguments), call_id
+
+
+class HermesToolParser(ToolParser):
+    """Calls as one JSON object each inside ``<tool_call>`` ... ``</tool_call>`` (Qwen 2.5 / 3, Hermes)."""
+
+    name = "hermes"
+    markers = (OPEN,)
+
+    def match_call(self, text: str, start: int, final: bool) -> CallMatch:
+        close = text.find(CLOSE, start + len(OPEN))
+        if close < 0:
+            return CallMatch("invalid", len(text)) if final else CallMatch("incomplete")
+        end = close + len(CLOSE)
+        try:
+            call = call_from_json(json.loads(text[start + len(OPEN):close]))
+        except ValueError:
+            call = None
+        return CallMatch("complete", end, [call]) if call else CallMatch("invalid", end)
