@@ -153,3 +153,14 @@ def wait_until(condition, timeout: float = 10.0, interval: float = 0.02) -> bool
             return False
         time.sleep(interval)
     return True
+
+
+def tiny_engine(directory, **engine_args):
+    """An ``AsyncLLMEngine`` over a tiny random Qwen3 checkpoint on the numpy backend."""
+    from atlas_core.engine import AsyncLLMEngine, EngineArgs, LLMEngine
+    from atlas_core.testing.checkpoints import write_tiny_checkpoint
+
+    if not (directory / "config.json").exists():
+        write_tiny_checkpoint("Qwen3ForCausalLM", directory)
+    args = {"backend": "numpy", "max_seq_len": 256, "num_kv_blocks": 128, **engine_args}
+    return AsyncLLMEngine(LLMEngine.from_args(EngineArgs(model=str(directory), **args)))
