@@ -194,3 +194,21 @@ def test_config_errors(tmp_path, registry):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelConfigError, match="no 'architectures'"):
         _load(tmp_path, registry)
+
+
+def test_tiny_checkpoints_are_deterministic(tmp_path, registry):
+    a = write_tiny_checkpoint("TinyForCausalLM", tmp_path / "a", registry=registry, seed=1)
+    b = write_tiny_checkpoint("TinyForCausalLM", tmp_path / "b", registry=registry, seed=1)
+    c = write_tiny_checkpoint("TinyForCausalLM", tmp_path / "c", registry=registry, seed=2)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+    assert (a / "tokenizer.json").read_bytes() == (c / "tokenizer.json").read_bytes()
+
+
+def test_partial_rotary(tmp_path, registry):
+    path = write_tiny_checkpoint("TinyForCausalLM", tmp_path, registry=registry,
+                                 partial_rotary_factor=0.5)
+    model = _load(path, registry)
+    assert model.layers[0].mixer.rotary_dim == 4
+    assert np.isfinite(_logits(model, PROMPT[:20])).all()

@@ -83,11 +83,12 @@ def plan_weights(model: Module, checkpoint: Checkpoint) -> list[tuple[str, _Targ
         WeightLoadError: a tensor has the wrong shape, or a parameter's tensors are missing.
     """
     targets = _targets(model)
-    plan, loaded = [], {}
+    plan, loaded, unused = [], {}, []
     for name in checkpoint.names():
         key = _canonical(name, targets)
         target = targets.get(key)
         if target is None:
+            unused.append(name)
             continue
         found = checkpoint.shape(name)
         if found != target.shape:
@@ -97,6 +98,9 @@ def plan_weights(model: Module, checkpoint: Checkpoint) -> list[tuple[str, _Targ
         plan.append((name, target))
         loaded.setdefault((id(target.module), target.param, target.group), set()).add(key)
     _check_complete(model, loaded)
+    if unused:
+        log.debug("ignoring %d checkpoint tensors the model does not use, e.g. %s", len(unused),
+                  unused[:3])
     return plan
 
 
@@ -162,4 +166,3 @@ def load_weights(model: Module, checkpoint: Checkpoint, config: dict[str, Any] |
         flat = param.reshape(math.prod(param.shape))
         target.module.backend.copy_from_host(flat[target.offset: target.offset + size],
                                              np.ascontiguousarray(host).reshape(size))
-    log.debug("loaded %d tensors from %d files", len(checkpoint), len(checkpoint.files))

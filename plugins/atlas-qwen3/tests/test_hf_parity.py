@@ -107,3 +107,22 @@ def test_mixed_batch_equals_each_alone(pair, arch):
         runner.reset()
         alone = runner.step([prompt], all_logits=True)[0]
         np.testing.assert_allclose(_logprobs(rows), _logprobs(alone), rtol=0, atol=1e-5)
+
+
+VARIANTS = [
+    ("LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
+    ("Qwen3ForCausalLM", {"tie_word_embeddings": True, "rope_scaling": {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}}),
+    ("MistralForCausalLM", {"num_key_value_heads": 1}),
+    ("Qwen3MoeForCausalLM", {"norm_topk_prob": False, "num_experts_per_tok": 3}),
+]
+
+
+@pytest.mark.parametrize("arch,overrides", VARIANTS, ids=[a for a, _ in VARIANTS])
+def test_fp32_config_variants_match_hf(tmp_path, registry, arch, overrides):
+    path = write_tiny_checkpoint(arch, tmp_path, registry=registry, seed=3, **overrides)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_model(path, "numpy", registry=registry)
+    ids = _prompt(20, seed=5)
+    got = ForwardRunner(model, model.backend, max_seq_len=32).step([ids], all_logits=True)[0]
+    np.testing.assert_allclose(got, _hf_logits(hf, ids), rtol=0, atol=FP32_ATOL)
