@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -97,7 +98,7 @@ def _marker_prefix_len(text: str, markers: tuple[str, ...]) -> int:
     return best
 
 
-class ToolParser:
+class ToolParser(ABC):
     """Base of every tool-call format. Create one per request.
 
     Args:
@@ -131,9 +132,13 @@ class ToolParser:
         found = [i for i in (text.find(m, pos) for m in self.markers) if i >= 0]
         return min(found) if found else None
 
+    @abstractmethod
     def match_call(self, text: str, start: int, final: bool) -> CallMatch:
-        """Resolve the call that starts at ``text[start]``; ``final`` means no more text comes."""
-        raise NotImplementedError
+        """Resolve the call that starts at ``text[start]``; ``final`` means no more text comes.
+
+        Must return ``end > start`` for complete and invalid matches, and never
+        ``"incomplete"`` when ``final``.
+        """
 
     def feed(self, delta: str) -> ParserEvents:
         """Take the next piece of generated text; return what is now certain."""
