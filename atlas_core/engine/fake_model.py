@@ -102,3 +102,46 @@ class FakeCausalLM:
             out.append(token)
             context.append(token)
         return out
+
+
+def scripted(prompt: list[int], continuation: list[int]) -> Callable[[list[int]], int | None]:
+    """A script that continues exactly ``prompt`` with ``continuation`` (then free-runs)."""
+    prompt = list(prompt)
+
+    def script(context: list[int]) -> int | None:
+        i = len(context) - len(prompt)
+        if context[:len(prompt)] == prompt and 0 <= i < len(continuation) and \
+                context[len(prompt):] == list(continuation[:i]):
+            return continuation[i]
+        return None
+    return script
+
+
+def make_fake_engine(model: FakeCausalLM | None = None, backend: str = "numpy", *, tokenizer=None,
+                     eos_token_ids: set[int] | None = None, **engine_kwargs):
+    """An :class:`~atlas_core.engine.LLMEngine` over a :class:`FakeCausalLM` (small defaults).
+
+    ``backend`` (name or instance) is used only when ``model`` is not given.
+    """
+    from atlas_core.engine.args import EngineArgs
+    from atlas_core.engine.llm_engine import LLMEngine
+    from atlas_core.plugins import Registry
+
+    if model is None:
+        be = Registry().create("gpu_backends", backend) if isinstance(backend, str) else backend
+        model = FakeCausalLM(be, vocab_size=max(64, getattr(tokenizer, "vocab_size", 0) or 0))
+    be = model.backend
+    engine_kwargs.setdefault("num_kv_blocks", 64)
+    engine_kwargs.setdefault("max_num_seqs", 8)
+    return LLMEngine(model, be, EngineArgs(**engine_kwargs), tokenizer=tokenizer,
+                     eos_token_ids=eos_token_ids)
+
+
+def run_to_completion(engine) -> dict:
+    """Step ``engine`` until idle; return the final :class:`RequestOutput` of every request."""
+    final = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    return final

@@ -159,6 +159,8 @@ class LLMEngine:
         """Run one scheduler + model step; return the requests that got tokens or finished."""
         sched = self.scheduler.schedule()
         if not sched.scheduled:
+            for group in self.groups.values():
+                self._release(group)
             return []
         now = time.time()
         rows_of = {s.seq.seq_id: self._rows(s.seq, s.start, s.num_tokens, s.samples)
@@ -206,12 +208,15 @@ class LLMEngine:
             self.scheduler.finish(seq)
 
     def _release_pending(self, sched: SchedulerOutput) -> None:
+        # Siblings of an n > 1 request start once the first has cached the prompt's blocks.
         for s in sched.scheduled:
-            group = s.seq.group
-            if group.pending and s.seq is group.seqs[0] and s.samples:
-                for seq in reversed(group.pending):
-                    self.scheduler.add(seq, front=True)
-                group.pending = []
+            if s.seq is s.seq.group.seqs[0] and s.seq.output_token_ids:
+                self._release(s.seq.group)
+
+    def _release(self, group: SequenceGroup) -> None:
+        for seq in reversed(group.pending):
+            self.scheduler.add(seq, front=True)
+        group.pending = []
 
     def _finish_step_output(self, group: SequenceGroup) -> RequestOutput:
         out = self._output(group)

@@ -72,6 +72,7 @@ class RequestOutput:
         num_cached_tokens: prompt tokens served from the prefix cache.
         metrics: timestamps.
         prompt_logprobs: per prompt token (``None`` for the first), when asked for.
+        prompt: the prompt text, when the caller gave text (set by :class:`~atlas_core.LLM`).
     """
 
     request_id: str
@@ -81,6 +82,7 @@ class RequestOutput:
     num_cached_tokens: int
     metrics: RequestMetrics
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    prompt: str | None = None
 
 
 @dataclass
