@@ -41,7 +41,9 @@ def rope_inv_freq(rotary_dim: int, params: dict[str, Any],
     """
     base = float(params["rope_theta"])
     rope_type = params["rope_type"]
-    inv_freq = 1.0 / base ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    # Exponents and powers in float32 as HF does: float64 here shifts angles at large positions.
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
+    inv_freq = (1.0 / base ** exponents).astype(np.float64)
     if rope_type in ("default", "dynamic", "mrope"):
         return inv_freq, 1.0
     factor = float(params.get("factor", 1.0))
@@ -84,11 +86,12 @@ def _yarn_inv_freq(dim: int, base: float, factor: float, params: dict[str, Any],
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    # float32 throughout, as HF computes it (float64 shifts angles at large positions).
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
     extrapolation_factor = 1 - ramp
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_factor) + (1.0 / pos_freqs) * extrapolation_factor
-    return inv_freq, float(attention_factor)
+    return inv_freq.astype(np.float64), float(attention_factor)
 
 
 def rope_cos_sin_cache(rotary_dim: int, max_position: int, params: dict[str, Any],
