@@ -12,7 +12,7 @@ from atlas_core.server.anthropic_schemas import (CountTokensRequest, MessagesReq
 from atlas_core.server.decode import read_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
-from atlas_core.server.prompts import anthropic_messages, render_chat
+from atlas_core.server.prompts import anthropic_messages, anthropic_tools, render_chat
 from atlas_core.server.sampling import make_params, sampling_kwargs, stop_list
 from atlas_core.server.sse import error_event, named_event, sse_response
 from atlas_core.server.usage import prompt_usage
@@ -33,7 +33,7 @@ def _template_kwargs(state, req) -> dict[str, Any]:
 def prompt_ids_of(state, req) -> list[int]:
     """The rendered and tokenized conversation of a Messages or count_tokens request."""
     return render_chat(state.tokenizer, anthropic_messages(req.system, req.messages),
-                       tools=req.tools or None, template_kwargs=_template_kwargs(state, req))
+                       tools=anthropic_tools(req.tools), template_kwargs=_template_kwargs(state, req))
 
 
 def stop_reason_of(choice: Choice, stop_sequences: list[str]) -> tuple[str, str | None]:

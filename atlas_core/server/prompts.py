@@ -102,6 +102,21 @@ def anthropic_messages(system: Any, messages: list) -> list[dict]:
     return converted
 
 
+def anthropic_tools(tools: list | None) -> list | None:
+    """Anthropic tool definitions in the OpenAI shape HF chat templates expect."""
+    if not tools:
+        return None
+    converted = []
+    for tool in tools:
+        if "input_schema" not in tool:
+            converted.append(tool)
+            continue
+        function = {"name": tool.get("name"), "description": tool.get("description", ""),
+                    "parameters": tool["input_schema"]}
+        converted.append({"type": "function", "function": function})
+    return converted
+
+
 def render_chat(tokenizer, messages: list[dict], *, tools: list | None = None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
                 template_kwargs: dict | None = None) -> list[int]:
