@@ -62,7 +62,8 @@ class GatedAttention(Attention):
             host = backend.to_host(param)
             q_size, d = self.num_heads * self.head_dim, self.head_dim
             q_gate = host[:2 * q_size].reshape(self.num_heads, 2, d, -1)
-            rows = [q_gate[:, 0].reshape(q_size, -1), host[2 * q_size:], q_gate[:, 1].reshape(q_size, -1)]
+            query, gate = q_gate[:, 0].reshape(q_size, -1), q_gate[:, 1].reshape(q_size, -1)
+            rows = [query, host[2 * q_size:], gate]
             backend.copy_from_host(param, np.ascontiguousarray(np.concatenate(rows, axis=0)))
         if self.zero_centered_qk_norm:
             for name in ("q_norm.weight", "k_norm.weight"):

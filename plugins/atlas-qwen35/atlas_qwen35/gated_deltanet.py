@@ -114,7 +114,8 @@ class GatedDeltaNet(Module, TransformerLayer):
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         if self.state is None:
-            raise RuntimeError("gated_deltanet layer has no state pools; call model.bind_kv_caches() first")
+            raise RuntimeError("gated_deltanet layer has no state pools; call "
+                               "model.bind_kv_caches() first")
         ops, p = self.ops, self.params
         conv_states, ssm_states = self.state["conv"], self.state["ssm"]
         qkv = ops.linear(hidden, self.w_qkv)
