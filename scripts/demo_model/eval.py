@@ -99,11 +99,16 @@ def generate_hf(model_dir: Path, prompts: list[str], device: str, max_new_tokens
     return replies
 
 
-def generate_atlas(model_dir: Path, prompts: list[str], max_new_tokens: int):
-    """Greedy replies through Atlas's offline LLM API on the numpy backend."""
+def generate_atlas(model_dir: Path, examples: list, max_new_tokens: int):
+    """Greedy replies through Atlas's offline LLM API on the numpy backend.
+
+    Prompts are rendered by Atlas's own tokenizer (its chat template), not by render.py.
+    """
     from atlas_core import LLM, SamplingParams
     llm = LLM(str(model_dir), backend="numpy")
-    params = SamplingParams(temperature=0.0, top_k=1, max_tokens=max_new_tokens)
+    prompts = [{"prompt_token_ids": llm.tokenizer.encode(llm.tokenizer.apply_chat_template(
+        ex.messages[:-1], tools=ex.tools, add_generation_prompt=True))} for ex in examples]
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens)
     return [out.outputs[0].text for out in llm.generate(prompts, params)]
 
 
@@ -133,11 +138,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     counts = {s: max(1, round(n * args.scale)) for s, n in COUNTS.items()}
     examples = corpus.build_eval_set(args.seed, counts)
-    prompts = [render.render(ex.messages[:-1], ex.tools, add_generation_prompt=True)
-               for ex in examples]
     t0 = time.time()
-    replies = (generate_hf(args.model, prompts, args.device, args.max_new_tokens) if args.hf
-               else generate_atlas(args.model, prompts, args.max_new_tokens))
+    if args.hf:
+        prompts = [render.render(ex.messages[:-1], ex.tools, add_generation_prompt=True)
+                   for ex in examples]
+        replies = generate_hf(args.model, prompts, args.device, args.max_new_tokens)
+    else:
+        replies = generate_atlas(args.model, examples, args.max_new_tokens)
     result = evaluate(replies, examples)
     result["seconds"] = round(time.time() - t0, 1)
     shown = set()
@@ -152,7 +159,7 @@ def main(argv=None) -> int:
         target = TARGETS.get(g)
         ok &= target is None or acc >= target
         print(f"== {g:13s} {acc:7.1%}" + (f"  target {target:.0%}" if target else ""))
-    print(f"{len(prompts)} prompts in {result['seconds']}s via {'HF' if args.hf else 'Atlas'}")
+    print(f"{len(examples)} prompts in {result['seconds']}s via {'HF' if args.hf else 'Atlas'}")
     if args.json:
         result["failures"] = [{"skill": ex.skill, "prompt": ex.messages[-2]["content"],
                                "reply": r, "expected": ex.expected}

@@ -47,10 +47,10 @@ def model_config(tok) -> dict:
 
 
 def generation_config(tok) -> dict:
-    """Greedy by default (top_k 1): the demo should give its one best answer."""
+    """Greedy by default (do_sample false): the demo should give its one best answer."""
     eot, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
-    return {"bos_token_id": eot, "do_sample": True, "eos_token_id": [im_end, eot],
-            "pad_token_id": eot, "temperature": 1.0, "top_k": 1, "top_p": 1.0}
+    return {"bos_token_id": eot, "do_sample": False, "eos_token_id": [im_end, eot],
+            "pad_token_id": eot}
 
 
 def write_json(path: Path, obj) -> None:
