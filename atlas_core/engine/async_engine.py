@@ -83,11 +83,13 @@ class AsyncLLMEngine:
             QueueFull: ``max_waiting`` requests are already waiting.
             EngineDeadError: the engine loop has failed.
         """
-        if self._error is not None:
-            raise EngineDeadError(f"the engine stopped after an error: {self._error!r}")
         self.engine.validate_request(prompt_token_ids, params)
         queue: asyncio.Queue = asyncio.Queue()
         with self._cond:
+            if self._error is not None:
+                raise EngineDeadError(f"the engine stopped after an error: {self._error!r}")
+            if self._stopped:
+                raise EngineDeadError("the engine has been shut down")
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already running; use a unique id")
             waiting = self._num_waiting + sum(c[0] == "add" for c in self._commands)
