@@ -178,3 +178,12 @@ def test_metrics_count_requests(server, client):
     assert 'atlas_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
     assert "atlas_time_to_first_token_seconds_count" in text
     assert "atlas_kv_cache_blocks_total 128.0" in text
+
+
+def test_errors_against_the_real_engine(server, client):
+    bad_ids = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 10 ** 6]})
+    assert bad_ids.status_code == 400 and bad_ids.json()["error"]["param"] == "prompt[0]"
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(client, max_tokens=250)
+    assert "256" in info.value.message
+    assert chat(client, max_tokens=1).usage.completion_tokens == 1
