@@ -100,3 +100,23 @@ def test_clear_and_supports_graphs(backend):
     assert backend.events and backend.supports_graphs
     backend.clear()
     assert backend.events == [] and backend.count("alloc") == 0
+
+
+def test_capture_leaves_device_state_alone(backend):
+    """Only replays write caches and buffers, so a captured step does not run twice."""
+    k = backend.from_host(np.ones((1, 1, 4), np.float32))
+    k_cache = backend.zeros((1, 4, 1, 4), np.float32)
+    v_cache = backend.zeros((1, 4, 1, 4), np.float32)
+    slots = backend.from_host(np.array([2], np.int32))
+    out = backend.zeros((1, 1, 4), np.float32)
+
+    def step():
+        backend.ops.reshape_and_cache(k, k, k_cache, v_cache, slots)
+        backend.copy_(out, backend.ops.add(k, k))
+
+    graph = backend.capture(step)
+    assert graph.ops == ["reshape_and_cache", "add"]
+    assert not backend.to_host(k_cache).any() and not backend.to_host(out).any()
+    graph.replay()
+    assert backend.to_host(k_cache)[0, 2].tolist() == [[1.0] * 4]
+    assert backend.to_host(out).tolist() == [[[2.0] * 4]]

@@ -51,3 +51,23 @@ def test_dtype_names_accepted():
     backend = NumpyBackend()
     assert backend.empty((2,), "bf16").dtype == bfloat16
     assert backend.zeros((2,), "float32").dtype == np.float32
+
+
+def test_numpy_fallbacks_match_reference(monkeypatch):
+    """Without numba the backend takes pure NumPy paths with the same results."""
+    from atlas_core.backends import numpy_attention, numpy_kernels
+    from atlas_core.testing.contracts_sampling import SAMPLING_ROWS, sampling_params
+
+    monkeypatch.setattr(numpy_kernels, "_race_jit", None)
+    monkeypatch.setattr(numpy_attention, "paged_decode_kernel", None)
+    backend = NumpyBackend()
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((12, 700)).astype(np.float32) * 2
+    params = sampling_params(SAMPLING_ROWS, 12, seed0=5, step=2)
+    np.testing.assert_array_equal(backend.ops.sample(logits, *params), reference.sample(logits, *params))
+    cache = rng.standard_normal((4, 16, 2, 64)).astype(bfloat16)
+    q = rng.standard_normal((2, 4, 64)).astype(bfloat16)
+    args = (q, cache, cache, np.array([[0, 1], [3, 2]], np.int32), np.array([17, 30], np.int32),
+            np.array([0, 1, 2], np.int32), 0.125)
+    np.testing.assert_allclose(backend.ops.paged_attention(*args).astype(np.float32),
+                               reference.paged_attention(*args).astype(np.float32), rtol=2e-2, atol=2e-2)

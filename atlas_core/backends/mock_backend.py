@@ -15,7 +15,7 @@ import numpy as np
 
 from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.interfaces import DeviceInfo, Graph
-from atlas_core.ops import OP_NAMES
+from atlas_core.ops import INPLACE_OPS, OP_NAMES, STATEFUL_OPS
 
 #: Every event kind the mock records.
 EVENT_KINDS = ("launch", "graph_node", "capture_node", "alloc", "workspace", "h2d", "d2h", "d2d",
@@ -84,9 +84,15 @@ class _RecordingOps:
 
     @staticmethod
     def _wrap(backend: "MockGpuBackend", name: str, fn: Callable) -> Callable:
+        writes_args = name in INPLACE_OPS or name in STATEFUL_OPS
+
         @functools.wraps(fn)
         def op(*args, **kwargs):
             backend._emit(backend._op_kind, name)
+            if writes_args and backend._op_kind == "capture_node":
+                # A CUDA capture records work without running it: keep caches and state intact.
+                args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+                kwargs = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
             result = fn(*args, **kwargs)
             if backend._op_kind == "launch" and _nbytes(result):
                 backend._emit("workspace", name, _nbytes(result))
@@ -117,6 +123,9 @@ class MockGpuBackend(NumpyBackend):
         assert rec.host_syncs == 1             # one sync (the sampled ids) per step
         assert rec.count("graph_launch") == 1 and rec.count("launch") == 0   # replayed graph
 
+    Like a CUDA stream capture, :meth:`capture` runs the function's Python but leaves device
+    state alone: ops that write their arguments (KV caches, recurrent state) run on copies, and
+    copies into existing arrays are recorded, not done. Replays run everything for real.
     :meth:`synchronize` or :meth:`to_host` inside :meth:`capture` raise, as they would break a
     CUDA stream capture.
     """
@@ -188,6 +197,9 @@ class MockGpuBackend(NumpyBackend):
         return out
 
     def copy_from_host(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if self._op_kind == "capture_node":
+            self._emit("capture_node", "copy_from_host", dst.nbytes)
+            return
         super().copy_from_host(dst, src)
         self._emit("h2d", "copy_from_host", dst.nbytes)
 
@@ -197,6 +209,9 @@ class MockGpuBackend(NumpyBackend):
         return super().to_host(array)
 
     def copy_(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if self._op_kind == "capture_node":
+            self._emit("capture_node", "copy_", dst.nbytes)
+            return
         super().copy_(dst, src)
         self._emit("d2d", "copy_", dst.nbytes)
 
@@ -212,10 +227,11 @@ class MockGpuBackend(NumpyBackend):
         return True
 
     def capture(self, fn: Callable[[], Any]) -> MockGraph:
-        """Run ``fn`` once, recording the ops it launches as the graph's nodes."""
+        """Run ``fn`` once without touching device state, recording its ops as the graph's nodes."""
         start = len(self.events)
         with self._mode("capture_node"):
             fn()
-        ops = [e.name for e in self.events[start:] if e.kind == "capture_node"]
+        ops = [e.name for e in self.events[start:] if e.kind == "capture_node"
+               and e.name in OP_NAMES]
         self._emit("capture", f"{len(ops)} nodes")
         return MockGraph(self, fn, ops)
