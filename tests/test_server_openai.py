@@ -92,36 +92,19 @@ def test_seed_determinism(client):
     assert a != chat(client, **{**kw, "seed": 99}).choices[0].message.content
 
 
-@pytest.fixture(scope="module")
-def n_client(tmp_path_factory):
-    # Prefix caching off: with it on, the engine never schedules the n-1 siblings of a
-    # request (see test_n_with_prefix_caching).
-    engine = tiny_engine(tmp_path_factory.mktemp("tiny-n"), enable_prefix_caching=False)
-    with ServerThread(create_app(engine, ServerConfig(served_model_names=["tiny"]))) as srv:
-        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0, timeout=30)
-    engine.shutdown()
-
-
-def test_n_choices(n_client):
-    many = chat(n_client, n=3, temperature=1.0, max_tokens=8, seed=5)
+def test_n_choices(client):
+    many = chat(client, n=3, temperature=1.0, max_tokens=8, seed=5)
     assert [c.index for c in many.choices] == [0, 1, 2]
     assert len({c.message.content for c in many.choices}) > 1
     assert many.usage.completion_tokens == 24
-    chunks = list(chat(n_client, n=2, stream=True, temperature=1.0, seed=7))
+    chunks = list(chat(client, n=2, stream=True, temperature=1.0, seed=7))
     finished = {c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason}
     assert finished == {0, 1}
-    batch = n_client.completions.create(model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=3,
+    batch = client.completions.create(model="tiny", prompt=[[5, 6, 7], [8, 9]], max_tokens=3,
                                         temperature=0, n=2)
     assert [c.index for c in batch.choices] == [0, 1, 2, 3]
     assert batch.choices[0].text == batch.choices[1].text
     assert batch.usage.prompt_tokens == 5 and batch.usage.completion_tokens == 12
-
-
-@pytest.mark.xfail(reason="engine bug: with prefix caching, n>1 siblings are never scheduled",
-                   raises=openai.APITimeoutError, strict=False)
-def test_n_with_prefix_caching(client):
-    out = chat(client.with_options(timeout=3), n=2, temperature=1.0, max_tokens=4)
-    assert len(out.choices) == 2
 
 
 def test_completions_prompt_forms(client, server):
