@@ -39,6 +39,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def prompt_token_ids(self, prompt: Prompt) -> list[int]:
+        """The token ids ``generate`` would use for ``prompt``."""
+        return self._prompt_ids(prompt)[0]
+
     def _prompt_ids(self, prompt: Prompt) -> tuple[list[int], str | None]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:

@@ -83,17 +83,20 @@ def run(args) -> int:
                   gpu_memory_utilization=args.gpu_memory_utilization)
         params = _sampling_params(llm, args)
         if args.chat:
-            outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
-        else:
-            outputs = llm.generate(prompts, params)
+            conversations = [[{"role": "user", "content": p}] for p in prompts]
+            prompts = [{"prompt_token_ids": llm.tokenizer.encode(t), "prompt": t} for t in (
+                llm.tokenizer.apply_chat_template(c) for c in conversations)]
+        for prompt in prompts:
+            llm.engine.validate_request(llm.prompt_token_ids(prompt), params)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise UserError(str(exc).strip("'\"")) from None
+    outputs = llm.generate(prompts, params)
     if args.json:
         print(json.dumps(to_json(llm, outputs), indent=2, ensure_ascii=False))
         return 0
-    for out, prompt in zip(outputs, prompts):
+    for out in outputs:
         for c in out.outputs:
-            header = f"--- prompt {prompt!r}" + (f" [{c.index}]" if len(out.outputs) > 1 else "")
+            header = f"--- prompt {out.prompt!r}" + (f" [{c.index}]" if len(out.outputs) > 1 else "")
             print(header)
             print(c.text if llm.tokenizer is not None else c.token_ids)
             print(f"--- {len(c.token_ids)} tokens, finish_reason={c.finish_reason}")

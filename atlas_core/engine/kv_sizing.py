@@ -90,8 +90,9 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
         budget = min(budget, CPU_KV_LIMIT_BYTES, -(-want // bs) * args.max_num_seqs * bpb)
     fit_blocks = max(0, budget // bpb)
 
-    def util_for(num_blocks: int) -> float:
-        return min(1.0, (used + reserve + num_blocks * bpb) / total + 0.005)
+    def util_for(num_blocks: int) -> str:
+        util = (used + reserve + num_blocks * bpb) / total + 0.005
+        return f"--gpu-memory-utilization {util:.2f}" if util <= 1.0 else "a larger device"
 
     if args.num_kv_blocks is not None:
         if args.num_kv_blocks > fit_blocks and args.num_kv_blocks * bpb > max(budget, 0):
@@ -99,15 +100,15 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
                 f"num_kv_blocks={args.num_kv_blocks} needs {args.num_kv_blocks * bpb / _MIB:.0f} MiB "
                 f"but only {fit_blocks} blocks ({max(budget, 0) / _MIB:.0f} MiB) fit with "
                 f"gpu_memory_utilization={args.gpu_memory_utilization}; use --num-kv-blocks "
-                f"{fit_blocks} or --gpu-memory-utilization {util_for(args.num_kv_blocks):.2f}")
+                f"{fit_blocks} or {util_for(args.num_kv_blocks)}")
         num_blocks = args.num_kv_blocks
     else:
         num_blocks = fit_blocks
     if num_blocks < 1:
         raise ValueError(
             f"no memory left for the KV cache: {used / _MIB:.0f} MiB in use of {total / _MIB:.0f} "
-            f"MiB with gpu_memory_utilization={args.gpu_memory_utilization}; raise "
-            f"--gpu-memory-utilization to {util_for(16):.2f} or use a smaller model")
+            f"MiB with gpu_memory_utilization={args.gpu_memory_utilization}; use {util_for(16)} "
+            "or a smaller model")
     max_seq_len = _max_seq_len(args, model_max, num_blocks, bs, bpb, util_for)
     log.info("KV cache: %d blocks of %d tokens (%s, %.1f MiB), max_seq_len %d", num_blocks, bs,
              np.dtype(dtype).name, num_blocks * bpb / _MIB, max_seq_len)
@@ -124,7 +125,7 @@ def _max_seq_len(args: Any, model_max: int, num_blocks: int, bs: int, bpb: int, 
     if args.max_seq_len > fit_len:
         need = -(-args.max_seq_len // bs)
         hint = (f"use --max-seq-len {fit_len}" if args.num_kv_blocks is not None else
-                f"use --max-seq-len {fit_len} or --gpu-memory-utilization {util_for(need):.2f}")
+                f"use --max-seq-len {fit_len} or {util_for(need)}")
         raise ValueError(f"max_seq_len={args.max_seq_len} needs {need} KV blocks "
                          f"({need * bpb / _MIB:.0f} MiB) but only {num_blocks} blocks fit "
                          f"({num_blocks * bpb / _MIB:.0f} MiB); {hint}")

@@ -80,8 +80,9 @@ class ModelRunner:
                 caches.append(None)
                 continue
             shape = (self.kv.num_blocks, self.kv.block_size, spec.num_kv_heads, spec.head_dim)
-            caches.append((self.backend.empty(shape, self.kv.dtype),
-                           self.backend.empty(shape, self.kv.dtype)))
+            # Zeroed: kernels may read whole blocks past a sequence's end (masked, but NaN * 0).
+            caches.append((self.backend.zeros(shape, self.kv.dtype),
+                           self.backend.zeros(shape, self.kv.dtype)))
         return caches
 
     def execute(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]]) -> list[StepResult]:

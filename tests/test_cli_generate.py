@@ -1,0 +1,64 @@
+"""`atlas generate` through atlas_core.cli.main."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from atlas_core.cli import main
+from atlas_core.testing.checkpoints import write_tiny_checkpoint
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(write_tiny_checkpoint("Qwen3ForCausalLM", tmp_path_factory.mktemp("qwen3")))
+
+
+def test_json_output(model_dir, capsys):
+    rc = main(["generate", model_dir, "--prompt", "Hello", "--prompt", "The quick",
+               "--max-tokens", "4", "--temperature", "0.8", "--seed", "3", "--logprobs", "2",
+               "--ignore-eos", "--backend", "numpy", "--num-kv-blocks", "32", "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [d["prompt"] for d in data] == ["Hello", "The quick"]
+    c = data[0]["outputs"][0]
+    assert len(c["token_ids"]) == 4 and isinstance(c["text"], str)
+    assert len(c["logprobs"]) == 4 and len(c["logprobs"][0]["top"]) == 2
+    assert c["logprobs"][0]["token_id"] == c["token_ids"][0]
+
+
+def test_seed_is_reproducible_and_text_output(model_dir, capsys):
+    args = ["generate", model_dir, "-p", "Hi", "--max-tokens", "5", "--temperature", "1",
+            "--seed", "7", "--backend", "numpy", "--num-kv-blocks", "32"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == first
+    assert "--- prompt 'Hi'" in first and "finish_reason=" in first
+
+
+def test_chat_flag(model_dir, capsys):
+    assert main(["generate", model_dir, "-p", "Hi", "--chat", "--max-tokens", "2", "--json",
+                 "--backend", "numpy", "--num-kv-blocks", "32"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["prompt"].startswith("<|im_start|>user")
+
+
+def test_user_errors_are_one_line(model_dir, capsys):
+    assert main(["generate", "/no/such/model", "-p", "x", "--backend", "numpy"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model '/no/such/model'") and err.count("\n") == 1
+    assert main(["generate", model_dir, "-p", "x", "--temperature", "-1", "--backend", "numpy",
+                 "--num-kv-blocks", "32"]) == 2
+    assert "temperature must be in [0, 100]" in capsys.readouterr().err
+
+
+def test_subprocess_stdin_prompt(model_dir):
+    proc = subprocess.run([sys.executable, "-m", "atlas_core", "generate", model_dir,
+                           "--max-tokens", "2", "--json", "--backend", "numpy",
+                           "--num-kv-blocks", "32"], input="Hello", capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["prompt"] == "Hello"

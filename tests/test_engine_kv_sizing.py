@@ -1,0 +1,96 @@
+"""KV-cache sizing from device memory, explicit sizes, and the errors that say what would fit."""
+
+import numpy as np
+import pytest
+
+from atlas_core.engine import EngineArgs
+from atlas_core.engine.kv_sizing import kv_cache_dtype, plan_kv_cache
+from atlas_core.interfaces import DeviceInfo, KVCacheSpec, RecurrentStateSpec
+from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
+
+GIB = 1 << 30
+
+
+class Backend:
+    def __init__(self, free, total, kind="cuda"):
+        self.free, self.total, self.kind = free, total, kind
+
+    def memory_info(self):
+        return self.free, self.total
+
+    def device_info(self):
+        return DeviceInfo("test", self.kind, self.total)
+
+
+class Model:
+    dtype = bfloat16
+    hidden_size = 1024
+    vocab_size = 32000
+    max_position_embeddings = 32768
+
+    def __init__(self, specs=None):
+        self.specs = specs or [KVCacheSpec(8, 128)] * 4
+
+    def kv_cache_specs(self):
+        return self.specs
+
+
+# 4 layers * 2 (K, V) * 8 heads * 128 dims * 2 bytes * 16 tokens = 256 KiB per block
+BLOCK = 4 * 2 * 8 * 128 * 2 * 16
+
+
+def test_defaults_fill_the_budget_and_cap_max_seq_len():
+    kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs())
+    assert kv.bytes_per_block == BLOCK and kv.dtype == bfloat16
+    assert 50 * GIB < kv.num_blocks * BLOCK < 62 * GIB
+    assert kv.max_seq_len == 32768
+
+
+def test_defaults_never_fail_when_memory_is_short():
+    kv = plan_kv_cache(Backend(int(0.8 * GIB), 2 * GIB), Model(), EngineArgs(max_num_seqs=4))
+    assert kv.max_seq_len == kv.num_blocks * 16 < 32768
+
+
+def test_explicit_max_seq_len_too_long_says_what_fits():
+    with pytest.raises(ValueError) as info:
+        plan_kv_cache(Backend(int(0.8 * GIB), 2 * GIB), Model(),
+                      EngineArgs(max_seq_len=32768, max_num_seqs=4))
+    msg = str(info.value)
+    assert "max_seq_len=32768 needs 2048 KV blocks" in msg
+    assert "--max-seq-len" in msg and "--gpu-memory-utilization" in msg
+
+
+def test_max_seq_len_beyond_the_model():
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(max_seq_len=40000))
+
+
+def test_explicit_num_kv_blocks():
+    kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(num_kv_blocks=100))
+    assert kv.num_blocks == 100 and kv.max_seq_len == 1600
+    with pytest.raises(ValueError, match=r"num_kv_blocks=1000000 needs .* use --num-kv-blocks \d+"):
+        plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(num_kv_blocks=1_000_000))
+
+
+def test_fp8_halves_the_block():
+    kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(kv_cache_dtype="fp8",
+                                                                        num_kv_blocks=10))
+    assert kv.dtype == float8_e4m3fn and kv.bytes_per_block == BLOCK // 2
+    assert kv_cache_dtype("auto", np.float32) == np.float32
+    assert kv_cache_dtype("bf16", np.float32) == bfloat16
+
+
+def test_cpu_backends_keep_the_pool_small():
+    kv = plan_kv_cache(Backend(500 * GIB, 512 * GIB, kind="cpu"), Model(), EngineArgs(max_num_seqs=2))
+    assert kv.num_blocks == 2 * 32768 // 16
+
+
+def test_no_memory_at_all():
+    with pytest.raises(ValueError, match="no memory left for the KV cache"):
+        plan_kv_cache(Backend(0, 2 * GIB), Model(), EngineArgs())
+
+
+def test_recurrent_layers_are_rejected_clearly():
+    model = Model([KVCacheSpec(8, 128), RecurrentStateSpec({"ssm": (4, 4)})])
+    with pytest.raises(ValueError, match="recurrent-state layers"):
+        plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs())
