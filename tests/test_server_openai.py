@@ -52,7 +52,8 @@ def test_chat_stream_matches_non_stream(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole
-    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finals = [c.choices[0].finish_reason for c in chunks
+              if c.choices and c.choices[0].finish_reason]
     assert finals == ["length"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 

@@ -30,7 +30,8 @@ def parse_json_object(text: str) -> dict:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"enable_thinking": true}\'')
+        raise argparse.ArgumentTypeError(
+            'must be a JSON object, e.g. \'{"enable_thinking": true}\'')
     return value
 
 

@@ -33,7 +33,8 @@ def _template_kwargs(state, req) -> dict[str, Any]:
 def prompt_ids_of(state, req) -> list[int]:
     """The rendered and tokenized conversation of a Messages or count_tokens request."""
     return render_chat(state.tokenizer, anthropic_messages(req.system, req.messages),
-                       tools=anthropic_tools(req.tools), template_kwargs=_template_kwargs(state, req))
+                       tools=anthropic_tools(req.tools),
+                       template_kwargs=_template_kwargs(state, req))
 
 
 def stop_reason_of(choice: Choice, stop_sequences: list[str]) -> tuple[str, str | None]:

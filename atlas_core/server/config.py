@@ -21,7 +21,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
         retry_after: Seconds suggested in ``Retry-After`` while the model is loading. (A full
             queue is the engine's ``max_waiting``: such requests get a 429 with Retry-After.)
         default_chat_template_kwargs: Extra chat-template variables for every chat request
-            (e.g. ``{"enable_thinking": true}``); a request's ``chat_template_kwargs`` override them.
+            (e.g. ``{"enable_thinking": true}``); a request's ``chat_template_kwargs`` override
+            them.
         ping_interval: Seconds between Anthropic ``ping`` events on an idle stream.
         allowed_origins: CORS origins allowed to call the API from a browser; empty disables CORS.
         max_n: Largest ``n`` (choices per request) accepted.

@@ -1,9 +1,10 @@
 """Driving the engine for one HTTP request: fan-out, deltas, timeouts, disconnects, abort.
 
 A request with several prompts becomes several engine requests, run concurrently; the ``n``
-choices of one prompt are the ``n`` completions of one engine request. :class:`GenerationStream` turns their outputs into :class:`Delta` events and makes
-sure every engine request still running is aborted when the HTTP request ends for any reason
-(client gone, timeout, error), so its KV blocks are freed at once.
+choices of one prompt are the ``n`` completions of one engine request. :class:`GenerationStream`
+turns their outputs into :class:`Delta` events and makes sure every engine request still running
+is aborted when the HTTP request ends for any reason (client gone, timeout, error), so its KV
+blocks are freed at once.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ def build_choices(state, req: ChatCompletionRequest, rid: str) -> list[Choice]:
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     fields = sampling_kwargs(req, max_tokens=max_tokens, seed=req.seed, stop=stop_list(req.stop),
-                             stop_token_ids=req.stop_token_ids, logit_bias=logit_bias(req.logit_bias),
+                             stop_token_ids=req.stop_token_ids,
+                             logit_bias=logit_bias(req.logit_bias),
                              logprobs=(req.top_logprobs or 0) if req.logprobs else None)
     params = make_params(fields, state.generation_defaults, req.n)
     return [Choice(i, rid, prompt_ids, params, output_index=i) for i in range(req.n)]
@@ -93,7 +94,8 @@ async def chat_completions(request: Request) -> Any:
         message = ResponseMessage("assistant", parts.get("content", ""), parts.get("tool_calls"),
                                   parts.get("reasoning_content"))
         result.append(ChatChoice(c.index, message, logprobs, c.finish_reason, c.stop_reason))
-    body = ChatCompletionResponse(rid, int(time.time()), model, result, openai_usage(choices, req.n))
+    usage = openai_usage(choices, req.n)
+    body = ChatCompletionResponse(rid, int(time.time()), model, result, usage)
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 

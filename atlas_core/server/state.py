@@ -114,7 +114,8 @@ class ServerState:
                                f"[0, {self.vocab_size})", param=param, code="invalid_token_id")
 
     def resolve_max_tokens(self, num_prompt: int, max_tokens: int | None, param: str) -> int:
-        """The generation budget; 400 (with the numbers) if prompt + max_tokens exceed the context."""
+        """The generation budget; 400 (with the numbers) when prompt + max_tokens exceed the
+        context."""
         if num_prompt == 0:
             raise APIError(400, "the prompt is empty; send at least one token", param="prompt")
         limit = self.max_seq_len
@@ -128,7 +129,8 @@ class ServerState:
             return limit - num_prompt
         if num_prompt + max_tokens > limit:
             raise APIError(400, f"the prompt ({num_prompt} tokens) plus {param} ({max_tokens}) is "
-                           f"{num_prompt + max_tokens} tokens, over this model's context of {limit} "
+                           f"{num_prompt + max_tokens} tokens, over this model's context of "
+                           f"{limit} "
                            f"tokens; lower {param} or shorten the prompt", param=param,
                            code="context_length_exceeded")
         return max_tokens
