@@ -55,7 +55,7 @@ def register_layers(register: Register) -> None:
 
     The factory is a :class:`~atlas_core.interfaces.TransformerLayer` subclass (or a callable
     building one from keyword arguments). Weight loaders look layer kinds up by name, so a
-    plugin may replace how one kind is computed without touching the model families using it.
+    model family can use kinds other plugins provide (a name may be registered only once).
 
     Since: 0.1
     """

@@ -17,6 +17,8 @@ def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
     ``rope_parameters``. Returns ``{"rope_type", "rope_theta", "partial_rotary_factor", ...}``
     with the scaling fields (``factor``, ``original_max_position_embeddings``…) kept.
     """
+    if "rope_type" in config and "rope_theta" in config and "partial_rotary_factor" in config:
+        return dict(config)  # already normalised: calling this on its own output is a no-op
     params: dict[str, Any] = {}
     scaling = config.get("rope_scaling") or {}
     params.update(scaling)
