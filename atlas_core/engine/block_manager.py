@@ -89,6 +89,7 @@ class BlockManager:
                 break
             self._ref(block)
             seq.block_table.append(block)
+        seq.num_committed_blocks = len(seq.block_table)
         return len(seq.block_table) * self.block_size
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
@@ -110,13 +111,14 @@ class BlockManager:
         """Register ``seq``'s computed full blocks in the prefix cache."""
         if not self.enable_prefix_caching:
             return
+        num_full = seq.num_computed_tokens // self.block_size
         self._update_hashes(seq, seq.num_computed_tokens)
-        for i, h in enumerate(seq.block_hashes[:seq.num_computed_tokens // self.block_size]):
-            block = seq.block_table[i]
-            if block in self.hash_of or h in self.block_of:
-                continue
-            self.hash_of[block] = h
-            self.block_of[h] = block
+        for i in range(seq.num_committed_blocks, num_full):
+            block, h = seq.block_table[i], seq.block_hashes[i]
+            if block not in self.hash_of and h not in self.block_of:
+                self.hash_of[block] = h
+                self.block_of[h] = block
+        seq.num_committed_blocks = max(seq.num_committed_blocks, num_full)
 
     def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
         bs = self.block_size
@@ -134,6 +136,8 @@ class BlockManager:
                 else:
                     self.free_uncached.append(block)
         seq.block_table = []
+        seq.num_committed_blocks = 0
+        seq.table_epoch += 1
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no sequence holds."""

@@ -67,6 +67,8 @@ class ModelRunner:
         self.host = {name: np.zeros(rows + 1, np.int32) for name in _I32_FIELDS}
         self.host["block_tables"] = np.zeros((max_batch_size, self.max_blocks_per_seq), np.int32)
         self.device = {name: backend.from_host(arr) for name, arr in self.host.items()}
+        self._arange = np.arange(rows + 1, dtype=np.int32)
+        self._table_owner: list[tuple | None] = [None] * max_batch_size
         self.sampler = Sampler(backend, rows, model.vocab_size)
         self.use_graphs = use_graphs and backend.supports_graphs
         self.buckets = batch_buckets(max_batch_size)
@@ -101,9 +103,12 @@ class ModelRunner:
 
     def _fill(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]],
               num_seqs: int) -> tuple[int, int]:
+        """Write the step's inputs into the host buffers; returns ``(num_tokens, num_rows)``."""
+        if sched.is_decode_only and all(len(rows_of.get(s.seq.seq_id, ())) == 1
+                                        for s in sched.scheduled):
+            return self._fill_decode(sched, num_seqs)
         h, bs = self.host, self.kv.block_size
-        t = 0
-        num_rows = 0
+        t = num_rows = 0
         h["cu_seqlens_q"][0] = 0
         for b, s in enumerate(sched.scheduled):
             seq, n = s.seq, s.num_tokens
@@ -113,23 +118,52 @@ class ModelRunner:
             h["positions"][t:t + n] = pos
             h["slot_mapping"][t:t + n] = table[pos // bs] * bs + pos % bs
             h["seq_lens"][b] = s.start + n
-            h["block_tables"][b, :len(table)] = table
+            self._write_table(b, seq)
             seq_rows = rows_of.get(seq.seq_id, [])
-            first = t + n - len(seq_rows)
-            h["logits_indices"][num_rows:num_rows + len(seq_rows)] = np.arange(first, t + n)
+            h["logits_indices"][num_rows:num_rows + len(seq_rows)] = np.arange(t + n - len(seq_rows), t + n)
             num_rows += len(seq_rows)
             t += n
             h["cu_seqlens_q"][b + 1] = t
-        for b in range(len(sched.scheduled), num_seqs):
-            h["input_ids"][t], h["positions"][t], h["slot_mapping"][t] = 0, 0, -1
-            h["seq_lens"][b] = 1
-            h["block_tables"][b, :] = 0
-            h["logits_indices"][num_rows] = t
-            num_rows += 1
-            t += 1
-            h["cu_seqlens_q"][b + 1] = t
-        h["state_indices"][:num_seqs] = np.arange(num_seqs)
+        h["state_indices"][:num_seqs] = self._arange[:num_seqs]
         return t, num_rows
+
+    def _fill_decode(self, sched: SchedulerOutput, num_seqs: int) -> tuple[int, int]:
+        # One query row per sequence; rows past the batch are padding (slot -1, dummy table).
+        h, bs, n = self.host, self.kv.block_size, len(sched.scheduled)
+        starts = [s.start for s in sched.scheduled]
+        h["input_ids"][:n] = [s.seq.token_id_at(s.start) for s in sched.scheduled]
+        h["positions"][:n] = starts
+        h["slot_mapping"][:n] = [s.seq.block_table[p // bs] * bs + p % bs
+                                 for s, p in zip(sched.scheduled, starts)]
+        h["seq_lens"][:n] = starts
+        h["seq_lens"][:n] += 1
+        for b, s in enumerate(sched.scheduled):
+            self._write_table(b, s.seq)
+        for name, value in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("seq_lens", 1)):
+            h[name][n:num_seqs] = value
+        for b in range(n, num_seqs):
+            self._clear_table(b)
+        for name in ("logits_indices", "cu_seqlens_q", "state_indices"):
+            h[name][:num_seqs + 1] = self._arange[:num_seqs + 1]
+        return num_seqs, num_seqs
+
+    def _write_table(self, b: int, seq) -> None:
+        # Rows keep their owner between steps, so a decode step writes only new block ids.
+        table, owner = seq.block_table, self._table_owner[b]
+        if owner is not None and owner[:2] == (seq.seq_id, seq.table_epoch) and owner[2] <= len(table):
+            written = owner[2]
+        else:
+            self._clear_table(b)
+            written = 0
+        if written < len(table):
+            self.host["block_tables"][b, written:len(table)] = table[written:]
+        self._table_owner[b] = (seq.seq_id, seq.table_epoch, len(table))
+
+    def _clear_table(self, b: int) -> None:
+        owner = self._table_owner[b]
+        if owner is not None:
+            self.host["block_tables"][b, :owner[2]] = 0
+            self._table_owner[b] = None
 
     def _upload(self, num_tokens: int, num_seqs: int, num_rows: int) -> dict:
         sizes = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,

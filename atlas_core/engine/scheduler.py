@@ -96,20 +96,24 @@ class Scheduler:
         order = self.running[self._rr:] + self.running[:self._rr]
         if len(self.running) > self.max_batch_size:
             self._rr = (self._rr + self.max_batch_size) % len(self.running)
+        bs, scheduled = self.block_manager.block_size, out.scheduled
         for seq in order:
-            if len(out.scheduled) >= self.max_batch_size:
+            if len(scheduled) >= self.max_batch_size:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue
-            num_tokens = min(seq.num_uncomputed_tokens, budget) if seq.is_prefilling else 1
+            start = seq.num_computed_tokens
+            prefilling = seq.is_prefilling
+            num_tokens = min(len(seq) - start, budget) if prefilling else 1
             if num_tokens == 0:
                 continue
-            if not self._make_room(seq, seq.num_computed_tokens + num_tokens, chosen, out):
-                continue
-            self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens)
-            out.scheduled.append(ScheduledSeq(seq, seq.num_computed_tokens, num_tokens))
+            if start + num_tokens > len(seq.block_table) * bs:
+                if not self._make_room(seq, start + num_tokens, chosen, out):
+                    continue
+                self.block_manager.allocate(seq, start + num_tokens)
+            scheduled.append(ScheduledSeq(seq, start, num_tokens))
             chosen.add(seq.seq_id)
-            if seq.is_prefilling:
+            if prefilling:
                 budget -= num_tokens
         return budget
 

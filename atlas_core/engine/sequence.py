@@ -41,6 +41,8 @@ class Sequence:
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []
+        self.num_committed_blocks = 0
+        self.table_epoch = 0
         self.num_cached_tokens = 0
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.finish_reason: str | None = None
@@ -78,10 +80,13 @@ class Sequence:
         return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
 
     def tokens_range(self, start: int, stop: int) -> list[int]:
+        """``token_ids[start:stop]`` without building the whole stream."""
         n = len(self.prompt_token_ids)
         if stop <= n:
             return self.prompt_token_ids[start:stop]
-        return self.token_ids[start:stop]
+        if start >= n:
+            return self.output_token_ids[start - n:stop - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - n]
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id}#{self.index}, len={len(self)}, "
