@@ -17,6 +17,7 @@ from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import Scheduler, SchedulerOutput
 from atlas_core.engine.sequence import Sequence, SequenceGroup
 from atlas_core.engine.stop import StopChecker
+from atlas_core.engine.thinking import ThinkingBudgets
 
 
 def sibling_seed(seed: int, index: int) -> int:
@@ -65,6 +66,7 @@ class LLMEngine:
                 return IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip)
         self.stop_checker = StopChecker(eos_token_ids, self.max_seq_len, detokenizer_factory)
         self.generation_defaults = dict(generation_defaults or {})
+        self.thinking = ThinkingBudgets()
         self.groups: dict[str, SequenceGroup] = {}
         self._rng = random.Random(args.seed)
         self._stats = EngineStats()
@@ -146,6 +148,7 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq)
                 self.stop_checker.abort(seq)
+            self.thinking.forget(seq)
         group.pending = []
         group.metrics.finish_time = time.time()
         return self._output(group)
@@ -200,12 +203,14 @@ class LLMEngine:
         group = seq.group
         if group.metrics.first_token_time is None:
             group.metrics.first_token_time = time.time()
+        token_id, logprob = self.thinking.next_token(seq, token_id, logprob)
         if seq.logprobs is not None and logprob is not None:
             seq.logprobs.append(logprob)
         self.stop_checker.append(seq, token_id)
         self._stats.num_generation_tokens += 1
         if seq.finish_reason is not None:
             self.scheduler.finish(seq)
+            self.thinking.forget(seq)
 
     def _release_pending(self, sched: SchedulerOutput) -> None:
         # Siblings of an n > 1 request start once the first has cached the prompt's blocks.

@@ -34,6 +34,13 @@ class SamplingParams:
         prompt_logprobs: number of top logprobs to return per prompt token.
         skip_special_tokens: leave special tokens out of the text.
         include_stop_str_in_output: keep the matched stop string (or stop token text).
+        thinking_budget: most tokens generated inside a think block; when it is spent the
+            engine forces ``thinking_end_token_ids`` and generation goes on with the answer
+            (``None``: no limit). See :mod:`atlas_core.engine.thinking`.
+        thinking_start_token_ids: tokens that open a think block when generated first;
+            empty means the prompt already opened it (output starts inside the block).
+        thinking_end_token_ids: the tokens that end a think block, e.g. the ids of
+            ``"</think>\n\n"``; the first one closing the block is what the engine watches for.
 
     Raises:
         ValueError: naming the field and its allowed range.
@@ -58,12 +65,17 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    thinking_budget: int | None = None
+    thinking_start_token_ids: list[int] | None = None
+    thinking_end_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        self.thinking_start_token_ids = [int(t) for t in (self.thinking_start_token_ids or [])]
+        self.thinking_end_token_ids = [int(t) for t in (self.thinking_end_token_ids or [])]
         if self.logit_bias:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.top_k == -1:
@@ -99,6 +111,11 @@ class SamplingParams:
             _check(isinstance(s, str) and s != "", "stop", "a list of non-empty strings", s)
         for t in self.stop_token_ids:
             _check(t >= 0, "stop_token_ids", "token ids >= 0", t)
+        _check(self.thinking_budget is None or (isinstance(self.thinking_budget, int)
+                                                and self.thinking_budget >= 0),
+               "thinking_budget", "an integer >= 0 (or None)", self.thinking_budget)
+        _check(self.thinking_budget is None or bool(self.thinking_end_token_ids),
+               "thinking_end_token_ids", "set when thinking_budget is", self.thinking_end_token_ids)
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             _check(v is None or (isinstance(v, int) and 0 <= v <= MAX_LOGPROBS), name,
@@ -118,6 +135,8 @@ class SamplingParams:
     def validate_vocab(self, vocab_size: int) -> None:
         """Raise ``ValueError`` when a token id named here is outside ``[0, vocab_size)``."""
         for name, ids in (("logit_bias", list(self.logit_bias or {})),
-                          ("stop_token_ids", self.stop_token_ids)):
+                          ("stop_token_ids", self.stop_token_ids),
+                          ("thinking_start_token_ids", self.thinking_start_token_ids),
+                          ("thinking_end_token_ids", self.thinking_end_token_ids)):
             bad = [t for t in ids if t >= vocab_size]
             _check(not bad, name, f"token ids in [0, {vocab_size})", bad[:3])
