@@ -37,6 +37,7 @@ OP_NAMES = (
     "gdn_gating",
     "rms_norm_gated",
     "sigmoid_mul",
+    "apply_token_bitmask",
 )
 
 #: Ops that write into arrays they are given (the KV cache) rather than returning new ones.

@@ -4,6 +4,7 @@ from atlas_core.ops.attention import (gather_kv, paged_attention, prefill_attent
                                       qk_norm_rope_and_cache, reshape_and_cache)
 from atlas_core.ops.gdn import (causal_conv1d, causal_conv1d_update, gated_delta_rule_chunked,
                                 gated_delta_rule_recurrent, gdn_gating, rms_norm_gated, sigmoid_mul)
+from atlas_core.ops.guided import apply_token_bitmask
 from atlas_core.ops.moe import moe_experts, moe_route
 from atlas_core.ops.norm import (act_and_mul, add, embedding, gelu_tanh_and_mul, linear, rms_norm,
                                  silu_and_mul)
@@ -17,4 +18,5 @@ __all__ = [
     "rope_cos_sin_cache", "rotary_embedding", "sample", "silu_and_mul", "topk",
     "causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
     "gated_delta_rule_recurrent", "gdn_gating", "rms_norm_gated", "sigmoid_mul",
+    "apply_token_bitmask",
 ]

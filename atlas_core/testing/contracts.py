@@ -23,6 +23,7 @@ from atlas_core.ops import OP_NAMES, reference
 from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
 from atlas_core.testing.contracts_attention import AttentionContract
 from atlas_core.testing.contracts_gdn import GdnContract
+from atlas_core.testing.contracts_guided import GuidedContract
 from atlas_core.testing.contracts_ops import OpContract
 from atlas_core.testing.contracts_sampling import SamplingContract
 
@@ -38,7 +39,8 @@ def _create(kind: str, name: str | None, options: dict[str, Any]) -> Any:
     return Registry().create(kind, name, **options)
 
 
-class GpuBackendContract(OpContract, AttentionContract, GdnContract, SamplingContract):
+class GpuBackendContract(OpContract, AttentionContract, GdnContract, SamplingContract,
+                         GuidedContract):
     """Every op and the memory API of a GpuBackend. Set ``backend_name`` or override
     :meth:`make_backend`; ``backend_options`` are passed to the factory."""
 
