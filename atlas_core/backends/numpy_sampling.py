@@ -57,24 +57,36 @@ def apply_penalties(logits, prompt_ids, output_ids, repetition_penalty, presence
     return out
 
 
+def _descending(p: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    # cand (ascending indices of positive p) ordered by descending p, ties by index, i.e. the
+    # reference's stable argsort; sorting one uint64 key (inverted float bits, index) is ~3x faster.
+    keys = (~p[cand].view(np.uint32)).astype(np.uint64) << np.uint64(32) | cand.astype(np.uint64)
+    keys.sort()
+    return (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+
+
+def _nucleus(p: np.ndarray, cand: np.ndarray, limit) -> tuple[np.ndarray, bool]:
+    # Sort candidates like the reference; keep those before the limit.
+    cand = _descending(p, cand)
+    sorted_p = p[cand]
+    drop = np.cumsum(sorted_p) - sorted_p >= limit
+    return cand[~drop], bool(drop.any())
+
+
 def _top_p_keep(p: np.ndarray, top_p: float) -> np.ndarray:
     # Indices of the nucleus of one row. Zeros are never candidates: dropping them is a no-op.
+    # Try the largest few first; when they hold too little mass, sort every candidate.
     limit = top_p * p.sum(dtype=np.float32)
     cand = np.flatnonzero(p > 0)
     m = _TOP_P_CANDIDATES
-    while True:
-        if m < len(cand):
-            vals = p[cand]
-            kth = np.partition(vals, len(cand) - m)[len(cand) - m]
-            sub = cand[vals >= kth]
-        else:
-            sub = cand
-        sub = sub[np.argsort(-p[sub], kind="stable")]
-        sorted_p = p[sub]
-        drop = np.cumsum(sorted_p) - sorted_p >= limit
-        if drop.any() or len(sub) == len(cand):
-            return sub[~drop]
-        m *= 4
+    if len(cand) > m:
+        vals = p[cand]
+        top = cand[vals >= np.partition(vals, len(cand) - m)[len(cand) - m]]
+        if p[top].sum() >= limit * 0.999:
+            keep, dropped = _nucleus(p, top, limit)
+            if dropped:
+                return keep
+    return _nucleus(p, cand, limit)[0]
 
 
 def _filter_rows(p: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray) -> None:
