@@ -1,7 +1,9 @@
 """numba kernels of the numpy backend (with pure NumPy fallbacks when numba is missing).
 
-Only loops where numba measurably beats vectorised NumPy live here; see the numbers in
-:func:`exponential_race`.
+Only loops where numba measurably beats vectorised NumPy live here (one core, 2026-11-21):
+the sampler's exponential race, 59 ms vs 429 ms for NumPy at 64 rows x 151,936 tokens; decode
+attention read straight from bf16/fp8 storage, about 2x the batched-NumPy gather + matmul at
+64 sequences x 257 tokens (3.4x the reference's per-sequence loop).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ def exponential_race(p: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> np.
     """Winner of ``argmax_i p_i / -log(u_i)`` per row, ``u`` from the sampler's splitmix64 stream.
 
     Tokens with ``p == 0`` cannot win, so they are never hashed. With numba one pass per row
-    does hash, log and compare without temporaries.
+    does hash and compare without temporaries, and takes the log only for tokens whose bound
+    ``p / (1 - u)`` could beat the best so far.
 
     Args:
         p: ``[rows, vocab]`` float32 filtered (unnormalised) probabilities.
