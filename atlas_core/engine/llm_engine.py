@@ -18,6 +18,7 @@ from atlas_core.engine.scheduler import Scheduler, SchedulerOutput
 from atlas_core.engine.sequence import Sequence, SequenceGroup
 from atlas_core.engine.stop import StopChecker
 from atlas_core.engine.thinking import ThinkingBudgets
+from atlas_core.guided.sequences import GuidedSequences
 
 
 def sibling_seed(seed: int, index: int) -> int:
@@ -67,6 +68,7 @@ class LLMEngine:
         self.stop_checker = StopChecker(eos_token_ids, self.max_seq_len, detokenizer_factory)
         self.generation_defaults = dict(generation_defaults or {})
         self.thinking = ThinkingBudgets()
+        self.guided = GuidedSequences(tokenizer, model.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
         self._rng = random.Random(args.seed)
         self._stats = EngineStats()
@@ -110,6 +112,7 @@ class LLMEngine:
         for i in range(params.n):
             seq = Sequence(request_id, i, prompt, params, sibling_seed(seed, i), group)
             self.stop_checker.start(seq)
+            self.guided.start(seq)
             group.seqs.append(seq)
         self.groups[request_id] = group
         self.scheduler.add(group.seqs[0])
@@ -129,6 +132,7 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad[:3]}")
         params.validate_vocab(vocab)
+        self.guided.check(params)
         if params.stop and self.stop_checker.detokenizer_factory is None:
             raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
         limit = self.max_seq_len
@@ -149,6 +153,7 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 self.stop_checker.abort(seq)
             self.thinking.forget(seq)
+            self.guided.forget(seq)
         group.pending = []
         group.metrics.finish_time = time.time()
         return self._output(group)
@@ -196,7 +201,8 @@ class LLMEngine:
             rows = [LogitsRow(seq, samples=False, target=seq.prompt_token_ids[p + 1], position=p)
                     for p in range(start, end)]
         if samples:
-            rows.append(LogitsRow(seq, stop_ids=self.stop_checker.masked_ids(seq)))
+            rows.append(LogitsRow(seq, stop_ids=self.stop_checker.masked_ids(seq),
+                                  matcher=self.guided.matcher(seq)))
         return rows
 
     def _accept(self, seq: Sequence, token_id: int, logprob) -> None:
@@ -207,10 +213,13 @@ class LLMEngine:
         if seq.logprobs is not None and logprob is not None:
             seq.logprobs.append(logprob)
         self.stop_checker.append(seq, token_id)
+        if seq.finish_reason is None and self.guided.accept(seq, token_id):
+            self.stop_checker.finish(seq)
         self._stats.num_generation_tokens += 1
         if seq.finish_reason is not None:
             self.scheduler.finish(seq)
             self.thinking.forget(seq)
+            self.guided.forget(seq)
 
     def _release_pending(self, sched: SchedulerOutput) -> None:
         # Siblings of an n > 1 request start once the first has cached the prompt's blocks.

@@ -9,11 +9,13 @@ when some row asks for them. Only the sampled token ids (and asked-for logprobs)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sequence import Sequence
+from atlas_core.guided.bitmask import TokenBitmask
 
 
 @dataclass
@@ -26,6 +28,7 @@ class LogitsRow:
         target: for a prompt-logprobs row, the prompt token it scores.
         position: for a prompt-logprobs row, the position whose logits score ``target``.
         stop_ids: token ids masked out (``min_tokens`` not reached yet).
+        matcher: the sequence's guided-decoding matcher (sampling rows of guided requests).
     """
 
     seq: Sequence
@@ -33,6 +36,7 @@ class LogitsRow:
     target: int | None = None
     position: int = -1
     stop_ids: tuple[int, ...] = ()
+    matcher: Any = None
 
 
 _PARAM_FIELDS = (("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
@@ -53,6 +57,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.host = {name: np.zeros(max_rows, dtype) for name, dtype in _PARAM_FIELDS}
         self.device = {name: backend.from_host(arr) for name, arr in self.host.items()}
+        self.token_bitmask = TokenBitmask(backend, vocab_size)
 
     def upload_params(self, rows: list[LogitsRow], num_rows: int) -> dict:
         """Write per-row sampling params (pad rows greedy) and return device views of ``num_rows``."""
@@ -80,7 +85,8 @@ class Sampler:
     def needs_eager(rows: list[LogitsRow]) -> bool:
         """Whether some row needs penalties, biases or logprobs (ops outside a decode graph)."""
         return any(r.seq.params.has_penalties or r.seq.params.logit_bias or r.stop_ids
-                   or r.seq.params.logprobs is not None or r.target is not None for r in rows)
+                   or r.seq.params.logprobs is not None or r.target is not None
+                   or r.matcher is not None for r in rows)
 
     def sample(self, logits, params: dict):
         """``ops.sample`` over device views from :meth:`upload_params`; device int32 ``[rows]``."""
@@ -89,9 +95,12 @@ class Sampler:
                                        params["steps"])
 
     def process(self, logits, rows: list[LogitsRow], params: dict):
-        """Penalties and bias (only when asked), then sampling; returns device token ids."""
+        """Grammar masks, penalties and bias (only when asked), then sampling; returns device
+        token ids."""
         ops, be = self.backend.ops, self.backend
         n = len(rows)
+        if any(r.matcher is not None for r in rows):
+            logits = self.token_bitmask.apply(logits, [r.matcher for r in rows])
         if any(r.seq.params.has_penalties for r in rows):
             prompt, output = _padded([r.seq.prompt_token_ids for r in rows]), _padded(
                 [r.seq.output_token_ids for r in rows])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atlas_core.guided.params import GuidedDecodingParams
+
 #: The most top logprobs a request may ask for per token.
 MAX_LOGPROBS = 20
 
@@ -41,6 +43,9 @@ class SamplingParams:
             empty means the prompt already opened it (output starts inside the block).
         thinking_end_token_ids: the tokens that end a think block, e.g. the ids of
             ``"</think>\n\n"``; the first one closing the block is what the engine watches for.
+        guided: constrain the output to a JSON schema, regex, grammar or tool call
+            (:class:`~atlas_core.guided.GuidedDecodingParams`); the sequence stops (``"stop"``)
+            when the constraint is complete.
 
     Raises:
         ValueError: naming the field and its allowed range.
@@ -68,6 +73,7 @@ class SamplingParams:
     thinking_budget: int | None = None
     thinking_start_token_ids: list[int] | None = None
     thinking_end_token_ids: list[int] | None = None
+    guided: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -116,6 +122,8 @@ class SamplingParams:
                "thinking_budget", "an integer >= 0 (or None)", self.thinking_budget)
         _check(self.thinking_budget is None or bool(self.thinking_end_token_ids),
                "thinking_end_token_ids", "set when thinking_budget is", self.thinking_end_token_ids)
+        _check(self.guided is None or isinstance(self.guided, GuidedDecodingParams), "guided",
+               "a GuidedDecodingParams (or None)", self.guided)
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             _check(v is None or (isinstance(v, int) and 0 <= v <= MAX_LOGPROBS), name,

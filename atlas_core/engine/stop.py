@@ -120,6 +120,10 @@ class StopChecker:
         state.released = len(state.text)
         seq.finish_reason, seq.stop_reason = reason, stop_reason
 
+    def finish(self, seq: Sequence, reason: str = "stop") -> None:
+        """End ``seq`` after its last appended token (e.g. its guided grammar is complete)."""
+        self._finish(seq, reason, None, add_token_text=False)
+
     def abort(self, seq: Sequence) -> None:
         """End ``seq`` on request (client gone); releases whatever text was held back."""
         seq.stop_state.released = len(seq.stop_state.text)
