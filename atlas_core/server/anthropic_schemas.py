@@ -21,6 +21,8 @@ class ContentBlock(msgspec.Struct, kw_only=True):
     tool_use_id: str | None = None
     content: str | list[dict[str, Any]] | None = None
     thinking: str | None = None
+    signature: str | None = None
+    is_error: bool | None = None
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -61,15 +63,12 @@ class Usage(msgspec.Struct):
     cache_read_input_tokens: int = 0
 
 
-class TextBlock(msgspec.Struct):
-    text: str
-    type: str = "text"
-
-
 class MessagesResponse(msgspec.Struct):
+    """A whole message; ``content`` holds ``thinking``, ``text`` and ``tool_use`` blocks."""
+
     id: str
     model: str
-    content: list[TextBlock]
+    content: list[dict[str, Any]]
     stop_reason: str | None
     stop_sequence: str | None
     usage: Usage

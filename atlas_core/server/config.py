@@ -26,6 +26,20 @@ class ServerConfig(msgspec.Struct, kw_only=True):
         ping_interval: Seconds between Anthropic ``ping`` events on an idle stream.
         allowed_origins: CORS origins allowed to call the API from a browser; empty disables CORS.
         max_n: Largest ``n`` (choices per request) accepted.
+        tool_call_parser: Tool-call format of the model's output (a name from
+            ``atlas_core.parsers.TOOL_PARSERS``); ``"auto"`` picks the model's default from its
+            chat template and ``model_type``; ``None`` leaves tool-call markup in the content.
+        reasoning_parser: Reasoning format (a name from ``REASONING_PARSERS``); ``"auto"`` uses
+            ``think`` when the chat template has ``<think>`` blocks; ``None`` disables it.
+        default_thinking: ``enable_thinking`` for requests that do not choose (``None``: the
+            chat template's own default).
+        disable_thinking: Render every prompt with ``enable_thinking`` false, whatever the
+            request asks (output parsing is unchanged).
+        reasoning_budget: Default most tokens of a think block (``None``: no limit); a
+            request's budget (Anthropic ``budget_tokens``, ``reasoning_effort``) overrides it.
+        max_stored_responses: Responses API results kept in memory for
+            ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used
+            dropped first); 0 stores none.
     """
 
     served_model_names: list[str]
@@ -37,6 +51,12 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     ping_interval: float = 10.0
     allowed_origins: list[str] = msgspec.field(default_factory=list)
     max_n: int = 16
+    tool_call_parser: str | None = "auto"
+    reasoning_parser: str | None = "auto"
+    default_thinking: bool | None = None
+    disable_thinking: bool = False
+    reasoning_budget: int | None = None
+    max_stored_responses: int = 1000
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
@@ -45,6 +65,15 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             raise ValueError("ServerConfig.max_request_body must be positive")
         if self.request_timeout < 0:
             raise ValueError("ServerConfig.request_timeout must be >= 0 (0 = no limit)")
+        if self.reasoning_budget is not None and self.reasoning_budget < 0:
+            raise ValueError("ServerConfig.reasoning_budget must be >= 0 (or None: no limit)")
+        if self.max_stored_responses < 0:
+            raise ValueError("ServerConfig.max_stored_responses must be >= 0")
+        from atlas_core.parsers import get_reasoning_parser, get_tool_parser
+        if self.tool_call_parser not in (None, "auto"):
+            get_tool_parser(self.tool_call_parser)
+        if self.reasoning_parser not in (None, "auto"):
+            get_reasoning_parser(self.reasoning_parser)
 
     @property
     def model_name(self) -> str:

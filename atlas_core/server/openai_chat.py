@@ -1,9 +1,8 @@
 """``POST /v1/chat/completions``.
 
-Text coming out of the engine goes through an output shaper (``shaper.feed(text)`` per delta,
-``shaper.finish()`` at the end) that splits it into ``content`` / ``reasoning_content`` /
-``tool_calls``. The default shaper passes everything through as ``content``; reasoning and
-tool-call parsers slot in by replacing ``ServerState.make_chat_shaper``.
+Text coming out of the engine goes through an output shaper (``ServerState.make_chat_shaper``,
+an :class:`~atlas_core.server.shaping.OutputShaper` by default) that splits it into
+``content``, ``reasoning_content`` (also sent as ``reasoning``) and ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, post
 
+from atlas_core.parsers import ParserEvents
+from atlas_core.server.agent import ChatPlan, ChatRequest, plan_chat
 from atlas_core.server.decode import read_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
@@ -21,54 +22,65 @@ from atlas_core.server.logprobs import chat_logprobs
 from atlas_core.server.openai_schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                               ChatCompletionRequest, ChatCompletionResponse,
                                               ChatDelta, ResponseMessage)
-from atlas_core.server.prompts import openai_messages, render_chat
-from atlas_core.server.sampling import logit_bias, make_params, sampling_kwargs, stop_list
+from atlas_core.server.prompts import openai_messages
+from atlas_core.server.sampling import logit_bias, sampling_kwargs, stop_list
 from atlas_core.server.sse import DONE, data_event, error_event, sse_response
+from atlas_core.server.thinking import from_effort
+from atlas_core.server.tools import chat_tools, openai_tool_choice
 from atlas_core.server.usage import openai_usage
 
 
-class PlainShaper:
-    """Passes generated text through as ``content``."""
-
-    def feed(self, text: str) -> dict[str, Any]:
-        return {"content": text} if text else {}
-
-    def finish(self) -> dict[str, Any]:
-        return {}
-
-
-def _check_supported(req: ChatCompletionRequest) -> None:
-    fmt = (req.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise APIError(400, f"response_format type `{fmt}` is not supported yet; use text",
-                       param="response_format.type")
-    if isinstance(req.tool_choice, dict) or req.tool_choice == "required":
-        raise APIError(400, "forcing a tool call (tool_choice) is not supported yet; use `auto`",
-                       param="tool_choice")
-
-
-def build_choices(state, req: ChatCompletionRequest, rid: str) -> list[Choice]:
-    """Render the prompt; its ``n`` choices are the completions of one engine request."""
-    _check_supported(req)
-    if req.n > state.config.max_n:
-        raise APIError(400, f"n must be <= {state.config.max_n}", param="n")
-    kwargs = {**state.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
-    tools = req.tools if req.tools and req.tool_choice != "none" else None
-    prompt_ids = render_chat(state.tokenizer, openai_messages(req.messages), tools=tools,
-                             add_generation_prompt=req.add_generation_prompt,
-                             continue_final_message=req.continue_final_message,
-                             template_kwargs=kwargs)
-    param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-    max_tokens = state.resolve_max_tokens(len(prompt_ids), req.max_completion_tokens
-                                          or req.max_tokens, param)
+def chat_request(req: ChatCompletionRequest) -> ChatRequest:
+    """The API-neutral form of a chat completion request."""
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    fields = sampling_kwargs(req, max_tokens=max_tokens, seed=req.seed, stop=stop_list(req.stop),
-                             stop_token_ids=req.stop_token_ids,
-                             logit_bias=logit_bias(req.logit_bias),
-                             logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-    params = make_params(fields, state.generation_defaults, req.n)
-    return [Choice(i, rid, prompt_ids, params, output_index=i) for i in range(req.n)]
+    tools = chat_tools(req.tools)
+    sampling = sampling_kwargs(req, seed=req.seed, stop=stop_list(req.stop),
+                               stop_token_ids=req.stop_token_ids,
+                               logit_bias=logit_bias(req.logit_bias),
+                               logprobs=(req.top_logprobs or 0) if req.logprobs else None)
+    return ChatRequest(
+        openai_messages(req.messages), tools, openai_tool_choice(req.tool_choice, tools),
+        req.parallel_tool_calls is not False, from_effort(req.reasoning_effort),
+        req.chat_template_kwargs, sampling, req.max_completion_tokens or req.max_tokens,
+        "max_completion_tokens" if req.max_completion_tokens else "max_tokens", req.n,
+        req.add_generation_prompt, req.continue_final_message, req.response_format)
+
+
+def build_choices(state, req: ChatCompletionRequest, rid: str) -> tuple[ChatPlan, list[Choice]]:
+    """Plan the request; its ``n`` choices are the completions of one engine request."""
+    if req.n > state.config.max_n:
+        raise APIError(400, f"n must be <= {state.config.max_n}", param="n")
+    plan = plan_chat(state, chat_request(req))
+    return plan, [Choice(i, rid, plan.prompt_ids, plan.params, output_index=i)
+                  for i in range(req.n)]
+
+
+def response_message(shaper) -> ResponseMessage:
+    """The whole assistant message of a finished choice."""
+    calls = [{"id": c.id, "type": "function",
+              "function": {"name": c.name, "arguments": c.arguments}} for c in shaper.tool_calls]
+    content = shaper.content if shaper.content or not calls else None
+    reasoning = shaper.reasoning or None
+    return ResponseMessage("assistant", content, calls or None, reasoning, reasoning)
+
+
+def chat_deltas(events: ParserEvents) -> list[ChatDelta]:
+    """Stream deltas of one shaper step; each tool call is announced (id, type, name), then its
+    arguments follow in a second delta."""
+    deltas = []
+    if events.content or events.reasoning:
+        reasoning = events.reasoning or None
+        deltas.append(ChatDelta(content=events.content or None, reasoning_content=reasoning,
+                                reasoning=reasoning))
+    for call in events.tool_calls:
+        head = {"index": call.index, "id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": ""}}
+        deltas.append(ChatDelta(tool_calls=[head]))
+        if call.arguments:
+            deltas.append(ChatDelta(tool_calls=[{"index": call.index,
+                                                 "function": {"arguments": call.arguments}}]))
+    return deltas
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -78,31 +90,29 @@ async def chat_completions(request: Request) -> Any:
     model = state.resolve_model(req.model)
     state.require_engine()
     rid = state.request_id("chatcmpl-")
-    choices = build_choices(state, req, rid)
+    plan, choices = build_choices(state, req, rid)
     if req.stream:
         stream = await state.stream(choices)
-        return sse_response(_chat_events(state, req, model, rid, stream), stream)
-    stream = await state.run(choices, receive=request.receive)
+        return sse_response(_chat_events(state, req, plan, model, rid, stream), stream)
+    await state.run(choices, receive=request.receive)
     result = []
     for c in choices:
-        shaper = state.make_chat_shaper(req)
-        parts = {**shaper.feed(c.text)}
-        for key, value in shaper.finish().items():
-            parts[key] = (parts.get(key) or "") + value if isinstance(value, str) else value
+        shaper = state.make_chat_shaper(plan)
+        shaper.feed_all(c.text)
         logprobs = (chat_logprobs(state.tokenizer, c.logprobs, req.top_logprobs or 0)
                     if req.logprobs else None)
-        message = ResponseMessage("assistant", parts.get("content", ""), parts.get("tool_calls"),
-                                  parts.get("reasoning_content"))
-        result.append(ChatChoice(c.index, message, logprobs, c.finish_reason, c.stop_reason))
+        result.append(ChatChoice(c.index, response_message(shaper), logprobs,
+                                 shaper.finish_reason(c.finish_reason), c.stop_reason))
     usage = openai_usage(choices, req.n)
     body = ChatCompletionResponse(rid, int(time.time()), model, result, usage)
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
-async def _chat_events(state, req: ChatCompletionRequest, model: str, rid: str, stream):
+async def _chat_events(state, req: ChatCompletionRequest, plan: ChatPlan, model: str, rid: str,
+                       stream):
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    shapers = {c.index: state.make_chat_shaper(req) for c in stream.choices}
+    shapers = {c.index: state.make_chat_shaper(plan) for c in stream.choices}
 
     def chunk(index: int, delta: ChatDelta, logprobs=None, finish=None) -> bytes:
         choice = ChatChunkChoice(index, delta, logprobs, finish)
@@ -113,13 +123,24 @@ async def _chat_events(state, req: ChatCompletionRequest, model: str, rid: str, 
         async for ev in stream:
             if ev is IDLE:
                 continue
-            parts = shapers[ev.index].feed(ev.text)
+            shaper = shapers[ev.index]
+            events = shaper.feed(ev.text)
+            finish = None
             if ev.finish_reason is not None:
-                parts.update(shapers[ev.index].finish())
+                tail = shaper.finish()
+                events = ParserEvents(events.content + tail.content,
+                                      events.reasoning + tail.reasoning,
+                                      events.tool_calls + tail.tool_calls)
+                finish = shaper.finish_reason(ev.finish_reason)
             logprobs = (chat_logprobs(state.tokenizer, ev.logprobs, req.top_logprobs or 0)
                         if req.logprobs and ev.logprobs else None)
-            if parts or logprobs or ev.finish_reason:
-                yield chunk(ev.index, ChatDelta(**parts), logprobs, ev.finish_reason)
+            deltas = chat_deltas(events)
+            if not deltas and (logprobs or finish):
+                deltas = [ChatDelta()]
+            for i, delta in enumerate(deltas):
+                last = i == len(deltas) - 1
+                yield chunk(ev.index, delta, logprobs if i == 0 else None,
+                            finish if last else None)
         if include_usage:
             usage = openai_usage(stream.choices, req.n)
             yield data_event(ChatCompletionChunk(rid, created, model, [], usage))

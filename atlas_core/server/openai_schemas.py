@@ -114,10 +114,14 @@ class ChatLogprobs(msgspec.Struct):
 
 
 class ResponseMessage(msgspec.Struct):
+    """An assistant message; ``reasoning`` repeats ``reasoning_content`` (both names are read
+    by clients)."""
+
     role: str
     content: str | None
     tool_calls: list[dict[str, Any]] | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class ChatChoice(msgspec.Struct):
@@ -142,6 +146,7 @@ class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_core.server.errors import APIError
+from atlas_core.server.tools import template_tool_calls
 
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
@@ -35,9 +36,11 @@ def openai_messages(messages: list) -> list[dict]:
                            "assistant, tool", param=f"messages[{i}].role")
         item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                                 "content": text_of_parts(m.content, f"messages[{i}]") or ""}
-        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+        for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(m, key) is not None:
                 item[key] = getattr(m, key)
+        if m.tool_calls:
+            item["tool_calls"] = template_tool_calls(m.tool_calls)
         converted.append(item)
     return converted
 
@@ -102,25 +105,15 @@ def anthropic_messages(system: Any, messages: list) -> list[dict]:
     return converted
 
 
-def anthropic_tools(tools: list | None) -> list | None:
-    """Anthropic tool definitions in the OpenAI shape HF chat templates expect."""
-    if not tools:
-        return None
-    converted = []
-    for tool in tools:
-        if "input_schema" not in tool:
-            converted.append(tool)
-            continue
-        function = {"name": tool.get("name"), "description": tool.get("description", ""),
-                    "parameters": tool["input_schema"]}
-        converted.append({"type": "function", "function": function})
-    return converted
+def render_chat(tokenizer, messages: list[dict], **kwargs) -> list[int]:
+    """Render ``messages`` with the chat template and encode them (see :func:`render_prompt`)."""
+    return render_prompt(tokenizer, messages, **kwargs)[1]
 
 
-def render_chat(tokenizer, messages: list[dict], *, tools: list | None = None,
-                add_generation_prompt: bool = True, continue_final_message: bool = False,
-                template_kwargs: dict | None = None) -> list[int]:
-    """Render ``messages`` with the chat template and encode them.
+def render_prompt(tokenizer, messages: list[dict], *, tools: list | None = None,
+                  add_generation_prompt: bool = True, continue_final_message: bool = False,
+                  template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+    """Render ``messages`` with the chat template; return the text and its token ids.
 
     Raises:
         APIError: 400 when the template rejects the conversation or there is no template.
@@ -136,4 +129,4 @@ def render_chat(tokenizer, messages: list[dict], *, tools: list | None = None,
         cut = text.rfind(last)
         if last and cut >= 0:
             text = text[:cut + len(last)]
-    return tokenizer.encode(text, add_special_tokens=False)
+    return text, tokenizer.encode(text, add_special_tokens=False)

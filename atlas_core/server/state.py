@@ -12,6 +12,8 @@ from atlas_core.server.config import ServerConfig
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import GenerationStream, as_api_error
 from atlas_core.server.metrics import Metrics
+from atlas_core.server.responses_store import ResponseStore
+from atlas_core.server.shaping import OutputShaper
 
 logger = logging.getLogger("atlas.server")
 
@@ -24,6 +26,22 @@ def engine_attr(engine: Any, *names: str, default: Any = None) -> Any:
             if value is not None:
                 return value
     return default
+
+
+def choose_parsers(config: ServerConfig, chat_template: str | None, model_type: str | None
+                   ) -> tuple[type | None, type | None]:
+    """The tool-call and reasoning parser classes the server uses (``"auto"``: per model)."""
+    from atlas_core.parsers import (default_reasoning_parser_for, default_tool_parser_for,
+                                    get_reasoning_parser, get_tool_parser)
+    tool, reasoning = config.tool_call_parser, config.reasoning_parser
+    if tool == "auto":
+        tool = default_tool_parser_for(model_type, chat_template)
+    if reasoning == "auto":
+        reasoning = default_reasoning_parser_for(chat_template)
+    if tool or reasoning:
+        logger.info("output parsers: tool calls %s, reasoning %s", tool, reasoning)
+    return (get_tool_parser(tool) if tool else None,
+            get_reasoning_parser(reasoning) if reasoning else None)
 
 
 class ServerState:
@@ -46,6 +64,9 @@ class ServerState:
         self.created = int(time.time())
         self.metrics = Metrics(self.stats)
         self.generation_defaults: dict[str, Any] = {}
+        self.tool_parser_cls: type | None = None
+        self.reasoning_parser_cls: type | None = None
+        self.responses = ResponseStore(config.max_stored_responses)
         if engine is not None:
             self.attach(engine)
 
@@ -58,12 +79,15 @@ class ServerState:
         model_vocab = getattr(engine_attr(engine, "model"), "vocab_size", None)
         self.vocab_size = int(model_vocab or self.tokenizer.vocab_size)
         self.generation_defaults = dict(engine_attr(engine, "generation_defaults", default={}))
+        model_config = getattr(engine_attr(engine, "model"), "config", None)
+        model_type = model_config.get("model_type") if isinstance(model_config, dict) else None
+        self.tool_parser_cls, self.reasoning_parser_cls = choose_parsers(
+            self.config, getattr(self.tokenizer, "chat_template", None), model_type)
         self.engine = engine
 
-    def make_chat_shaper(self, request: Any) -> Any:
-        """The output shaper of one chat choice (see ``openai_chat``); parsers replace this."""
-        from atlas_core.server.openai_chat import PlainShaper
-        return PlainShaper()
+    def make_chat_shaper(self, plan: Any) -> OutputShaper:
+        """The output shaper of one choice of ``plan`` (a ``ChatPlan``); replaceable."""
+        return OutputShaper(plan.parse)
 
     def fail(self, message: str) -> None:
         """Record that loading failed (``/health`` reports it)."""
