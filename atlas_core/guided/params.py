@@ -31,11 +31,13 @@ class ToolCallSpec:
         tools: ``{"name": str, "parameters": JSON schema}`` per callable function.
         format: tool-call format, one of :data:`TOOL_CALL_FORMATS`.
         parallel: allow more than one call.
+        max_calls: most calls when ``parallel`` (None: no limit).
     """
 
     tools: tuple[dict, ...]
     format: str = "hermes"
     parallel: bool = True
+    max_calls: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class GuidedDecodingParams:
                                       f"got {type(self.spec).__name__}")
         spec = self.spec
         if isinstance(spec, ToolCallSpec):
-            spec = [spec.format, spec.parallel, list(spec.tools)]
+            spec = [spec.format, spec.parallel, spec.max_calls, list(spec.tools)]
         object.__setattr__(self, "key", self.kind + ":" + json.dumps(spec, sort_keys=True))
 
     def __hash__(self) -> int:
@@ -97,7 +99,7 @@ class GuidedDecodingParams:
 
     @classmethod
     def tool_call(cls, tools: list[dict], format: str = "hermes",
-                  parallel: bool = True) -> "GuidedDecodingParams":
+                  parallel: bool = True, max_calls: int | None = None) -> "GuidedDecodingParams":
         """Output is one (or, with ``parallel``, several) calls of ``tools`` in ``format``.
 
         Args:
@@ -105,11 +107,15 @@ class GuidedDecodingParams:
                 ``{"name", "parameters"}`` function specs.
             format: one of :data:`TOOL_CALL_FORMATS`.
             parallel: allow several calls in one output.
+            max_calls: most calls in one output when ``parallel`` (None: no limit).
         """
         if format not in TOOL_CALL_FORMATS:
             raise GuidedDecodingError(f"tool-call format must be one of {list(TOOL_CALL_FORMATS)} "
                                       f"to force a call, got {format!r}")
-        return cls("tool_call", ToolCallSpec(tuple(function_specs(tools)), format, parallel))
+        if max_calls is not None and (not isinstance(max_calls, int) or max_calls < 1):
+            raise GuidedDecodingError(f"max_calls must be an integer >= 1, got {max_calls!r}")
+        return cls("tool_call", ToolCallSpec(tuple(function_specs(tools)), format, parallel,
+                                             max_calls))
 
 
 def function_specs(tools: list[dict]) -> list[dict]:

@@ -62,44 +62,47 @@ def _json_calls(spec: ToolCallSpec, args_key: str) -> list[str]:
     return rules
 
 
-def _repeat(item: str, separator: str, parallel: bool) -> str:
-    return f"{item} ({lit(separator)} {item})*" if parallel else item
+def _repeat(item: str, separator: str, spec: ToolCallSpec) -> str:
+    if not spec.parallel or spec.max_calls == 1:
+        return item
+    more = "*" if spec.max_calls is None else f"{{0,{spec.max_calls - 1}}}"
+    return f"{item} ({lit(separator)} {item}){more}"
 
 
 def hermes(spec: ToolCallSpec, marker: Callable[[str], str]) -> list[str]:
     call = f"{marker('<tool_call>')} {lit(chr(10))} fn {lit(chr(10))} {marker('</tool_call>')}"
-    return [f"start: {_repeat('call', chr(10), spec.parallel)}", f"call: {call}",
+    return [f"start: {_repeat('call', chr(10), spec)}", f"call: {call}",
             *_json_calls(spec, "arguments")]
 
 
 def mistral(spec: ToolCallSpec, marker: Callable[[str], str]) -> list[str]:
-    calls = _repeat("fn", ", ", spec.parallel)
+    calls = _repeat("fn", ", ", spec)
     return [f"start: {marker('[TOOL_CALLS]')} {lit('[')} {calls} {lit(']')}",
             *_json_calls(spec, "arguments")]
 
 
 def llama3_json(spec: ToolCallSpec, marker: Callable[[str], str]) -> list[str]:
-    return [f"start: {_repeat('fn', '; ', spec.parallel)}", *_json_calls(spec, "parameters")]
+    return [f"start: {_repeat('fn', '; ', spec)}", *_json_calls(spec, "parameters")]
 
 
-def _is_raw_string(schema: dict) -> bool:
-    kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    return "string" in kinds and not {"enum", "const", "format"} & schema.keys()
+def _is_string(schema: dict | bool) -> bool:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return "string" in (kind if isinstance(kind, list) else [kind])
 
 
 def _xml_value(name: str, schema: dict | bool) -> list[str]:
     """Rules for one qwen3_coder parameter value and its closing tag.
 
-    String values are raw text, ended lazily at the first closing tag (a greedy text lexeme
-    would swallow the tag's first bytes); other values are JSON.
+    String values are raw text (the parser keeps them as is; ``format`` and ``pattern`` are not
+    enforced), ended lazily at the first closing tag (a greedy text lexeme would swallow the
+    tag's first bytes); other values are JSON, which the parser decodes by the schema's type.
     """
     close = lit("\n</parameter>\n")
-    if not isinstance(schema, dict) or not _is_raw_string(schema):
-        if isinstance(schema, dict) and schema.get("type") == "string":
-            options = schema.get("enum", [schema.get("const")])
-            return [f"{name}: ({' | '.join(lit(str(v)) for v in options)}) {close}"]
+    if not _is_string(schema):
         return [f"{name}: {name}_json {close}", json_rule(f"{name}_json", schema)]
+    if "enum" in schema or "const" in schema:
+        options = schema.get("enum", [schema.get("const")])
+        return [f"{name}: ({' | '.join(lit(str(v)) for v in options)}) {close}"]
     low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
     count = f"{{{low},{'' if high is None else int(high)}}}"
     terminal = name.upper()
@@ -109,7 +112,7 @@ def _xml_value(name: str, schema: dict | bool) -> list[str]:
 
 def qwen3_coder(spec: ToolCallSpec, marker: Callable[[str], str]) -> list[str]:
     nl = lit("\n")
-    rules = [f"start: {_repeat('call', chr(10), spec.parallel)}",
+    rules = [f"start: {_repeat('call', chr(10), spec)}",
              f"call: {marker('<tool_call>')} {nl} fn {marker('</tool_call>')}",
              "fn: " + " | ".join(f"fn_{i}" for i in range(len(spec.tools)))]
     for i, tool in enumerate(spec.tools):
