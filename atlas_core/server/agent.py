@@ -86,12 +86,14 @@ def guided_constraint(state, req: ChatRequest, tool_parser: str | None) -> Any:
     if not req.tool_choice.is_forced and fmt == "text":
         return None
     param = "tool_choice" if req.tool_choice.is_forced else req.format_param
+    from atlas_core.engine import SamplingParams
     try:
         from atlas_core.guided import guided_from_openai
     except ImportError:
-        raise APIError(400, f"{param}: constrained decoding is not available in this server "
-                       "(atlas_core.guided is missing); use tool_choice auto and text output",
-                       param=param) from None
+        guided_from_openai = None
+    if guided_from_openai is None or "guided" not in SamplingParams.__dataclass_fields__:
+        raise APIError(400, f"{param}: constrained decoding is not available in this server; "
+                       "use tool_choice auto and text output", param=param)
     forced = req.tool_choice.is_forced
     try:
         return guided_from_openai(

@@ -8,7 +8,8 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 
-from atlas_core.server import anthropic_messages, openai_chat, openai_completions, routes
+from atlas_core.server import (anthropic_messages, openai_chat, openai_completions, responses_api,
+                               routes)
 from atlas_core.server.auth import auth_middleware
 from atlas_core.server.config import ServerConfig
 from atlas_core.server.errors import EXCEPTION_HANDLERS
@@ -17,6 +18,7 @@ from atlas_core.server.state import ServerState
 HANDLERS = [
     openai_chat.chat_completions, openai_completions.completions,
     anthropic_messages.messages, anthropic_messages.count_tokens,
+    responses_api.create_response, responses_api.get_response, responses_api.delete_response,
     routes.list_models, routes.get_model, routes.tokenize, routes.detokenize,
     routes.health, routes.live, routes.metrics,
 ]
