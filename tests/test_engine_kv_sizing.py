@@ -90,7 +90,35 @@ def test_no_memory_at_all():
         plan_kv_cache(Backend(0, 2 * GIB), Model(), EngineArgs())
 
 
-def test_recurrent_layers_are_rejected_clearly():
-    model = Model([KVCacheSpec(8, 128), RecurrentStateSpec({"ssm": (4, 4)})])
-    with pytest.raises(ValueError, match="recurrent-state layers"):
-        plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs())
+GDN = RecurrentStateSpec({"conv": (3, 1024), "ssm": (8, 128, 128)})
+HYBRID = [KVCacheSpec(8, 128)] * 4 + [GDN] * 12
+SLOT = 12 * (3 * 1024 + 8 * 128 * 128) * 4      # float32 state of one sequence
+
+
+def test_recurrent_state_rows_come_off_the_kv_budget():
+    attention_only = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(max_num_seqs=8))
+    kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(HYBRID), EngineArgs(max_num_seqs=8))
+    assert kv.state_bytes_per_slot == SLOT
+    assert kv.num_state_slots == 8 and kv.num_state_snapshots == 8 and kv.num_state_rows == 16
+    assert kv.bytes_per_block == BLOCK
+    assert abs((attention_only.num_blocks - kv.num_blocks) * BLOCK - 16 * SLOT) < BLOCK
+    no_cache = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(HYBRID),
+                             EngineArgs(max_num_seqs=8, enable_prefix_caching=False))
+    assert no_cache.num_state_snapshots == 0 and no_cache.num_blocks > kv.num_blocks
+    few = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(HYBRID),
+                        EngineArgs(max_num_seqs=8, num_state_snapshots=2))
+    assert few.num_state_snapshots == 2
+    assert attention_only.num_state_slots == 0 and attention_only.state_bytes_per_slot == 0
+
+
+def test_recurrent_state_that_does_not_fit_says_what_to_lower():
+    with pytest.raises(ValueError, match="state for 64 sequences .* lower --max-num-seqs"):
+        plan_kv_cache(Backend(1 * GIB, 2 * GIB), Model(HYBRID), EngineArgs())
+    with pytest.raises(ValueError, match="num_state_snapshots must be >= 0"):
+        EngineArgs(num_state_snapshots=-1)
+
+
+def test_recurrent_only_models_get_a_bounded_block_count():
+    model = Model([RecurrentStateSpec({"ssm": (4, 4)})] * 2)
+    kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs(max_num_seqs=2))
+    assert kv.num_blocks == 2 * 32768 // 16

@@ -28,6 +28,8 @@ class EngineArgs:
         max_waiting: requests allowed to wait for a slot before new ones are refused (``None``:
             unbounded).
         revision: model revision (branch, tag or commit) on the Hub.
+        num_state_snapshots: hybrid models: recurrent-state snapshots kept for the prefix cache
+            (``None``: ``max_num_seqs``; 0: no prefix caching for hybrid models).
     """
 
     model: str | None = None
@@ -47,12 +49,16 @@ class EngineArgs:
     served_model_name: str | None = None
     max_waiting: int | None = None
     revision: str | None = None
+    num_state_snapshots: int | None = None
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.num_state_snapshots is not None and int(self.num_state_snapshots) < 0:
+            raise ValueError(f"num_state_snapshots must be >= 0 (or unset), got "
+                             f"{self.num_state_snapshots!r}")
         for name in ("max_batch_size", "max_seq_len", "num_kv_blocks", "max_waiting"):
             value = getattr(self, name)
             if value is not None and int(value) < 1:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
+from typing import Callable
 
 import numpy as np
 
@@ -72,21 +73,29 @@ class BlockManager:
             self.free_cached.pop(block)
         self.ref_counts[block] += 1
 
-    def match_prefix(self, seq: Sequence) -> int:
+    def match_prefix(self, seq: Sequence,
+                     usable: Callable[[Sequence, int], int] | None = None) -> int:
         """Attach cached blocks of ``seq``'s leading full blocks; return the tokens reused.
 
         Only called for a sequence holding no blocks. The last token is never served from the
         cache (its logits are needed), so at most ``len(seq) - 1`` tokens are reused. Requests
-        asking for prompt logprobs compute every prompt token.
+        asking for prompt logprobs compute every prompt token. ``usable(seq, num_blocks)``
+        may shorten the match (hybrid models: to a boundary with a recurrent-state snapshot).
         """
         assert not seq.block_table
-        self._update_hashes(seq, len(seq) - 1)
+        num_prefix = (len(seq) - 1) // self.block_size
+        self.update_hashes(seq, len(seq) - 1)
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return 0
-        for h in seq.block_hashes:
+        blocks = []
+        for h in seq.block_hashes[:num_prefix]:
             block = self.block_of.get(h)
             if block is None:
                 break
+            blocks.append(block)
+        if usable is not None and blocks:
+            blocks = blocks[:usable(seq, len(blocks))]
+        for block in blocks:
             self._ref(block)
             seq.block_table.append(block)
         seq.num_committed_blocks = len(seq.block_table)
@@ -112,7 +121,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size
-        self._update_hashes(seq, seq.num_computed_tokens)
+        self.update_hashes(seq, seq.num_computed_tokens)
         for i in range(seq.num_committed_blocks, num_full):
             block, h = seq.block_table[i], seq.block_hashes[i]
             if block not in self.hash_of and h not in self.block_of:
@@ -120,7 +129,8 @@ class BlockManager:
                 self.block_of[h] = block
         seq.num_committed_blocks = max(seq.num_committed_blocks, num_full)
 
-    def _update_hashes(self, seq: Sequence, num_tokens: int) -> None:
+    def update_hashes(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend ``seq.block_hashes`` over the full blocks of its first ``num_tokens`` tokens."""
         bs = self.block_size
         for i in range(len(seq.block_hashes), num_tokens // bs):
             parent = seq.block_hashes[i - 1] if i else None

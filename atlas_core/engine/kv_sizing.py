@@ -1,4 +1,9 @@
-"""KV-cache sizing: how many blocks fit, and the longest sequence the engine accepts."""
+"""KV-cache sizing: how many blocks fit, and the longest sequence the engine accepts.
+
+Hybrid models (layers with a :class:`RecurrentStateSpec`) also get fixed recurrent-state rows:
+one live slot per running sequence plus the prefix snapshots; their bytes come off the budget
+before the KV blocks are counted.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ class KVCacheConfig:
         dtype: storage dtype of K and V.
         bytes_per_block: bytes one block takes across every layer (K and V).
         max_seq_len: longest prompt + output the engine accepts.
+        num_state_slots: recurrent-state slots for running sequences (0: no recurrent layers).
+        num_state_snapshots: recurrent-state rows for prefix snapshots.
+        state_bytes_per_slot: bytes one slot (or snapshot) takes across every recurrent layer.
     """
 
     num_blocks: int
@@ -35,6 +43,14 @@ class KVCacheConfig:
     dtype: np.dtype
     bytes_per_block: int
     max_seq_len: int
+    num_state_slots: int = 0
+    num_state_snapshots: int = 0
+    state_bytes_per_slot: int = 0
+
+    @property
+    def num_state_rows(self) -> int:
+        """Rows of every recurrent-state pool: live slots, then snapshots."""
+        return self.num_state_slots + self.num_state_snapshots
 
 
 def kv_cache_dtype(name: str, model_dtype: Any) -> np.dtype:
@@ -48,18 +64,36 @@ def kv_cache_dtype(name: str, model_dtype: Any) -> np.dtype:
     raise ValueError(f"kv_cache_dtype must be auto, bf16 or fp8, got {name!r}")
 
 
-def kv_specs(model: Any) -> list[KVCacheSpec | None]:
-    """The model's per-layer KV specs; layers with recurrent state are not supported yet."""
+def kv_specs(model: Any) -> list[KVCacheSpec | RecurrentStateSpec | None]:
+    """The model's per-layer state specs (paged KV, recurrent state, or ``None``)."""
     specs = list(model.kv_cache_specs())
-    if any(isinstance(s, RecurrentStateSpec) for s in specs):
-        raise ValueError("this model has recurrent-state layers (linear attention / Mamba), which "
-                         "the engine does not schedule yet; use an attention-only model")
+    for spec in specs:
+        if spec is not None and not isinstance(spec, (KVCacheSpec, RecurrentStateSpec)):
+            raise ValueError(f"unsupported layer state {spec!r}: the engine knows KVCacheSpec "
+                             "and RecurrentStateSpec")
     return specs
 
 
 def bytes_per_block(specs: list, block_size: int, dtype: np.dtype) -> int:
-    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs if s is not None)
+    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs if isinstance(s, KVCacheSpec))
     return max(1, per_token * block_size * np.dtype(dtype).itemsize)
+
+
+def state_bytes_per_slot(specs: list) -> int:
+    """Bytes of one sequence's recurrent state across every recurrent layer (0: none)."""
+    return sum(int(np.prod(shape)) * as_dtype(s.dtype).itemsize
+               for s in specs if isinstance(s, RecurrentStateSpec) for shape in s.shapes.values())
+
+
+def _state_rows(specs: list, args: Any) -> tuple[int, int, int]:
+    # (slots, snapshots, bytes per row); snapshots only serve the prefix cache
+    per_slot = state_bytes_per_slot(specs)
+    if not per_slot:
+        return 0, 0, 0
+    snapshots = getattr(args, "num_state_snapshots", None)
+    if snapshots is None:
+        snapshots = args.max_num_seqs
+    return args.max_num_seqs, snapshots if args.enable_prefix_caching else 0, per_slot
 
 
 def _activation_reserve(model: Any, args: Any) -> int:
@@ -80,14 +114,18 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     specs = kv_specs(model)
     bs = args.block_size
     bpb = bytes_per_block(specs, bs, dtype)
+    slots, snapshots, slot_bytes = _state_rows(specs, args)
     free, total = backend.memory_info()
     used = max(total - free, int(getattr(model, "weights_nbytes", 0) or 0))
     reserve = _activation_reserve(model, args)
     budget = int(total * args.gpu_memory_utilization) - used - reserve
     model_max = int(model.max_position_embeddings)
+    want = min(args.max_seq_len or model_max, model_max)
     if backend.device_info().kind == "cpu":
-        want = min(args.max_seq_len or model_max, model_max)
-        budget = min(budget, CPU_KV_LIMIT_BYTES, -(-want // bs) * args.max_num_seqs * bpb)
+        budget = min(budget, CPU_KV_LIMIT_BYTES)
+    budget = _take_state_bytes(budget, slots, snapshots, slot_bytes)
+    if backend.device_info().kind == "cpu" or not any(isinstance(s, KVCacheSpec) for s in specs):
+        budget = min(budget, -(-want // bs) * args.max_num_seqs * bpb)
     fit_blocks = max(0, budget // bpb)
 
     def util_for(num_blocks: int) -> str:
@@ -112,7 +150,23 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     max_seq_len = _max_seq_len(args, model_max, num_blocks, bs, bpb, util_for)
     log.info("KV cache: %d blocks of %d tokens (%s, %.1f MiB), max_seq_len %d", num_blocks, bs,
              np.dtype(dtype).name, num_blocks * bpb / _MIB, max_seq_len)
-    return KVCacheConfig(num_blocks, bs, np.dtype(dtype), bpb, max_seq_len)
+    if slot_bytes:
+        log.info("recurrent state: %d slots + %d prefix snapshots of %.1f MiB (%.1f MiB)", slots,
+                 snapshots, slot_bytes / _MIB, (slots + snapshots) * slot_bytes / _MIB)
+    return KVCacheConfig(num_blocks, bs, np.dtype(dtype), bpb, max_seq_len, slots, snapshots,
+                         slot_bytes)
+
+
+def _take_state_bytes(budget: int, slots: int, snapshots: int, slot_bytes: int) -> int:
+    """The budget left for KV blocks once the recurrent-state rows are set aside."""
+    need = (slots + snapshots) * slot_bytes
+    if need and need > budget:
+        raise ValueError(
+            f"recurrent state for {slots} sequences + {snapshots} prefix snapshots needs "
+            f"{need / _MIB:.0f} MiB ({slot_bytes / _MIB:.1f} MiB each) but only "
+            f"{max(budget, 0) / _MIB:.0f} MiB are left; lower --max-num-seqs or "
+            "num_state_snapshots, or raise --gpu-memory-utilization")
+    return budget - need
 
 
 def _max_seq_len(args: Any, model_max: int, num_blocks: int, bs: int, bpb: int, util_for) -> int:

@@ -16,6 +16,7 @@ from atlas_core.engine.sampler import LogitsRow
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import Scheduler, SchedulerOutput
 from atlas_core.engine.sequence import Sequence, SequenceGroup
+from atlas_core.engine.state_cache import StateCache
 from atlas_core.engine.stop import StopChecker
 from atlas_core.engine.thinking import ThinkingBudgets
 from atlas_core.guided.sequences import GuidedSequences
@@ -54,8 +55,11 @@ class LLMEngine:
         self.max_seq_len = self.kv_config.max_seq_len
         self.block_manager = BlockManager(self.kv_config.num_blocks, args.block_size,
                                           args.enable_prefix_caching)
+        kv = self.kv_config
+        self.state_cache = (StateCache(kv.num_state_slots, kv.num_state_snapshots)
+                            if kv.num_state_slots else None)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_batch_size,
-                                   args.max_prefill_tokens)
+                                   args.max_prefill_tokens, self.state_cache)
         self.runner = ModelRunner(model, backend, self.kv_config, args.max_batch_size,
                                   args.max_prefill_tokens, self.max_seq_len)
         if eos_token_ids is None:

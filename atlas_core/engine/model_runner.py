@@ -5,6 +5,10 @@ step allocates no metadata. Decode-only steps on a backend with ``supports_graph
 graph captured once per batch-size bucket (1, 2, 4, … up to ``max_batch_size``); padding rows
 write to slot -1 and attend over a dummy block table. Exactly one device->host transfer happens
 per step when no logprobs are asked: the sampled token ids.
+
+Recurrent layers (hybrid models) get pools ``name -> [num_state_rows, *shape]`` (live slots,
+then prefix snapshots); ``state_indices`` carries each sequence's slot (``-1`` on padding rows),
+and the scheduler's snapshot restores / saves are row copies around the forward.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from atlas_core.engine.kv_sizing import KVCacheConfig, kv_specs
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sampler import LogitsRow, Sampler
 from atlas_core.engine.scheduler import SchedulerOutput
+from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
 from atlas_core.model.metadata import StepMetadata
+from atlas_core.ops._dtypes import as_dtype
 
 _I32_FIELDS = ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "seq_lens",
                "logits_indices", "state_indices")
@@ -61,6 +67,7 @@ class ModelRunner:
         self.max_seq_len = max_seq_len
         self.max_tokens = max_prefill_tokens + max_batch_size
         self.max_blocks_per_seq = -(-max_seq_len // kv.block_size)
+        self.state_pools: list = []
         self.kv_caches = self._allocate_kv()
         model.bind_kv_caches(self.kv_caches)
         rows = self.max_tokens
@@ -78,25 +85,42 @@ class ModelRunner:
     def _allocate_kv(self) -> list:
         caches = []
         for spec in kv_specs(self.model):
-            if spec is None:
+            if isinstance(spec, RecurrentStateSpec):
+                if not self.kv.num_state_slots:
+                    raise ValueError("recurrent-state layers need state slots; plan the KV cache "
+                                     "with kv_sizing.plan_kv_cache")
+                pools = {name: self.backend.zeros((self.kv.num_state_rows, *shape),
+                                                  as_dtype(spec.dtype))
+                         for name, shape in spec.shapes.items()}
+                self.state_pools.extend(pools.values())
+                caches.append(pools)
+            elif isinstance(spec, KVCacheSpec):
+                shape = (self.kv.num_blocks, self.kv.block_size, spec.num_kv_heads, spec.head_dim)
+                # Zeroed: kernels may read whole blocks past a sequence's end (masked, but NaN * 0).
+                caches.append((self.backend.zeros(shape, self.kv.dtype),
+                               self.backend.zeros(shape, self.kv.dtype)))
+            else:
                 caches.append(None)
-                continue
-            shape = (self.kv.num_blocks, self.kv.block_size, spec.num_kv_heads, spec.head_dim)
-            # Zeroed: kernels may read whole blocks past a sequence's end (masked, but NaN * 0).
-            caches.append((self.backend.zeros(shape, self.kv.dtype),
-                           self.backend.zeros(shape, self.kv.dtype)))
         return caches
+
+    def copy_state_rows(self, copies: list[tuple[int, int]]) -> None:
+        """Copy recurrent-state rows ``src -> dst`` in every pool (snapshot restore / save)."""
+        for src, dst in copies:
+            for pool in self.state_pools:
+                self.backend.copy_(pool[dst:dst + 1], pool[src:src + 1])
 
     def execute(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]]) -> list[StepResult]:
         """Run one step; ``rows_of[seq_id]`` lists each scheduled sequence's logits rows."""
         self.backend.reset_workspace()
         rows = [r for s in sched.scheduled for r in rows_of.get(s.seq.seq_id, [])]
+        self.copy_state_rows(sched.restores)
         if self.use_graphs and sched.is_decode_only and not Sampler.needs_eager(rows):
             tokens = self._run_decode_graph(sched, rows)
             handle = None
         else:
             tokens, raw_logits = self._run_eager(sched, rows_of, rows)
             handle = self.sampler.logprobs(raw_logits, rows, tokens)
+        self.copy_state_rows(sched.snapshots)
         tokens_host = self.backend.to_host(tokens)
         logprobs = self.sampler.fetch_logprobs(handle, rows, tokens_host)
         return [StepResult(r, int(tokens_host[i]), logprobs[i]) for i, r in enumerate(rows)]
@@ -124,7 +148,7 @@ class ModelRunner:
             num_rows += len(seq_rows)
             t += n
             h["cu_seqlens_q"][b + 1] = t
-        h["state_indices"][:num_seqs] = self._arange[:num_seqs]
+        h["state_indices"][:num_seqs] = [s.seq.state_slot for s in sched.scheduled]
         return t, num_rows
 
     def _fill_decode(self, sched: SchedulerOutput, num_seqs: int) -> tuple[int, int]:
@@ -139,11 +163,14 @@ class ModelRunner:
         h["seq_lens"][:n] += 1
         for b, s in enumerate(sched.scheduled):
             self._write_table(b, s.seq)
-        for name, value in (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("seq_lens", 1)):
+        h["state_indices"][:n] = [s.seq.state_slot for s in sched.scheduled]
+        padding = (("input_ids", 0), ("positions", 0), ("slot_mapping", -1), ("seq_lens", 1),
+                   ("state_indices", -1))
+        for name, value in padding:
             h[name][n:num_seqs] = value
         for b in range(n, num_seqs):
             self._clear_table(b)
-        for name in ("logits_indices", "cu_seqlens_q", "state_indices"):
+        for name in ("logits_indices", "cu_seqlens_q"):
             h[name][:num_seqs + 1] = self._arange[:num_seqs + 1]
         return num_seqs, num_seqs
 

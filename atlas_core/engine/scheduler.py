@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.sequence import Sequence, SequenceStatus
+from atlas_core.engine.state_cache import StateCache
 
 
 @dataclass
@@ -25,8 +26,13 @@ class ScheduledSeq:
 
 @dataclass
 class SchedulerOutput:
+    """One step's plan. ``restores`` / ``snapshots``: recurrent-state row copies ``(src, dst)``
+    to issue before / after the forward (hybrid models)."""
+
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    restores: list[tuple[int, int]] = field(default_factory=list)
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -47,16 +53,25 @@ class Scheduler:
     the queue keeping its generated tokens, to be recomputed later (its full blocks usually
     survive in the prefix cache).
 
+    On hybrid models (``state_cache`` given) a running sequence also owns a recurrent-state slot.
+    With snapshots enabled, prefill chunks are cut at block boundaries (the last boundary before a
+    stream's final token included) and the state is snapshotted there, so a later sequence with
+    the same prefix restores it instead of recomputing.
+
     Args:
         block_manager: the KV block pool.
         max_num_seqs: most running sequences.
         max_batch_size: most sequences in one step.
         max_prefill_tokens: most prefill tokens in one step (decode rows are not counted).
+        state_cache: recurrent-state slots and snapshots (hybrid models), else ``None``.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batch_size: int,
-                 max_prefill_tokens: int) -> None:
+                 max_prefill_tokens: int, state_cache: StateCache | None = None) -> None:
         self.block_manager = block_manager
+        self.state_cache = state_cache
+        self.snapshots_enabled = bool(state_cache is not None and state_cache.num_snapshots
+                                      and block_manager.enable_prefix_caching)
         self.max_num_seqs = max_num_seqs
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
@@ -81,8 +96,13 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def _free(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        if self.state_cache is not None:
+            self.state_cache.release(seq)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -104,7 +124,7 @@ class Scheduler:
                 continue
             start = seq.num_computed_tokens
             prefilling = seq.is_prefilling
-            num_tokens = min(len(seq) - start, budget) if prefilling else 1
+            num_tokens = self._chunk_size(seq, start, budget) if prefilling else 1
             if num_tokens == 0:
                 continue
             if start + num_tokens > len(seq.block_table) * bs:
@@ -115,7 +135,30 @@ class Scheduler:
             chosen.add(seq.seq_id)
             if prefilling:
                 budget -= num_tokens
+                self._plan_snapshot(out, seq, start + num_tokens)
         return budget
+
+    def _chunk_size(self, seq: Sequence, start: int, budget: int) -> int:
+        """Prefill tokens for ``seq`` this step; cut at a block boundary when snapshots are on."""
+        n = min(len(seq) - start, budget)
+        if not self.snapshots_enabled or n <= 0:
+            return n
+        bs, end = self.block_manager.block_size, start + n
+        last = (len(seq) - 1) // bs * bs
+        if start < last < end:
+            return last - start
+        if end < len(seq) and end // bs * bs > start:
+            return end // bs * bs - start
+        return n
+
+    def _plan_snapshot(self, out: SchedulerOutput, seq: Sequence, end: int) -> None:
+        bs = self.block_manager.block_size
+        if not self.snapshots_enabled or end % bs:
+            return
+        self.block_manager.update_hashes(seq, end)
+        copy = self.state_cache.save(seq, seq.block_hashes[end // bs - 1])
+        if copy is not None:
+            out.snapshots.append(copy)
 
     def _make_room(self, seq: Sequence, num_tokens: int, chosen: set[int],
                    out: SchedulerOutput) -> bool:
@@ -131,22 +174,27 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks and requeue it at the front; it keeps its generated tokens."""
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.num_computed_tokens = 0
         self.num_preemptions += 1
         self.add(seq, front=True)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        bm = self.block_manager
+        bm, states = self.block_manager, self.state_cache
+        usable = states.usable_blocks if states is not None else None
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < self.max_batch_size):
             seq = self.waiting[0]
-            cached = bm.match_prefix(seq)
-            num_tokens = min(len(seq) - cached, budget)
+            cached = bm.match_prefix(seq, usable)
+            num_tokens = self._chunk_size(seq, cached, budget)
             if not bm.can_allocate(seq, cached + num_tokens):
                 bm.free(seq)
                 break
             self.waiting.popleft()
+            if states is not None:
+                states.assign(seq)
+                if cached:
+                    out.restores.append(states.restore(seq, cached // bm.block_size))
             seq.num_computed_tokens = cached
             bm.record_lookup(len(seq), cached)
             if not seq.output_token_ids:
@@ -156,9 +204,13 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, cached, num_tokens))
             budget -= num_tokens
+            if len(seq) - cached > 1:
+                self._plan_snapshot(out, seq, cached + num_tokens)
 
     def complete_step(self, out: SchedulerOutput) -> None:
         """Advance every scheduled sequence past its computed tokens and cache its full blocks."""
         for s in out.scheduled:
             s.seq.num_computed_tokens = s.start + s.num_tokens
             self.block_manager.commit(s.seq)
+        if self.state_cache is not None:
+            self.state_cache.complete_step()

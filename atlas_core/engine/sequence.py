@@ -25,6 +25,7 @@ class Sequence:
     ``num_computed_tokens`` tokens of :attr:`token_ids` have their KV in the blocks of
     :attr:`block_table`; the scheduler advances it by prefill chunks and decode steps. After a
     preemption it drops to 0 and the whole stream (prompt + generated tokens) is recomputed.
+    On hybrid models :attr:`state_slot` is its recurrent-state slot while running (else ``-1``).
     """
 
     def __init__(self, request_id: str, index: int, prompt_token_ids: list[int],
@@ -43,6 +44,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []
         self.num_committed_blocks = 0
         self.table_epoch = 0
+        self.state_slot = -1
         self.num_cached_tokens = 0
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.finish_reason: str | None = None
