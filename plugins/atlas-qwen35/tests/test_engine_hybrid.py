@@ -101,6 +101,7 @@ def test_preemption_recomputes_and_frees_everything(checkpoints, caching):
     engine = make_engine(path, num_kv_blocks=12, enable_prefix_caching=caching)
     outs = run(engine, prompts, params)
     assert engine.stats().num_preemptions > 0
+    assert (engine.state_cache.num_restores > 0) == caching    # resumed from a snapshot
     for ref, out in zip(alone, outs):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
     assert_all_free(engine)
