@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -29,12 +30,17 @@ USER = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def server(tmp_path_factory):
     engine = tiny_engine(tmp_path_factory.mktemp("tiny-guided"), max_seq_len=512)
     app = create_app(engine, ServerConfig(served_model_names=["tiny"], tool_call_parser="hermes"))
     with ServerThread(app) as srv:
-        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        yield srv
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -75,3 +81,15 @@ def test_invalid_schema_is_a_400(client):
             model="tiny", messages=USER, max_tokens=5,
             response_format={"type": "json_schema",
                              "json_schema": {"name": "x", "schema": {"type": "objectx"}}})
+
+
+def test_anthropic_forced_tool_use(server):
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+    message = client.messages.create(
+        model="tiny", max_tokens=200, messages=USER, tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True})
+    assert message.stop_reason == "tool_use"
+    (block,) = message.content
+    assert block.type == "tool_use" and block.name == "get_weather"
+    jsonschema.validate(block.input, tool["input_schema"])
