@@ -64,3 +64,13 @@ def test_every_registered_architecture_has_a_tiny_model_test():
     sources = _test_sources()
     missing = [a for a in sorted(archs) if a not in sources]
     assert not missing, f"architectures with no tiny-model test: {missing}"
+
+
+def test_test_module_names_are_unique_and_conftest_is_never_imported():
+    # pytest imports test dirs without __init__.py by basename: duplicates shadow each other.
+    files = [p for d in TEST_DIRS for p in d.glob("*.py")]
+    names = [p.name for p in files if p.name != "conftest.py"]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    assert not dupes, f"test module basenames must be unique across test folders: {dupes}"
+    offenders = [str(p.relative_to(ROOT)) for p in files if re.search(r"^\s*(from|import) conftest\b", p.read_text(), re.M)]
+    assert not offenders, f"import helpers from a uniquely named module, not conftest: {offenders}"

@@ -2,19 +2,7 @@
 
 import pytest
 
-
-def _has_gpu() -> bool:
-    try:
-        from cuda.bindings import driver
-        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, n = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and n > 0
-    except Exception:  # noqa: BLE001 - no driver, no library
-        return False
-
-
-HAS_GPU = _has_gpu()
+from cuda_probe import HAS_GPU
 
 
 @pytest.fixture(scope="session")

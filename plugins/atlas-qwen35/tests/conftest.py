@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from atlas_core.plugins import Registry
 
-ARCHS = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+from qwen35_cases import ARCHS, prompts  # noqa: F401 (re-exported for fixtures)
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +28,3 @@ def checkpoints(registry, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("qwen35")
     return {arch: write_tiny_checkpoint(arch, root / arch, registry=registry) for arch in ARCHS}
-
-
-def prompts(vocab_size: int = 384) -> list[list[int]]:
-    """Three prompts of different lengths (one longer than a GDN chunk would be at size 8)."""
-    rng = np.random.default_rng(7)
-    return [rng.integers(0, vocab_size, n).tolist() for n in (11, 5, 19)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import prompts
+from qwen35_cases import prompts
 from safetensors.numpy import load_file, save_file
 
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import ARCHS, prompts
+from qwen35_cases import ARCHS, prompts
 
 from atlas_core.model import load_model
 from atlas_core.testing.forward import ForwardRunner

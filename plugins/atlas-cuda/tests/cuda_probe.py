@@ -1,0 +1,15 @@
+"""Whether a CUDA device is usable (a uniquely named module: conftest is not importable)."""
+
+
+def _has_gpu() -> bool:
+    try:
+        from cuda.bindings import driver
+        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
+            return False
+        err, n = driver.cuDeviceGetCount()
+        return err == driver.CUresult.CUDA_SUCCESS and n > 0
+    except Exception:  # noqa: BLE001 - no driver, no library
+        return False
+
+
+HAS_GPU = _has_gpu()
