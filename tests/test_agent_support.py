@@ -90,12 +90,14 @@ def agent_engine(script: Callable[[list[int]], int | None], **engine_kwargs):
 
 
 @contextlib.contextmanager
-def agent_server(reply: Callable[[list[int]], str], **config):
-    """A served scripted agent model (``server.url``); ``config`` goes to ``ServerConfig``."""
+def agent_server(reply: Callable[[list[int]], str] | None = None, *,
+                 script: Callable[[list[int]], int | None] | None = None, **config):
+    """A served scripted model (``server.url``): ``reply`` through :class:`AgentScript`, or a
+    raw ``script``; ``config`` goes to ``ServerConfig``."""
     from atlas_core.server import ServerConfig, create_app
     from atlas_core.server.launch import ServerThread
 
-    engine = agent_engine(AgentScript(reply))
+    engine = agent_engine(script or AgentScript(reply))
     app = create_app(engine, ServerConfig(served_model_names=["agent"], **config))
     try:
         with ServerThread(app) as server:

@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from test_agent_support import ANSWER, agent_server, tool_then_answer
+from test_agent_support import ANSWER, agent_server, qwen3_tokenizer, tool_then_answer
 
 THOUGHT = "Call the weather tool."
 TOOL = {"type": "function", "name": "get_weather", "description": "Current weather of a city",
@@ -17,9 +17,19 @@ TOOL = {"type": "function", "name": "get_weather", "description": "Current weath
 QUESTION = "What is the weather in Paris?"
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}
+
+
+def reply(prompt: list[int]) -> str:
+    if "[json]" in qwen3_tokenizer().decode(prompt):
+        return '{"city": "Paris"}'
+    return tool_then_answer(think=THOUGHT)(prompt)
+
+
 @pytest.fixture(scope="module")
 def server():
-    with agent_server(tool_then_answer(think=THOUGHT), max_stored_responses=4) as srv:
+    with agent_server(reply, max_stored_responses=4) as srv:
         yield srv
 
 
@@ -107,3 +117,11 @@ def test_errors_in_openai_shape(client):
         client.responses.create(model="agent", input="x", tools=[{"type": "web_search"}])
     with pytest.raises(openai.BadRequestError, match="reasoning.effort"):
         client.responses.create(model="agent", input="x", reasoning={"effort": "huge"})
+
+
+def test_text_format_json_schema(client):
+    fmt = {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}
+    result = client.responses.create(model="agent", input="[json] Where?", text={"format": fmt},
+                                     max_output_tokens=50)
+    assert json.loads(result.output_text) == {"city": "Paris"}
+    assert result.text.format.type == "json_schema"
