@@ -91,7 +91,44 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    '\'{"enable_thinking": true}\' (requests may override)')
     s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser calls (CORS) from this origin (repeatable; `*` for any)")
+    add_agent_arguments(p)
     return p
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    """Tool calling, reasoning and Responses API flags (see docs/tool-calling.md,
+    docs/reasoning.md)."""
+    from atlas_core.parsers import REASONING_PARSERS, TOOL_PARSERS
+    a = p.add_argument_group("tools and reasoning")
+    a.add_argument("--tool-call-parser", default="auto",
+                   choices=["auto", "none", *sorted(TOOL_PARSERS)],
+                   help="tool-call format of the model's output (default auto: from the chat "
+                   "template and model_type; none: leave calls in the content)")
+    a.add_argument("--reasoning-parser", default="auto",
+                   choices=["auto", "none", *sorted(REASONING_PARSERS)],
+                   help="reasoning format (default auto: think when the chat template has "
+                   "<think> blocks; none: leave reasoning in the content)")
+    a.add_argument("--default-thinking", choices=["on", "off"], default=None,
+                   help="enable_thinking for requests that do not choose (default: the chat "
+                   "template's own default)")
+    a.add_argument("--disable-thinking", action="store_true",
+                   help="render every prompt with enable_thinking false, whatever requests ask")
+    a.add_argument("--reasoning-budget", type=non_negative_int, default=None, metavar="TOKENS",
+                   help="default most tokens of a think block, then it is closed and the "
+                   "answer follows (default: no limit; requests may set their own)")
+    a.add_argument("--max-stored-responses", type=non_negative_int, default=1000, metavar="N",
+                   help="Responses API results kept in memory for previous_response_id "
+                   "(least recently used dropped first; default 1000, 0 stores none)")
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
 
 
 def served_names(args) -> list[str]:
@@ -156,7 +193,18 @@ def server_config(args):
                         max_request_body=args.max_request_body,
                         request_timeout=args.request_timeout,
                         default_chat_template_kwargs=args.default_chat_template_kwargs,
-                        allowed_origins=args.allowed_origin)
+                        allowed_origins=args.allowed_origin,
+                        tool_call_parser=_parser_name(args.tool_call_parser),
+                        reasoning_parser=_parser_name(args.reasoning_parser),
+                        default_thinking=(None if args.default_thinking is None
+                                          else args.default_thinking == "on"),
+                        disable_thinking=args.disable_thinking,
+                        reasoning_budget=args.reasoning_budget,
+                        max_stored_responses=args.max_stored_responses)
+
+
+def _parser_name(value: str) -> str | None:
+    return None if value == "none" else value
 
 
 def describe(engine, names: list[str]) -> str:
