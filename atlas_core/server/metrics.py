@@ -17,7 +17,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
                    120.0, 300.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
-               "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/health", "/metrics"}
+               "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize",
+               "/health", "/metrics"}
 
 
 def stat(stats, name: str) -> float:
@@ -117,6 +118,8 @@ class Metrics:
                 path = scope["path"]
                 if path.startswith("/v1/models/"):
                     path = "/v1/models/{id}"
+                elif path.startswith("/v1/responses/"):
+                    path = "/v1/responses/{id}"
                 elif path not in KNOWN_PATHS:
                     path = "other"
                 self.requests.labels(endpoint=path, status=str(status[0])).inc()
