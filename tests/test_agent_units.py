@@ -144,7 +144,8 @@ def test_response_store_is_lru():
 
 
 def test_shaper_whole_equals_streamed():
-    text = "<think>\nhm\n</think>\n\nSure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"
+    text = ("<think>\nhm\n</think>\n\nSure.\n"
+            '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
     plan = ParsePlan(HermesToolParser, None, ReasoningParser)
     whole = OutputShaper(plan)
     whole.feed_all(text)

@@ -85,9 +85,9 @@ def input_messages(items: str | list | None, param: str = "input") -> list[dict]
                 raise APIError(400, "a function_call item needs call_id and name", param=where)
             turn = _assistant(messages, reasoning)
             reasoning = None
+            function = {"name": item["name"], "arguments": _arguments(item.get("arguments"))}
             turn.setdefault("tool_calls", []).append(
-                {"id": item["call_id"], "type": "function",
-                 "function": {"name": item["name"], "arguments": _arguments(item.get("arguments"))}})
+                {"id": item["call_id"], "type": "function", "function": function})
         elif kind == "function_call_output":
             if not item.get("call_id"):
                 raise APIError(400, "a function_call_output item needs call_id", param=where)
