@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 python3 -m atlas_core doctor 2>&1 | tee "$OUT/doctor.txt" || true
 
 if has tests; then
-  python3 -m pytest -q -x plugins/atlas-cuda/tests -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
+  python3 -m pytest -q plugins/atlas-cuda/tests -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 if has sanitize; then
   compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x \
@@ -23,5 +23,5 @@ if has sanitize; then
   echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
 fi
 if has bench; then
-  python3 -m atlas_core bench ${BENCH_ARGS:---model qwen3-0.6b --baseline hf} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
+  timeout -s ABRT ${BENCH_TIMEOUT:-400} python3 -X faulthandler -m atlas_core bench ${BENCH_ARGS:---model qwen3-0.6b --baseline hf} --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
 fi

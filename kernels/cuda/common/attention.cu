@@ -140,7 +140,8 @@ __device__ void attn_combine_impl(T* out, const float* part_acc, const float* pa
 #define ATTN_HB(T, S, D)                                                                      \
   ATTN_ONE(T, S, D, 1) ATTN_ONE(T, S, D, 2) ATTN_ONE(T, S, D, 4) ATTN_ONE(T, S, D, 8)
 #define ATTN(T, S)                                                                            \
-  ATTN_HB(T, S, 64) ATTN_HB(T, S, 128) ATTN_HB(T, S, 256)                                     \
+  ATTN_HB(T, S, 16) ATTN_HB(T, S, 32) ATTN_HB(T, S, 64) ATTN_HB(T, S, 128)                  \
+  ATTN_HB(T, S, 256)                                                                          \
   extern "C" __global__ void attn_combine_##S(T* out, const float* pa, const float* pm,       \
                                               int D, int nsp, float kvs) {                    \
     attn_combine_impl<T>(out, pa, pm, D, nsp, kvs);                                           \

@@ -68,6 +68,16 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+template <typename T, int GELU>
+__device__ void act_and_mul_scalar_impl(T* out, const T* x, int d, long long n) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    long long t = i / d, j = i % d;
+    float g = to_f32(x[t * 2 * d + j]), u = to_f32(x[t * 2 * d + d + j]);
+    out[i] = from_f32<T>((GELU ? gelu_tanh(g) : silu(g)) * u);
+  }
+}
+
 // out[t, :d] = act(x[t, :d]) * x[t, d:]; grid (ceil(d / (8 * blockDim)), num_tokens).
 template <typename T, int GELU>
 __device__ void act_and_mul_impl(T* out, const T* x, int d) {
@@ -99,8 +109,19 @@ __device__ void act_and_mul_impl(T* out, const T* x, int d) {
   extern "C" __global__ void add_f32_##S(float* out, const float* a, const T* b, long long n) {\
     add_impl<float, T>(out, a, b, n);                                                         \
   }                                                                                           \
+  extern "C" __global__ void to_f32_##S(float* out, const T* x, long long n) {                \
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;               \
+         i += (long long)gridDim.x * blockDim.x) out[i] = to_f32(x[i]);                       \
+  }                                                                                           \
   extern "C" __global__ void silu_and_mul_##S(T* out, const T* x, int d) {                    \
     act_and_mul_impl<T, 0>(out, x, d);                                                        \
+  }                                                                                           \
+  extern "C" __global__ void silu_and_mul_scalar_##S(T* out, const T* x, int d, long long n) { \
+    act_and_mul_scalar_impl<T, 0>(out, x, d, n);                                              \
+  }                                                                                           \
+  extern "C" __global__ void gelu_tanh_and_mul_scalar_##S(T* out, const T* x, int d,          \
+                                                          long long n) {                      \
+    act_and_mul_scalar_impl<T, 1>(out, x, d, n);                                              \
   }                                                                                           \
   extern "C" __global__ void gelu_tanh_and_mul_##S(T* out, const T* x, int d) {               \
     act_and_mul_impl<T, 1>(out, x, d);                                                        \

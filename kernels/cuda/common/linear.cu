@@ -173,6 +173,27 @@ __device__ void gemm_impl(T* __restrict__ y, const T* __restrict__ x, const T* _
   }
 }
 
+// Any K (no alignment needed): warp per (m, n). For shapes the fast paths cannot take.
+template <typename T>
+__device__ void linear_scalar_impl(T* y, const T* x, const T* w, const T* bias, int M, int N,
+                                   int K) {
+  long long idx = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  int lane = threadIdx.x & 31;
+  if (idx >= (long long)M * N) return;
+  int m = idx / N, n = idx % N;
+  float s = 0.f;
+  for (int k = lane; k < K; k += 32) s += to_f32(x[(long long)m * K + k]) * to_f32(w[(long long)n * K + k]);
+  s = warp_sum(s);
+  if (lane == 0) y[idx] = from_f32<T>(s + (bias ? to_f32(bias[n]) : 0.f));
+}
+
+#define LINEAR_SCALAR(T, S)                                                                   \
+  extern "C" __global__ void linear_scalar_##S(T* y, const T* x, const T* w, const T* b,     \
+                                               int M, int N, int K) {                         \
+    linear_scalar_impl<T>(y, x, w, b, M, N, K);                                               \
+  }
+INSTANTIATE(LINEAR_SCALAR)
+
 #define GEMV(T, S, MT)                                                                        \
   extern "C" __global__ void __launch_bounds__(256) gemv_##S##_m##MT(                        \
       T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0) {             \

@@ -78,11 +78,14 @@ class CudaOps(AttentionOps, SamplingOps):
     def linear(self, x: DeviceArray, weight: DeviceArray, bias: DeviceArray | None = None):
         K, N = x.shape[-1], weight.shape[0]
         M = x.size // K if K else 0
-        _need_vec("linear", x, weight, last=K)
         y = self._out((*x.shape[:-1], N), x.dtype)
         if M == 0:
             return y
         v = variant_of(x.dtype)
+        if K % 8 or x.ptr % 16 or weight.ptr % 16:
+            self._launch(self._k("linear", x.dtype, "linear_scalar"), -(-M * N // 8), 256,
+                         y, x, weight, bias, M, N, K)
+            return y
         if M <= GEMV_MAX_M or v == "f32":
             for m0 in range(0, M, GEMV_MAX_M):
                 mt = next(t for t in (1, 2, 4, 8) if t >= min(M - m0, GEMV_MAX_M))
@@ -112,10 +115,12 @@ class CudaOps(AttentionOps, SamplingOps):
 
     def _act_and_mul(self, x: DeviceArray, name: str) -> DeviceArray:
         d = x.shape[-1] // 2
-        _need_vec(name, x, last=d)
         rows = x.size // (2 * d) if d else 0
         out = self._out((*x.shape[:-1], d), x.dtype)
-        if rows:
+        if rows and (d % 8 or x.ptr % 16):
+            self._launch(self._k("elementwise", x.dtype, f"{name}_scalar"),
+                         min(-(-out.size // 256), 8192), 256, out, x, d, np.int64(out.size))
+        elif rows:
             self._launch(self._k("elementwise", x.dtype, name), (-(-d // 1024), rows), 128,
                          out, x, d)
         return out

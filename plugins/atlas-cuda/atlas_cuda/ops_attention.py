@@ -10,7 +10,7 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 class AttentionOps:
