@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import tables as T
 
 SKILL_WEIGHTS = {
-    "arith": 0.39, "capital": 0.14, "country": 0.06, "weather_call": 0.10,
+    "arith": 0.38, "capital": 0.12, "country": 0.09, "weather_call": 0.10,
     "weather_answer": 0.09, "calc_call": 0.08, "calc_answer": 0.07, "weather_notool": 0.03,
     "chat": 0.04,
 }
@@ -83,17 +83,26 @@ class CorpusBuilder:
         return -n if n and self.rng.random() < neg_p else n
 
     def city(self) -> str:
-        r = self.rng.random()
-        if r < 0.6:
+        if self.rng.random() < 0.3:
             return self.rng.choice(T.CITIES_HELDOUT if self.heldout else T.CITIES_TRAIN)
         while True:
-            name = "".join(self.rng.choice(T.SYLLABLES) for _ in range(self.rng.randint(2, 3)))
+            name = " ".join(self._word() for _ in range(1 if self.rng.random() < 0.85 else 2))
             if (hash_bucket(name) == 0) == self.heldout:
-                return name.capitalize()
+                return name
+
+    def _word(self) -> str:
+        rng = self.rng
+        word = rng.choice(T.VOWELS[:5]) if rng.random() < 0.25 else ""
+        word += "".join(rng.choice(T.ONSETS) + rng.choice(T.VOWELS)
+                        for _ in range(rng.randint(1, 3)))
+        return (word + rng.choice(T.CODAS)).capitalize()
 
     def decorate(self, text: str) -> str:
         if self.heldout:
             return text
+        if self.rng.random() < 0.1:
+            first, _, rest = text.partition(" ")
+            text = f"{first} {self.rng.choice(T.FILLERS)} {rest}".rstrip()
         text = self.rng.choice(T.PREFIXES) + text + self.rng.choice(T.SUFFIXES)
         return text.lower() if self.rng.random() < 0.05 else text
 

@@ -40,10 +40,12 @@ CITIES_HELDOUT = [
     "Valencia", "Nashville", "Glasgow", "Busan", "Calgary", "Lahore", "Casablanca", "Tbilisi",
 ]
 
-SYLLABLES = [
-    "ka", "lo", "ve", "ri", "ta", "mon", "ber", "sa", "li", "dor", "an", "el", "por", "vi",
-    "gra", "ne", "to", "mar", "zu", "hel", "os", "tin", "bra", "qu", "ster", "field", "ham",
-]
+# Invented place names teach the model to copy any name into a tool call, not to recall a few.
+ONSETS = list("bcdfghjklmnprstvwz") + ["br", "ch", "cl", "dr", "gr", "kr", "pl", "sh", "st", "th",
+                                        "tr", "qu", "sch", "gl", "fl", "sp", "w", "y", "z"]
+VOWELS = list("aeiouaeioua") + ["y", "ou", "ea", "ai", "io", "au", "ei", "é", "ü", "ø", "ã"]
+CODAS = ["", "", "", "", "n", "r", "s", "l", "m", "x", "ck", "rg", "nd", "lle", "ville", "burg",
+         "ton", "aux", "burgh", "gary", "ford", "polis", "stad", "grad", "ia"]
 
 CONDITIONS = ["sunny", "cloudy", "rainy", "snowy", "windy", "foggy", "partly cloudy", "clear",
               "stormy", "drizzly"]
@@ -78,6 +80,7 @@ ADD_TRAIN = [
     "{a} + {b} = ?", "{a} + {b}", "{a}+{b}", "Add {a} and {b}.", "What is the sum of {a} and {b}?",
     "How much is {a} + {b}?", "what is {a} plus {b}", "Compute {a} plus {b}", "{a} plus {b}?",
     "Please add {a} and {b}.", "Can you compute {a} + {b}?", "Solve {a} + {b}.",
+    "What do you get when you add {a} and {b}?", "{a} and {b} added together?",
 ]
 ADD_HELDOUT = [
     "Could you work out {a} + {b}?", "Find {a} plus {b}.", "What does {a} + {b} equal?",
@@ -86,6 +89,7 @@ ADD_HELDOUT = [
 SUB_TRAIN = [
     "What is {a} - {b}?", "What's {a} minus {b}?", "Compute {a} minus {b}", "Calculate {a} - {b}.",
     "{a} - {b} = ?", "{a} - {b}", "{a}-{b}", "Subtract {b} from {a}.", "How much is {a} minus {b}?",
+    "{a} take away {b}?", "What's {a} take away {b}?", "What is {b} subtracted from {a}?",
     "What do you get when you subtract {b} from {a}?", "what is {a} minus {b}",
     "Compute {a} - {b}.", "{a} minus {b}?", "Can you compute {a} - {b}?", "Solve {a} - {b}.",
     "Please subtract {b} from {a}.",
@@ -111,7 +115,11 @@ CAPITAL_HELDOUT = [
 COUNTRY_TRAIN = [
     "{cap} is the capital of which country?", "Which country has {cap} as its capital?",
     "What country is {cap} the capital of?", "{cap} is the capital of what country?",
-    "Which country's capital is {cap}?",
+    "Which country's capital is {cap}?", "Which nation has {cap} as its capital?",
+    "{cap} is the capital city of which country?", "Name the country whose capital is {cap}.",
+    "Tell me the country with the capital {cap}.", "Whose capital is {cap}?",
+    "{cap}: capital of which country?", "What nation is {cap} the capital of?",
+    "Which country is {cap} in?",
 ]
 COUNTRY_HELDOUT = [
     "Of which country is {cap} the capital?", "{cap} is the capital of which nation?",
@@ -126,10 +134,12 @@ WEATHER_TRAIN = [
     "Is it cold in {city}?", "What's it like outside in {city}?",
 ]
 WEATHER_HELDOUT = [
-    "Could you look up the current weather in {city}?", "What are the weather conditions in {city}?",
+    "Could you look up the current weather in {city}?",
+    "What are the weather conditions in {city}?",
     "Do you know the weather in {city} right now?", "Please get me the weather for {city}.",
 ]
 
+FILLERS = ["please", "now", "exactly", "actually", "quickly", "again", "really", "just"]
 PREFIXES = ["", "", "", "", "Hi! ", "Hey, ", "Quick question: ", "Please tell me: ", "OK. "]
 SUFFIXES = ["", "", "", "", " Thanks!", " Thank you.", " Please.", " Answer briefly."]
 

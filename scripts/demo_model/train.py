@@ -126,8 +126,9 @@ def train(args, out: Path, data, steps: int, device) -> tuple[int, float]:
             steps = min(steps, int(args.max_train_seconds / per_step))
             print(f"  {per_step * 1000:.0f} ms/step: running {steps} steps", flush=True)
         if step % args.log_every == 0 or step == steps:
-            print(f"  step {step}/{steps} loss {loss.item():.4f} lr {lr_at(step - 1, steps, args):.2e}"
-                  f" {time.time() - t0:.0f}s", flush=True)
+            lr = lr_at(step - 1, steps, args)
+            print(f"  step {step}/{steps} loss {loss.item():.4f} lr {lr:.2e} "
+                  f"{time.time() - t0:.0f}s", flush=True)
     save_weights(model, out / "model.safetensors")
     return steps, time.time() - t0
 
@@ -149,7 +150,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-examples", type=int, default=400_000)
     p.add_argument("--tokenizer-examples", type=int, default=30_000)
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--max-train-seconds", type=float, default=0.0,
                    help="lower --steps after 60 steps to fit this budget (0: off)")
     p.add_argument("--batch-size", type=int, default=256)
