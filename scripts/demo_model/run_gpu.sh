@@ -8,10 +8,7 @@ mkdir -p "$OUT"
 cd "$(dirname "$0")" || exit 1
 nvidia-smi -L
 python3 -c "import torch, transformers, tokenizers as t; print(torch.__version__, transformers.__version__, t.__version__)"
-python3 train.py --out /tmp/cpu-demo --device cpu \
-    --num-examples 20000 --steps 3 --log-every 1 --workers 2 >"$OUT/cpu.log" 2>&1 ) &
 python3 train.py --out "$OUT/atlas-demo" --repro-steps 40 \
     --max-train-seconds "${TRAIN_SECONDS:-230}" 2>&1 | tee "$OUT/train.log" || exit 1
 python3 eval.py --hf --device cuda --model "$OUT/atlas-demo" --json "$OUT/eval.json" 2>&1 \
     | grep -v "Loading weights" | tee -a "$OUT/train.log"
-wait
