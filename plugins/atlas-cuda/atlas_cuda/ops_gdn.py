@@ -1,0 +1,178 @@
+"""Gated DeltaNet ops of the cuda backend (``kernels/cuda/common/gdn.cu`` and ``delta_rule.cu``).
+
+Same signatures and semantics as :mod:`atlas_core.ops.gdn`: state pools are float32, updated in
+place; ``state_indices[b] < 0`` marks a padding row whose state is neither read nor written; a
+sequence whose ``seq_lens[b]`` equals its query count starts from a zero state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_cuda.array import DeviceArray
+
+#: Longest depthwise conv kernel the conv1d kernels keep in registers.
+CONV_KMAX = 8
+#: Channels per block of the prefill conv (must match CONV_CHANNELS in gdn.cu).
+CONV_CHANNELS = 64
+#: Threads per block of the delta-rule kernel and state rows each thread keeps in registers.
+DELTA_THREADS, DELTA_ROWS = 128, 32
+
+
+def _need_f32_pool(name: str, pool: DeviceArray) -> None:
+    if pool.dtype != np.float32:
+        raise TypeError(f"{name}: the cuda backend keeps recurrent state in float32 pools, "
+                        f"got {pool.dtype}; declare the RecurrentStateSpec with dtype float32")
+
+
+def _need_same_dtype(name: str, x: DeviceArray, *others: DeviceArray | None) -> None:
+    for o in others:
+        if o is not None and o.dtype != x.dtype:
+            raise TypeError(f"{name}: expected every array in {x.dtype}, got {o.dtype}")
+
+
+def _activation_flag(name: str, activation: str | None) -> int:
+    if activation not in (None, "silu"):
+        raise ValueError(f"{name}: unsupported activation {activation!r}; use 'silu' or None")
+    return int(activation == "silu")
+
+
+def _conv_args(name: str, x, weight, bias, conv_states) -> tuple[int, int]:
+    dim, k = weight.shape[0], weight.shape[-1]
+    _need_f32_pool(name, conv_states)
+    _need_same_dtype(name, x, weight, bias)
+    if not 1 <= k <= CONV_KMAX:
+        raise ValueError(f"{name}: kernel size {k} is outside 1..{CONV_KMAX} on the cuda backend")
+    if x.shape[-1] != dim or conv_states.shape[1:] != (k - 1, dim):
+        raise ValueError(f"{name}: x {x.shape}, weight {weight.shape} and conv_states "
+                         f"{conv_states.shape} do not agree on [dim, kernel_size]")
+    return dim, k
+
+
+def _lanes(head_k_dim: int) -> int:
+    """Threads sharing one state column: a power of two giving each <= DELTA_ROWS rows."""
+    lanes = 1
+    while lanes * DELTA_ROWS < head_k_dim:
+        lanes *= 2
+    if lanes > 32:
+        raise ValueError(f"gated_delta_rule: head_k_dim {head_k_dim} is above the cuda kernel "
+                         f"limit {32 * DELTA_ROWS}")
+    return lanes
+
+
+class GdnOps:
+    """Mixed into :class:`atlas_cuda.ops.CudaOps`."""
+
+    def causal_conv1d(self, x: DeviceArray, weight: DeviceArray, bias: DeviceArray | None,
+                      conv_states: DeviceArray, cu_seqlens: DeviceArray, seq_lens: DeviceArray,
+                      state_indices: DeviceArray, activation: str | None = "silu") -> DeviceArray:
+        silu = _activation_flag("causal_conv1d", activation)
+        dim, k = _conv_args("causal_conv1d", x, weight, bias, conv_states)
+        out = self._out(x.shape, x.dtype)
+        num_seqs = state_indices.shape[0]
+        if num_seqs:
+            token_lanes = 4 if x.shape[0] > num_seqs else 1
+            self._launch(self._k("gdn", x.dtype, "causal_conv1d"),
+                         (-(-dim // CONV_CHANNELS), num_seqs), CONV_CHANNELS * token_lanes,
+                         out, x, weight, bias, conv_states, cu_seqlens, seq_lens, state_indices,
+                         dim, k, silu)
+        return out
+
+    def causal_conv1d_update(self, x: DeviceArray, weight: DeviceArray, bias: DeviceArray | None,
+                             conv_states: DeviceArray, seq_lens: DeviceArray,
+                             state_indices: DeviceArray,
+                             activation: str | None = "silu") -> DeviceArray:
+        silu = _activation_flag("causal_conv1d_update", activation)
+        dim, k = _conv_args("causal_conv1d_update", x, weight, bias, conv_states)
+        out = self._out(x.shape, x.dtype)
+        if x.shape[0]:
+            self._launch(self._k("gdn", x.dtype, "causal_conv1d_update"),
+                         (-(-dim // 128), x.shape[0]), 128, out, x, weight, bias, conv_states,
+                         seq_lens, state_indices, dim, k, silu)
+        return out
+
+    def _delta_rule(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                    num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale, use_qk_l2norm):
+        name = "gated_delta_rule"
+        _need_f32_pool(name, ssm_states)
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"{name}: num_v_heads {num_v_heads} is not a multiple of "
+                             f"num_k_heads {num_k_heads}")
+        width = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+        if qkv.shape[-1] != width:
+            raise ValueError(f"{name}: qkv rows have {qkv.shape[-1]} values, the heads "
+                             f"give {width}")
+        num_tokens, num_seqs = qkv.shape[0], state_indices.shape[0]
+        out = self._out((num_tokens, num_v_heads, head_v_dim), qkv.dtype)
+        if not num_tokens or not num_seqs:
+            return out
+        lanes = _lanes(head_k_dim)
+        cols = DELTA_THREADS // lanes
+        scale = head_k_dim ** -0.5 if scale is None else scale
+        self._launch(self._k("delta_rule", qkv.dtype, "gated_delta_rule"),
+                     (-(-head_v_dim // cols), num_v_heads, num_seqs), DELTA_THREADS,
+                     out, qkv, self._f32(g), self._f32(beta), ssm_states, cu_seqlens, seq_lens,
+                     state_indices, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                     float(scale), int(use_qk_l2norm), lanes, shmem=16 * head_k_dim)
+        return out
+
+    def gated_delta_rule_recurrent(self, qkv: DeviceArray, g: DeviceArray, beta: DeviceArray,
+                                   ssm_states: DeviceArray, cu_seqlens: DeviceArray,
+                                   seq_lens: DeviceArray, state_indices: DeviceArray, *,
+                                   num_k_heads: int, num_v_heads: int, head_k_dim: int,
+                                   head_v_dim: int, scale: float | None = None,
+                                   use_qk_l2norm: bool = True) -> DeviceArray:
+        return self._delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                                num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale,
+                                use_qk_l2norm)
+
+    def gated_delta_rule_chunked(self, qkv: DeviceArray, g: DeviceArray, beta: DeviceArray,
+                                 ssm_states: DeviceArray, cu_seqlens: DeviceArray,
+                                 seq_lens: DeviceArray, state_indices: DeviceArray, *,
+                                 num_k_heads: int, num_v_heads: int, head_k_dim: int,
+                                 head_v_dim: int, scale: float | None = None,
+                                 use_qk_l2norm: bool = True, chunk_size: int = 64) -> DeviceArray:
+        # Token-sequential for now (exact, chunk_size only changes the reference's rounding);
+        # a chunked WY kernel for long prefills is issue 6 follow-up work.
+        return self._delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                                num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale,
+                                use_qk_l2norm)
+
+    def gdn_gating(self, ba: DeviceArray, A_log: DeviceArray, dt_bias: DeviceArray):
+        num_heads = ba.shape[-1] // 2
+        rows = ba.size // ba.shape[-1] if ba.shape[-1] else 0
+        g, beta = self._out((rows, num_heads), np.float32), self._out((rows, num_heads), np.float32)
+        n = rows * num_heads
+        if n:
+            self._launch(self._k("gdn", ba.dtype, "gdn_gating"), min(-(-n // 256), 4096), 256,
+                         g, beta, ba, self._f32(A_log), self._f32(dt_bias), num_heads,
+                         np.int64(n))
+        return g, beta
+
+    def rms_norm_gated(self, x: DeviceArray, gate: DeviceArray, weight: DeviceArray,
+                       eps: float) -> DeviceArray:
+        _need_same_dtype("rms_norm_gated", x, gate)
+        d = x.shape[-1]
+        rows = x.size // d if d else 0
+        out = self._out(x.shape, x.dtype)
+        if not rows:
+            return out
+        if weight.dtype == x.dtype:
+            k = self._k("gdn", x.dtype, "rms_norm_gated")
+        else:
+            weight = self._f32(weight)
+            k = self._k("gdn", x.dtype, "rms_norm_gated_wf32")
+        self._launch(k, -(-rows // 4), 128, out, x, gate, weight, float(eps), d, np.int64(rows))
+        return out
+
+    def sigmoid_mul(self, x: DeviceArray, gate: DeviceArray) -> DeviceArray:
+        _need_same_dtype("sigmoid_mul", x, gate)
+        d, width = x.shape[-1], gate.shape[-1]
+        if width not in (d, 1) or gate.size != (x.size // d if d else 0) * width:
+            raise ValueError(f"sigmoid_mul: gate {gate.shape} must be [rows, {d}] or [rows, 1] "
+                             f"for x {x.shape}")
+        out = self._out(x.shape, x.dtype)
+        if x.size:
+            self._launch(self._k("gdn", x.dtype, "sigmoid_mul"), min(-(-x.size // 256), 8192),
+                         256, out, x, gate, d, width, np.int64(x.size))
+        return out
