@@ -10,6 +10,8 @@ import numpy as np
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_attention import AttentionOps
+from atlas_cuda.ops_gdn import GdnOps
+from atlas_cuda.ops_guided import GuidedOps
 from atlas_cuda.ops_sampling import SamplingOps
 
 #: Largest M served by the GEMV kernels; above it bf16/f16 go to the tensor-core GEMM.
@@ -31,7 +33,7 @@ def _threads(n: int, cap: int) -> int:
     return min(cap, max(32, -(-n // 32) * 32))
 
 
-class CudaOps(AttentionOps, SamplingOps):
+class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
     """Op wrappers; outputs come from the backend's step workspace."""
 
     def __init__(self, backend: Any) -> None:
