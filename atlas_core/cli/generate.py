@@ -81,6 +81,9 @@ def run(args) -> int:
         llm = LLM(args.model, backend=args.backend, dtype=args.dtype, max_seq_len=args.max_seq_len,
                   num_kv_blocks=args.num_kv_blocks,
                   gpu_memory_utilization=args.gpu_memory_utilization)
+        if llm.tokenizer is None:
+            raise UserError(f"{args.model} has no tokenizer (tokenizer.json + "
+                            "tokenizer_config.json); copy them from the original model")
         params = _sampling_params(llm, args)
         if args.chat:
             conversations = [[{"role": "user", "content": p}] for p in prompts]

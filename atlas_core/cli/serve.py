@@ -24,6 +24,13 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * 1024 ** " KMG".index(match.group(2).upper() or " ")
 
 
+def parse_port(text: str) -> int:
+    """A TCP port number, 0-65535 (0 picks a free port)."""
+    if not text.strip().isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {text!r} (use 1-65535, e.g. 8888)")
+    return int(text)
+
+
 def parse_json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -77,7 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--host", "--bind", default="127.0.0.1", metavar="ADDR",
                    help="address to listen on (default 127.0.0.1, this machine only; use "
                    "0.0.0.0 to accept other machines and containers)")
-    s.add_argument("--port", type=int, default=8888, help="HTTP port (default 8888)")
+    s.add_argument("--port", type=parse_port, default=8888, help="HTTP port (default 8888)")
     s.add_argument("--api-key", "--auth-token", action="append", default=[], metavar="KEY",
                    help="require this key (Bearer or x-api-key; repeatable)")
     s.add_argument("--auth-tokens-file", default=None, metavar="PATH",
@@ -177,6 +184,17 @@ def check_model(args) -> None:
     if looks_local and not (path / "config.json").is_file():
         raise UserError(f"{source} is not a model directory (no config.json there); pass a "
                         "directory holding config.json + *.safetensors, or a Hugging Face id")
+    check_backend(args.backend)
+
+
+def check_backend(name: str | None) -> None:
+    """Fail before binding the port when ``--backend`` names no installed backend."""
+    from atlas_core.cli import UserError
+    from atlas_core.plugins import Registry
+    names = Registry().names("gpu_backends")
+    if name is not None and name not in names:
+        raise UserError(f"--backend {name}: no such GPU backend; installed: {', '.join(names)} "
+                        "(`atlas plugins` lists them; install the plugin that provides it)")
 
 
 def server_config(args):
@@ -219,7 +237,7 @@ def describe(engine, names: list[str]) -> str:
 
 
 def run(args) -> int:
-    from atlas_core.cli import UserError
+    from atlas_core.cli import UserError, error_message
     from atlas_core.engine import AsyncLLMEngine, LLMEngine
     from atlas_core.server import create_app
     from atlas_core.server.launch import bind_socket, make_server
@@ -239,7 +257,7 @@ def run(args) -> int:
         try:
             engine = LLMEngine.from_args(eargs)
         except Exception as exc:
-            failure.append(f"cannot load {args.model or DEMO_NAME}: {exc}")
+            failure.append(f"cannot load {args.model or DEMO_NAME}: {error_message(exc)}")
             server.should_exit = True
             raise
         print(describe(engine, config.served_model_names), flush=True)

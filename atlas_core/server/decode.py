@@ -26,6 +26,15 @@ def param_of(message: str) -> str | None:
     return prefix or None
 
 
+def _drop_nulls(raw, schema):
+    """``raw`` without top-level ``null`` values of optional fields: clients (LangChain,
+    LiteLLM, JS SDKs) send ``"n": null`` or ``"stream": null`` to mean "the default"."""
+    if not isinstance(raw, dict):
+        return raw
+    optional = {f.encode_name for f in msgspec.structs.fields(schema) if not f.required}
+    return {k: v for k, v in raw.items() if v is not None or k not in optional}
+
+
 def decode_body(body: bytes, schema: type[T]) -> T:
     """Decode a JSON request body into ``schema``.
 
@@ -41,7 +50,12 @@ def decode_body(body: bytes, schema: type[T]) -> T:
         raise APIError(400, f"request body is not valid UTF-8 (bad byte at offset {exc.start})",
                        code="invalid_encoding") from None
     try:
-        return msgspec.json.decode(body, type=schema)
+        try:
+            return msgspec.json.decode(body, type=schema)
+        except msgspec.ValidationError as exc:
+            if "got `null`" not in str(exc):
+                raise
+            return msgspec.convert(_drop_nulls(msgspec.json.decode(body), schema), schema)
     except msgspec.ValidationError as exc:
         message = str(exc)
         param = param_of(message)

@@ -95,6 +95,7 @@ class GenerationStream:
         self._tasks: list[asyncio.Task] = []
         self._groups: dict[str, list[Choice]] = {}
         self._early_errors: list[Exception] = []
+        self._recorded: set[int] = set()
         self._closed = False
 
     async def _pump(self, request_id: str, choices: list[Choice]) -> None:
@@ -157,7 +158,8 @@ class GenerationStream:
                      choice.stop_reason)
 
     def _finish(self, choice: Choice) -> None:
-        if self.metrics:
+        if self.metrics and choice.index not in self._recorded:
+            self._recorded.add(choice.index)
             self.metrics.on_finish(self, choice)
 
     def _abort_delta(self, choice: Choice) -> Delta:
@@ -230,6 +232,9 @@ class GenerationStream:
                     await self.engine.abort(rid)
                 except Exception:  # noqa: BLE001 - aborting a finished request is harmless
                     pass
+        for choice in self.choices:
+            if choice.finish_reason is None and choice.token_ids:
+                self._finish(choice)
         for task in self._tasks:
             task.cancel()
 

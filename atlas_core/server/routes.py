@@ -51,7 +51,11 @@ async def list_models(request: Request) -> Response:
 @get("/v1/models/{model_id:path}")
 async def get_model(request: Request, model_id: FromPath[str]) -> Response:
     state = request.app.state.atlas
-    return json_response(_model_card(state, state.resolve_model(model_id.lstrip("/"))))
+    name = model_id[1:] if model_id.startswith("/") else model_id
+    served = state.config.served_model_names
+    if name not in served and f"/{name}" in served:
+        name = f"/{name}"  # a local path served as named: the router folds its "//"
+    return json_response(_model_card(state, state.resolve_model(name)))
 
 
 @post("/tokenize", status_code=200)

@@ -1,0 +1,73 @@
+"""QA regressions found by driving the server the way real clients do."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from atlas_core.server import ServerConfig, create_app
+from atlas_core.server.launch import ServerThread
+from test_server_support import FakeAsyncEngine, wait_until
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    config = ServerConfig(served_model_names=["/models/qwen3", "qwen3", "Qwen/Qwen3-0.6B"])
+    engine = FakeAsyncEngine(delay=0.002)
+    with ServerThread(create_app(engine, config)) as srv:
+        with httpx.Client(base_url=srv.url, timeout=10) as client:
+            yield client
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 3, "n": None, "stream": None,
+                              "logprobs": None, "temperature": None, "stop": None}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "n": None, "echo": None,
+                         "stream": None}),
+    ("/v1/messages", {"model": "qwen3", "max_tokens": 3, "messages": USER, "stream": None,
+                      "system": None, "tools": None}),
+])
+def test_null_means_default(server, path, body):
+    """LangChain / LiteLLM / JS clients send explicit nulls for unset optional fields."""
+    r = server.post(path, json=body)
+    assert r.status_code == 200, r.text
+
+
+def test_null_in_required_field_still_names_it(server):
+    r = server.post("/v1/chat/completions", json={"messages": None})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_nested_nulls_are_kept(server):
+    r = server.post("/v1/chat/completions", json={
+        "messages": USER, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": None}})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("name", ["/models/qwen3", "qwen3", "Qwen/Qwen3-0.6B"])
+def test_model_card_for_every_served_name(server, name):
+    """Served names include local paths (leading slash) and hub ids (inner slash)."""
+    r = server.get(f"/v1/models/{name}")
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == name
+
+
+def _metric(client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_disconnected_stream_counts_its_tokens(server):
+    before = _metric(server, "atlas_generation_tokens_total")
+    body = {"messages": USER, "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with server.stream("POST", "/v1/chat/completions", json=body) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 10:
+                break
+    assert wait_until(lambda: _metric(server, "atlas_num_requests_running") == 0)
+    after = _metric(server, "atlas_generation_tokens_total")
+    assert 0 < after - before < 400
