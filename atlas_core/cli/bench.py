@@ -17,6 +17,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens generated per request")
     p.add_argument("--concurrency", default="1", help="comma-separated batch sizes, e.g. 1,32")
     p.add_argument("--copy-mb", type=int, default=1024, help="bytes for the copy-bandwidth probe")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                   help="fraction of device memory the engine may take (room left for prefill "
+                        "workspace and the baseline)")
     p.add_argument("--baseline", choices=["none", "hf"], default="none",
                    help="also time HF transformers (needs torch + a CUDA GPU)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout)")
@@ -58,7 +61,8 @@ def run(args) -> int:
     engine_args = EngineArgs(model=path, backend=args.backend, max_num_seqs=max(concurrency),
                              max_prefill_tokens=max(args.prompt_len, 128),
                              max_seq_len=args.prompt_len + args.decode_tokens + 256,
-                             enable_prefix_caching=False)
+                             enable_prefix_caching=False,
+                             gpu_memory_utilization=args.gpu_memory_utilization)
     engine = LLMEngine.from_args(engine_args)
     backend = engine.backend
     cold = time.perf_counter() - start
