@@ -18,9 +18,9 @@ __device__ __forceinline__ int find_seq(const int* cu, int n, int t) {
   return lo;
 }
 
-template <typename T, int D, int HB>
-__device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, const T* kb,
-                          const T* vb, const int* block_tables, const int* seq_lens,
+template <typename T, typename C, int D, int HB>
+__device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, const C* kb,
+                          const C* vb, const int* block_tables, const int* seq_lens,
                           const int* cu_q, AttnArgs a) {
   constexpr int LPK = D / 8, KPW = 32 / LPK, NW = 4, NG = NW * KPW;
   __shared__ float sm_acc[NG][HB][D];
@@ -56,7 +56,7 @@ __device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, c
       } else {
         row = (long long)(cu_q[b] + j) * KH + kh;
       }
-      Vec8<T> kv, vv; kv.load(kb + row * D + dl * 8); vv.load(vb + row * D + dl * 8);
+      Vec8<C> kv, vv; kv.load(kb + row * D + dl * 8); vv.load(vb + row * D + dl * 8);
       kv.to_float(kf); vv.to_float(vf);
     } else {
 #pragma unroll
@@ -129,19 +129,22 @@ __device__ void attn_combine_impl(T* out, const float* part_acc, const float* pa
   }
 }
 
-#define ATTN_ONE(T, S, D, HB)                                                                 \
-  extern "C" __global__ void __launch_bounds__(128) attn_##S##_d##D##_h##HB(               \
-      T* out, float* pa, float* pm, const T* q, const T* k, const T* v, const int* bt,        \
+// attn[_fp8]_<dtype>_d<D>_h<HB>: _fp8 reads a float8_e4m3fn paged cache (head dims 64-256).
+#define ATTN_ONE(T, S, D, HB, C, CS)                                                          \
+  extern "C" __global__ void __launch_bounds__(128) attn##CS##_##S##_d##D##_h##HB(         \
+      T* out, float* pa, float* pm, const T* q, const C* k, const C* v, const int* bt,        \
       const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns, int nsp,           \
       float sc, float kvs) {                                                                  \
-    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                          \
-    attn_impl<T, D, HB>(out, pa, pm, q, k, v, bt, sl, cu, a);                          \
+    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                              \
+    attn_impl<T, C, D, HB>(out, pa, pm, q, k, v, bt, sl, cu, a);                              \
   }
-#define ATTN_HB(T, S, D)                                                                      \
-  ATTN_ONE(T, S, D, 1) ATTN_ONE(T, S, D, 2) ATTN_ONE(T, S, D, 4) ATTN_ONE(T, S, D, 8)
+#define ATTN_HB(T, S, D, C, CS)                                                               \
+  ATTN_ONE(T, S, D, 1, C, CS) ATTN_ONE(T, S, D, 2, C, CS) ATTN_ONE(T, S, D, 4, C, CS)         \
+  ATTN_ONE(T, S, D, 8, C, CS)
 #define ATTN(T, S)                                                                            \
-  ATTN_HB(T, S, 16) ATTN_HB(T, S, 32) ATTN_HB(T, S, 64) ATTN_HB(T, S, 128)                  \
-  ATTN_HB(T, S, 256)                                                                          \
+  ATTN_HB(T, S, 16, T, ) ATTN_HB(T, S, 32, T, ) ATTN_HB(T, S, 64, T, )                        \
+  ATTN_HB(T, S, 128, T, ) ATTN_HB(T, S, 256, T, )                                             \
+  ATTN_HB(T, S, 64, fp8, _fp8) ATTN_HB(T, S, 128, fp8, _fp8) ATTN_HB(T, S, 256, fp8, _fp8)    \
   extern "C" __global__ void attn_combine_##S(T* out, const float* pa, const float* pm,       \
                                               int D, int nsp, float kvs) {                    \
     attn_combine_impl<T>(out, pa, pm, D, nsp, kvs);                                           \

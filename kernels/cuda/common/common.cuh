@@ -60,6 +60,49 @@ template <> struct Vec8<float> {
   }
 };
 
+// float8_e4m3fn (KV caches): exact decode; encode rounds to nearest even and saturates to
+// +-448 (the NumPy reference gives NaN past 464, so only out-of-range values differ).
+struct fp8 { unsigned char x; };
+__device__ __forceinline__ float to_f32(fp8 v) {
+  u32 s = (u32)(v.x & 0x80) << 24, e = (v.x >> 3) & 15, m = v.x & 7;
+  if (e == 15 && m == 7) return __uint_as_float(s | 0x7fc00000u);
+  if (e == 0) { float f = (float)m * 0.001953125f; return s ? -f : f; }
+  return __uint_as_float(s | ((e + 120) << 23) | (m << 20));
+}
+template <> __device__ __forceinline__ fp8 from_f32<fp8>(float v) {
+  fp8 r;
+#if __CUDA_ARCH__ >= 890
+  unsigned short p;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(p) : "f"(0.f), "f"(v));
+  r.x = (unsigned char)(p & 0xff);
+#else
+  u32 bits = __float_as_uint(v), s = (bits >> 24) & 0x80;
+  float a = fminf(fabsf(v), 448.f);
+  if (v != v) { r.x = (unsigned char)(s | 0x7f); return r; }
+  if (a < 0.015625f) { r.x = (unsigned char)(s | __float2int_rn(a * 512.f)); return r; }
+  u32 b = __float_as_uint(a), mant = b & 0x7fffff, rem = mant & 0xfffff;
+  u32 q = ((((b >> 23) & 0xff) - 120) << 3) | (mant >> 20);
+  if (rem > 0x80000u || (rem == 0x80000u && (q & 1))) q++;
+  r.x = (unsigned char)(s | (q > 0x7e ? 0x7e : q));
+#endif
+  return r;
+}
+template <> struct Vec8<fp8> {
+  uint2 raw;
+  __device__ __forceinline__ void load(const fp8* p) { raw = *reinterpret_cast<const uint2*>(p); }
+  __device__ __forceinline__ void store(fp8* p) const { *reinterpret_cast<uint2*>(p) = raw; }
+  __device__ __forceinline__ void to_float(float* f) const {
+    const fp8* e = reinterpret_cast<const fp8*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = to_f32(e[i]);
+  }
+  __device__ __forceinline__ void from_float(const float* f) {
+    fp8* e = reinterpret_cast<fp8*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; i++) e[i] = from_f32<fp8>(f[i]);
+  }
+};
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import numpy as np
 
+from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_attention import AttentionOps
 from atlas_cuda.ops_gdn import GdnOps
 from atlas_cuda.ops_guided import GuidedOps
 from atlas_cuda.ops_sampling import SamplingOps
+
+log = logging.getLogger(__name__)
 
 #: Largest M served by the GEMV kernels; above it bf16/f16 go to the tensor-core GEMM.
 GEMV_MAX_M = 8
@@ -38,6 +42,22 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
 
     def __init__(self, backend: Any) -> None:
         self.be = backend
+        self._lt: Any = None
+
+    def _cublaslt(self) -> Any:
+        """The cuBLASLt GEMM (created on first use, never under capture), or None."""
+        if self._lt is None:
+            self._lt = False
+            mode = cuda_env.gemm_mode()
+            if mode != "mma":
+                from atlas_cuda.gemm_lt import CublasLtGemm, CublasLtUnavailable
+                try:
+                    self._lt = CublasLtGemm(self.be.stream)
+                except CublasLtUnavailable as exc:
+                    if mode == "cublaslt":
+                        raise
+                    log.info("%s; large matmuls use the mma.sync kernel", exc)
+        return self._lt or None
 
     def _k(self, module: str, dtype: Any, name: str, max_shmem: int = 0) -> Any:
         if dtype is None:
@@ -93,6 +113,9 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
                 mt = next(t for t in (1, 2, 4, 8) if t >= min(M - m0, GEMV_MAX_M))
                 k = self.be.kernels.kernel("linear", v, f"gemv_{v}_m{mt}")
                 self._launch(k, -(-N // 8), 256, y, x, weight, bias, M, N, K, m0)
+            return y
+        lt = self._cublaslt()
+        if lt is not None and lt(y, x, weight, bias, M, N, K):
             return y
         _, bm, bn, threads, stages = next(t for t in GEMM_TILES if M <= t[0])
         shmem = stages * (bm + bn) * 40 * x.dtype.itemsize

@@ -6,11 +6,13 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.ops._dtypes import float8_e4m3fn
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128, 256)
+FP8_HEAD_DIMS = (64, 128, 256)
 
 
 class AttentionOps:
@@ -23,7 +25,12 @@ class AttentionOps:
         if not t:
             return
         warps = min(8, num_heads + 2 * num_kv_heads)
-        kern = self._k("rope_cache", q.dtype, "rope_qkv")
+        norm_dtype = q_norm.dtype if q_norm is not None else q.dtype
+        if norm_dtype not in (q.dtype, np.float32):
+            raise TypeError(f"qk_norm_rope_and_cache: q/k norm weights in {norm_dtype}; use "
+                            f"{q.dtype} or float32")
+        name = "rope_qkv" + _cache_suffix(k_out, q) + ("" if norm_dtype == q.dtype else "_nf32")
+        kern = self._k("rope_cache", q.dtype, name)
         self._launch(kern, t, 32 * warps, q_out, k_out, v_out, q, k, v,
                      *(np.int64(s) for s in strides), positions, cos_sin_cache, slots, q_norm,
                      k_norm, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
@@ -40,9 +47,9 @@ class AttentionOps:
         return q_out, k_out
 
     def _check_cache(self, name: str, k: DeviceArray, k_cache: DeviceArray) -> None:
-        if k_cache.dtype != k.dtype:
+        if k_cache.dtype not in (k.dtype, float8_e4m3fn):
             raise TypeError(f"{name}: the cuda backend stores the KV cache in the activation dtype "
-                            f"({k.dtype}), not {k_cache.dtype}; use kv_cache_dtype='auto'")
+                            f"({k.dtype}) or float8_e4m3fn, not {k_cache.dtype}")
 
     def reshape_and_cache(self, k: DeviceArray, v: DeviceArray, k_cache: DeviceArray,
                           v_cache: DeviceArray, slot_mapping: DeviceArray,
@@ -50,7 +57,8 @@ class AttentionOps:
         self._check_cache("reshape_and_cache", k, k_cache)
         t = k.shape[0]
         if t:
-            self._launch(self._k("rope_cache", k.dtype, "reshape_and_cache"), t, 128, k_cache,
+            name = "reshape_and_cache" + _cache_suffix(k_cache, k)
+            self._launch(self._k("rope_cache", k.dtype, name), t, 128, k_cache,
                          v_cache, k, v, slot_mapping, k.size // t, float(1.0 / kv_scale))
 
     def qk_norm_rope_and_cache(self, qkv: DeviceArray, positions: DeviceArray,
@@ -89,7 +97,11 @@ class AttentionOps:
             part_acc = self._out((t * h * splits * d,), np.float32)
             part_ml = self._out((t * h * splits * 2,), np.float32)
         var = variant_of(q.dtype)
-        kern = self.be.kernels.kernel("attention", var, f"attn_{var}_d{d}_h{hb}")
+        fp8 = _cache_suffix(k, q)
+        if fp8 and d not in FP8_HEAD_DIMS:
+            raise ValueError(f"attention: a float8_e4m3fn KV cache needs head_dim in "
+                             f"{FP8_HEAD_DIMS} on cuda (got {d})")
+        kern = self.be.kernels.kernel("attention", var, f"attn{fp8}_{var}_d{d}_h{hb}")
         max_blocks = block_tables.shape[1] if block_tables is not None else 0
         self._launch(kern, (t, num_kv_heads * (group // hb), splits), 128, out, part_acc,
                      part_ml, q, k, v, block_tables, seq_lens, cu_seqlens, h, num_kv_heads,
@@ -115,3 +127,8 @@ class AttentionOps:
                           cu_seqlens: DeviceArray, scale: float) -> DeviceArray:
         return self._attention(q, k, v, None, None, cu_seqlens, cu_seqlens.shape[0] - 1,
                                k.shape[1], 1, max(q.shape[0], 1), scale, 1.0)
+
+
+def _cache_suffix(cache: DeviceArray | None, act: DeviceArray) -> str:
+    """``"_fp8"`` for a float8_e4m3fn KV cache (kernel name suffix), else ``""``."""
+    return "_fp8" if cache is not None and cache.dtype == float8_e4m3fn and act.dtype != cache.dtype else ""

@@ -1,0 +1,27 @@
+"""The ``ATLAS_CUDA_*`` environment variables of the cuda backend (listed in docs/env_vars.md)."""
+
+from __future__ import annotations
+
+import os
+
+GEMM_MODES = ("auto", "cublaslt", "mma")
+ATTENTION_MODES = ("auto", "flash", "simt")
+
+
+def _choice(name: str, allowed: tuple[str, ...]) -> str:
+    value = os.environ.get(name, allowed[0]).strip().lower() or allowed[0]
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not valid; use one of {', '.join(allowed)}")
+    return value
+
+
+def gemm_mode() -> str:
+    """``ATLAS_CUDA_GEMM``: matmuls with more than 8 rows: ``auto`` (cuBLASLt when
+    nvmath-python is installed, else the own mma.sync kernel), ``cublaslt`` (required) or ``mma``."""
+    return _choice("ATLAS_CUDA_GEMM", GEMM_MODES)
+
+
+def attention_mode() -> str:
+    """``ATLAS_CUDA_ATTENTION``: multi-token (prefill) attention: ``auto``/``flash`` (tensor-core
+    flash kernel for bf16/f16 with head_dim 64/128) or ``simt`` (the CUDA-core kernel only)."""
+    return _choice("ATLAS_CUDA_ATTENTION", ATTENTION_MODES)
