@@ -3,7 +3,8 @@ Qwen3.5 / Qwen3-Next checkpoints through the engine against the numpy backend.
 
 Tolerances: ops as the contract (``||out - ref|| / ||ref||``: float32 1e-5, bfloat16 1.2e-2,
 ten times looser for the delta rule's state recurrence); float32 engines must pick the same
-greedy tokens with top logprobs within 1e-4; bfloat16 logits within 3e-2 relative (norm).
+greedy tokens with top logprobs within 1e-4; bfloat16 logits (teacher-forced) no further from
+the float32 truth than twice the numpy backend's bfloat16 run.
 """
 
 import numpy as np
@@ -164,24 +165,52 @@ def test_hybrid_engine_greedy_matches_numpy(hybrid_paths, arch):
             np.testing.assert_allclose([v for _, v in lg.top], [v for _, v in lw.top], atol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_hybrid_bf16_logits_close_to_numpy(hybrid_paths, cuda_backend, arch):
+def _teacher_forced_logits(path, backend, registry, dtype=None):
     from atlas_core.model import load_model
-    from atlas_core.plugins import Registry
     from atlas_core.testing.forward import ForwardRunner
 
-    registry = Registry()
-    path = hybrid_paths[arch, "bfloat16"]
-    prompt = np.random.default_rng(5).integers(0, 370, 29).tolist()
-    logits = []
-    for backend in (cuda_backend, registry.create("gpu_backends", "numpy")):
-        runner = ForwardRunner(load_model(path, backend, registry=registry), backend, max_seqs=1)
-        rows = [runner.step([prompt], all_logits=True)[0]]
-        for _ in range(3):
-            rows.append(runner.step([[int(np.argmax(rows[-1][-1]))]])[0])
-        logits.append(np.concatenate(rows))
-    assert rel_error(*logits) < 3e-2
+    tokens = np.random.default_rng(5).integers(0, 370, 32).tolist()
+    model = load_model(path, backend, registry=registry, dtype=dtype)
+    runner = ForwardRunner(model, backend, max_seqs=1)
+    rows = [runner.step([tokens[:29]], all_logits=True)[0]]
+    rows += [runner.step([[t]])[0] for t in tokens[29:]]
+    return np.concatenate(rows)
 
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hybrid_bf16_logits_as_close_as_numpy(hybrid_paths, cuda_backend, arch):
+    """bfloat16 rounding alone moves tiny random hybrids' logits by 2-18% (numpy backend vs the
+    same weights in float32); the cuda backend must stay within twice what numpy's bf16 gets."""
+    from atlas_core.plugins import Registry
+
+    registry = Registry()
+    numpy_backend = registry.create("gpu_backends", "numpy")
+    path = hybrid_paths[arch, "bfloat16"]
+    truth = _teacher_forced_logits(path, numpy_backend, registry, "float32")
+    numpy_err = rel_error(_teacher_forced_logits(path, numpy_backend, registry), truth)
+    cuda_err = rel_error(_teacher_forced_logits(path, cuda_backend, registry), truth)
+    assert cuda_err < max(2 * numpy_err, 0.03), (cuda_err, numpy_err)
+
+
+def test_qk_norm_rope_float32_norm_weights(cuda_backend):
+    """Regression: Qwen3.5 keeps zero-centred q/k norms in float32 under bfloat16 activations;
+    the kernel read them as bfloat16."""
+    be, rng = cuda_backend, make_rng("rope_f32_norm")
+    h, kh, d, t = 4, 2, 32, 5
+    cs = ref.rope_cos_sin_cache(8, 64, {"rope_type": "default", "rope_theta": 10000.0})
+    pos = rng.integers(0, 64, t).astype(np.int32)
+    qkv = randn(rng, (t, (h + 2 * kh) * d), "bfloat16")
+    qn, kn = randn(rng, (d,)) + 1, randn(rng, (d,)) + 1
+    slots = np.arange(t, dtype=np.int32)
+    kc, vc = randn(rng, (2, 8, kh, d), "bfloat16"), randn(rng, (2, 8, kh, d), "bfloat16")
+    dk, dv = be.from_host(kc), be.from_host(vc)
+    kw = dict(num_heads=h, num_kv_heads=kh, head_dim=d, rotary_dim=8)
+    q = be.ops.qk_norm_rope_and_cache(be.from_host(qkv), be.from_host(pos), be.from_host(cs),
+                                      dk, dv, be.from_host(slots), q_norm=be.from_host(qn),
+                                      k_norm=be.from_host(kn), **kw)
+    want = ref.qk_norm_rope_and_cache(qkv, pos, cs, kc, vc, slots, q_norm=qn, k_norm=kn, **kw)
+    assert_close(be.to_host(q), want, "q")
+    assert_close(be.to_host(dk), kc, "k cache")
 
 def test_guided_json_on_cuda(hybrid_paths):
     """Structured output through apply_token_bitmask on the device (needs llguidance)."""
