@@ -25,6 +25,7 @@ __device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, c
   constexpr int LPK = D / 8, KPW = 32 / LPK, NW = 4, NG = NW * KPW;
   __shared__ float sm_acc[NG][HB][D];
   __shared__ float sm_m[NG][HB], sm_l[NG][HB];
+  pdl_trigger();
   int t = blockIdx.x, split = blockIdx.z;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, dl = lane % LPK;
   int H = a.num_heads, KH = a.num_kv_heads, G = H / KH, chunks = G / HB;
@@ -115,6 +116,7 @@ __device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, c
 template <typename T>
 __device__ void attn_combine_impl(T* out, const float* part_acc, const float* part_ml, int D,
                                   int S, float kv_scale) {
+  pdl_trigger();
   long long th = (long long)blockIdx.x * gridDim.y + blockIdx.y;
   const float* ml = part_ml + th * S * 2;
   float mx = NEG_INF;

@@ -103,6 +103,20 @@ template <> struct Vec8<fp8> {
   }
 };
 
+// Programmatic dependent launch (sm_90+). A kernel launched with PDL may start while the
+// previous one drains; pdl_wait() returns once that kernel's writes are visible (a no-op for
+// ordinary launches). pdl_trigger() lets the next PDL kernel start launching early.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -17,6 +17,7 @@ template <typename T, int MAXV>
 __device__ void rms_norm_impl(T* y, T* r_out, const T* x, const T* residual, const T* w,
                               float eps, int hidden, int zero_centered) {
   __shared__ float scratch[32];
+  pdl_trigger();
   long long row = (long long)blockIdx.x * hidden;
   float v[MAXV][8];
   float ss = 0.f;
@@ -81,6 +82,7 @@ __device__ void act_and_mul_scalar_impl(T* out, const T* x, int d, long long n) 
 // out[t, :d] = act(x[t, :d]) * x[t, d:]; grid (ceil(d / (8 * blockDim)), num_tokens).
 template <typename T, int GELU>
 __device__ void act_and_mul_impl(T* out, const T* x, int d) {
+  pdl_trigger();
   int i = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (i >= d) return;
   const T* row = x + (long long)blockIdx.y * 2 * d;

@@ -10,6 +10,11 @@ __device__ void gemv_impl(T* __restrict__ y, const T* __restrict__ x, const T* _
   int n = blockIdx.x * (blockDim.x >> 5) + warp;
   if (n >= N) return;
   const T* wrow = w + (long long)n * K;
+  // Weights do not depend on the previous kernel: start fetching them before waiting for it.
+  for (int u = 0; u < 4 && lane * 8 + u * 256 < K; u++)
+    asm volatile("prefetch.global.L2 [%0];\n" :: "l"(wrow + lane * 8 + u * 256));
+  pdl_trigger();
+  pdl_wait();
   float acc[MT];
 #pragma unroll
   for (int m = 0; m < MT; m++) acc[m] = 0.f;

@@ -25,3 +25,9 @@ def attention_mode() -> str:
     """``ATLAS_CUDA_ATTENTION``: multi-token (prefill) attention: ``auto``/``flash`` (tensor-core
     flash kernel for bf16/f16 with head_dim 64/128) or ``simt`` (the CUDA-core kernel only)."""
     return _choice("ATLAS_CUDA_ATTENTION", ATTENTION_MODES)
+
+
+def pdl_enabled() -> bool:
+    """``ATLAS_CUDA_PDL``: ``1`` (default) launches the GEMV kernels with programmatic dependent
+    launch on sm_90+ (their weight fetch overlaps the previous kernel's tail); ``0`` turns it off."""
+    return os.environ.get("ATLAS_CUDA_PDL", "1").strip() not in ("0", "false", "no", "off")

@@ -48,6 +48,7 @@ class KernelLibrary:
         self.cache_dir = cache_dir
         self.modules: dict[tuple[str, str], Any] = {}
         self.kernels: dict[tuple[str, str, str], Any] = {}
+        self.pdl_supported = True
 
     def kernel(self, module: str, variant: str, name: str, max_shmem: int = 0) -> Any:
         key = (module, variant, name)
@@ -64,9 +65,20 @@ class KernelLibrary:
                 _set_max_shmem(k, max_shmem, self.backend.device.device_id)
         return k
 
-    def launch(self, kernel: Any, grid: Any, block: Any, *args: Any, shmem: int = 0) -> None:
+    def launch(self, kernel: Any, grid: Any, block: Any, *args: Any, shmem: int = 0,
+               pdl: bool = False) -> None:
+        """Launch on the backend's stream; ``pdl``: programmatic dependent launch (the kernel
+        must call ``pdl_wait()`` before reading anything the previous kernel wrote)."""
         from cuda.core import LaunchConfig, launch
-        config = LaunchConfig(grid=grid, block=block, shmem_size=shmem)
+        config = None
+        if pdl and self.pdl_supported:
+            try:
+                config = LaunchConfig(grid=grid, block=block, shmem_size=shmem,
+                                      programmatic_stream_serialization=True)
+            except TypeError:  # cuda.core without PDL
+                self.pdl_supported = False
+        if config is None:
+            config = LaunchConfig(grid=grid, block=block, shmem_size=shmem)
         launch(self.backend.stream_obj, config, kernel, *[kernel_arg(a) for a in args])
 
 

@@ -43,6 +43,7 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
     def __init__(self, backend: Any) -> None:
         self.be = backend
         self._lt: Any = None
+        self._pdl = cuda_env.pdl_enabled() and tuple(backend.capability) >= (9, 0)
 
     def _cublaslt(self) -> Any:
         """The cuBLASLt GEMM (created on first use, never under capture), or None."""
@@ -112,7 +113,8 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
             for m0 in range(0, M, GEMV_MAX_M):
                 mt = next(t for t in (1, 2, 4, 8) if t >= min(M - m0, GEMV_MAX_M))
                 k = self.be.kernels.kernel("linear", v, f"gemv_{v}_m{mt}")
-                self._launch(k, -(-N // 8), 256, y, x, weight, bias, M, N, K, m0)
+                self.be.kernels.launch(k, -(-N // 8), 256, y, x, weight, bias, M, N, K, m0,
+                                       pdl=self._pdl)
             return y
         lt = self._cublaslt()
         if lt is not None and lt(y, x, weight, bias, M, N, K):
