@@ -1,5 +1,7 @@
-"""Tool-call edge cases end to end: no markup leaks, malformed and truncated calls come back as
-content with a clear finish reason (never a 500), parallel calls, tool_choice none/required."""
+"""Tool-call edge cases end to end: no markup leaks, text that is not a call and calls cut off
+before their arguments began come back as content with a clear finish reason (never a 500), a
+started call with malformed arguments keeps their raw text, parallel calls, tool_choice
+none/required."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ from test_agent_support import CALL, WEATHER_TOOL, agent_server
 USER = [{"role": "user", "content": "Weather in Paris and Rome?"}]
 ROME = CALL.replace("Paris", "Rome")
 BAD = '<tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call>'
+NOT_A_CALL = '<tool_call>\n{"name": get_weather}\n</tool_call>'
 REPLIES = {
     "mixed": "Let me check.\n" + CALL,
     "parallel": CALL + "\n" + ROME,
     "bad": BAD,
+    "notcall": NOT_A_CALL,
     "think": "<think>\nMaybe <tool_call> later.\n</think>\n\nChecking.\n" + CALL,
 }
 
@@ -85,11 +89,19 @@ def test_parallel_calls_and_parallel_false(client):
 
 
 def test_malformed_call_is_content(client):
-    choice = ask(client, "bad").choices[0]
-    assert choice.message.content == BAD and choice.finish_reason == "stop"
+    choice = ask(client, "notcall").choices[0]
+    assert choice.message.content == NOT_A_CALL and choice.finish_reason == "stop"
     assert choice.message.tool_calls is None
+    content, _, calls, finish = streamed(client, "notcall")
+    assert content == NOT_A_CALL and calls == [] and finish == "stop"
+
+
+def test_started_call_with_bad_arguments_keeps_raw_text(client):
+    choice = ask(client, "bad").choices[0]
+    assert choice.message.content is None and choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls[0].function.arguments == '{"city": Paris}'
     content, _, calls, finish = streamed(client, "bad")
-    assert content == BAD and calls == [] and finish == "stop"
+    assert content == "" and len(calls) == 1 and finish == "tool_calls"
 
 
 def test_truncated_call_is_content_with_length(client, server):

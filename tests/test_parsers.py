@@ -53,8 +53,16 @@ def _stream(parser, text: str, rng: random.Random | None) -> ParsedOutput:
     return out
 
 
+def _arguments(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def _calls(out: ParsedOutput) -> list[tuple[str, object]]:
-    return [(c.name, json.loads(c.arguments)) for c in out.tool_calls]
+    """``(name, arguments)`` per call: decoded JSON, or the raw text of a cut-off call."""
+    return [(c.name, _arguments(c.arguments)) for c in out.tool_calls]
 
 
 def check(make, text: str, content: str, calls: list, reasoning: str | None = ...) -> ParsedOutput:
@@ -70,6 +78,7 @@ def check(make, text: str, content: str, calls: list, reasoning: str | None = ..
         streamed = _stream(make(), text, None if seed is None else random.Random(seed))
         assert streamed.content == whole.content, seed
         assert _calls(streamed) == calls, seed
+        assert [c.arguments for c in streamed.tool_calls] == [c.arguments for c in whole.tool_calls]
         assert streamed.reasoning == (whole.reasoning or ""), seed
     return whole
 
@@ -85,8 +94,8 @@ HERMES_CASES = [
      '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich 🌧"}}\n</tool_call>',
      "Let me check both cities.", [("get_weather", {"city": "東京"}), ("get_weather", {"city": "Zürich 🌧"})]),
     ("The answer is 4. Use <b>bold</b> and a < b.", "The answer is 4. Use <b>bold</b> and a < b.", []),
-    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Par',
-     '<tool_call>{"name": "get_weather", "arguments": {"city": "Par', []),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Par', "", [("get_weather", '{"city": "Par')]),
+    ('<tool_call>{"name": "get_weather", "argu', '<tool_call>{"name": "get_weather", "argu', []),
     ('Sure <tool_call>{"name": get_weather}</tool_call> done', 'Sure <tool_call>{"name": get_weather}</tool_call> done', []),
     ('<tool_call>{"arguments": {}}</tool_call>\n<tool_call>{"name": "f", "parameters": {"x": 1}}</tool_call>\nOK',
      '<tool_call>{"arguments": {}}</tool_call>OK', [("f", {"x": 1})]),
@@ -135,8 +144,9 @@ def test_qwen3_coder_without_schema_keeps_strings():
      "", [("get_weather", {"days": "abc"})]),
     ("<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</function>\n</tool_call>",
      "", [("f", {"a": "1", "b": "2"})]),
-    (CODER_CALL[:80], CODER_CALL[:80], []),
-    (CODER_CALL[:-12], CODER_CALL[:-12], []),
+    (CODER_CALL[:80], "", [("get_weather", {"city": "New York"})]),
+    (CODER_CALL[:-12], "", [("get_weather", CODER_ARGS)]),
+    (CODER_CALL[:30], CODER_CALL[:30], []),
     ("<tool_call>\nnot xml at all\n</tool_call> tail", "<tool_call>\nnot xml at all\n</tool_call> tail", []),
 ])
 def test_qwen3_coder_cases(text, content, calls):
@@ -152,7 +162,7 @@ def mistral():
      "", [("get_weather", {"city": "Lyon"}), ("f", {})]),
     ('[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon", "days": [1, 2]}', "", [("get_weather", {"city": "Lyon", "days": [1, 2]})]),
     ('Checking.[TOOL_CALLS]a[ARGS]{"x": "}"}[TOOL_CALLS]b[ARGS]{}', "Checking.", [("a", {"x": "}"}), ("b", {})]),
-    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Ly', '[TOOL_CALLS]get_weather[ARGS]{"city": "Ly', []),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Ly', "", [("get_weather", '{"city": "Ly')]),
     ('[TOOL_CALLS][{"name": "x"', '[TOOL_CALLS][{"name": "x"', []),
     ("[TOOL_CALLS]bad name here[ARGS]{}", "[TOOL_CALLS]bad name here[ARGS]{}", []),
     ('[TOOL_CALLS][{"foo": 1}] then text', '[TOOL_CALLS][{"foo": 1}] then text', []),
@@ -178,7 +188,8 @@ def llama():
      [("a", {}), ("b", {"q": "ü"})]),
     ('Calling it now <|python_tag|>{"name": "a", "parameters": {"n": 1}}', "Calling it now", [("a", {"n": 1})]),
     ('{"answer": 42}', '{"answer": 42}', []),
-    ('{"name": "get_weather", "parameters": {"ci', '{"name": "get_weather", "parameters": {"ci', []),
+    ('{"name": "get_weather", "parameters": {"ci', "", [("get_weather", '{"ci')]),
+    ('{"name": "get_weather", "param', '{"name": "get_weather", "param', []),
     ('The JSON {"name": "x", "parameters": {}} is an example.', 'The JSON {"name": "x", "parameters": {}} is an example.', []),
     ('<|python_tag|>brave_search.call(query="x")', '<|python_tag|>brave_search.call(query="x")', []),
 ])

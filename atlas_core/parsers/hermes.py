@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from atlas_core.parsers.base import CallMatch, ToolParser, arguments_json
+from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, arguments_json
+from atlas_core.parsers.json_calls import json_call_head, skip_space
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -25,6 +26,22 @@ class HermesToolParser(ToolParser):
 
     name = "hermes"
     markers = (OPEN,)
+
+    def match_head(self, text: str, start: int, final: bool, continued: bool = False) -> CallHead:
+        close = text.find(CLOSE, start + len(OPEN))
+        end = close if close >= 0 else len(text)
+        pos = skip_space(text, start + len(OPEN), end)
+        if pos == end:
+            return CallHead("incomplete" if close < 0 and not final else "none")
+        if text[pos] != "{":
+            return CallHead("none")
+        return json_call_head(text, pos, final, end=end, stops=(CLOSE,))
+
+    def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
+        close = text.find(CLOSE, pos)
+        if close >= 0:
+            return CallMatch("complete", close + len(CLOSE))
+        return CallMatch("complete", len(text)) if final else CallMatch("incomplete")
 
     def match_call(self, text: str, start: int, final: bool) -> CallMatch:
         close = text.find(CLOSE, start + len(OPEN))

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import json
 
-from atlas_core.parsers.base import CallMatch, ToolParser
+from atlas_core.parsers.base import CallHead, CallMatch, ToolParser
 from atlas_core.parsers.hermes import call_from_json
+from atlas_core.parsers.json_calls import json_call_head, skip_space
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -28,16 +23,31 @@ class Llama3JsonToolParser(ToolParser):
     def find_start(self, text: str, pos: int, at_output_start: bool) -> int | None:
         tagged = super().find_start(text, pos, at_output_start)
         if at_output_start:
-            brace = _skip_space(text, pos)
+            brace = skip_space(text, pos)
             if brace < len(text) and text[brace] == "{" and (tagged is None or brace < tagged):
                 return brace
         return tagged
+
+    def match_head(self, text: str, start: int, final: bool, continued: bool = False) -> CallHead:
+        tagged = not continued and text.startswith(PYTHON_TAG, start)
+        pos = skip_space(text, start + len(PYTHON_TAG) if tagged else start)
+        if pos == len(text):
+            return CallHead("none" if final else "incomplete")
+        return json_call_head(text, pos, final) if text[pos] == "{" else CallHead("none")
+
+    def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
+        after = skip_space(text, pos)
+        if after == len(text) and not final:
+            return CallMatch("incomplete")
+        if after < len(text) and text[after] == ";":
+            return CallMatch("complete", after + 1, more=True)
+        return CallMatch("complete", pos)
 
     def match_call(self, text: str, start: int, final: bool) -> CallMatch:
         pos = start + len(PYTHON_TAG) if text.startswith(PYTHON_TAG, start) else start
         calls = []
         while True:
-            pos = _skip_space(text, pos)
+            pos = skip_space(text, pos)
             try:
                 value, end = _DECODER.raw_decode(text, pos)
             except ValueError:
@@ -46,12 +56,12 @@ class Llama3JsonToolParser(ToolParser):
             if call is None:
                 return CallMatch("invalid", end)
             calls.append(call)
-            pos = _skip_space(text, end)
+            pos = skip_space(text, end)
             if pos == len(text) and not final:
                 return CallMatch("incomplete")
             if pos < len(text) and text[pos] == ";":
                 pos += 1
-                if _skip_space(text, pos) == len(text) and final:
+                if skip_space(text, pos) == len(text) and final:
                     return CallMatch("complete", len(text), calls)
                 continue
             return CallMatch("complete", end, calls)

@@ -9,8 +9,9 @@ import random
 import re
 import string
 
-from atlas_core.parsers.base import CallMatch, ToolParser, arguments_json
+from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, arguments_json
 from atlas_core.parsers.hermes import call_from_json
+from atlas_core.parsers.json_calls import JsonArguments, json_call_head, skip_space
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _HEADER = re.compile(r"\s*([A-Za-z0-9_.\-]+)(?:\[CALL_ID\]([A-Za-z0-9]+))?")
@@ -31,6 +32,43 @@ class MistralToolParser(ToolParser):
 
     def __init__(self, tools=None, *, make_id=None) -> None:
         super().__init__(tools, make_id=make_id or mistral_call_id)
+
+    def match_head(self, text: str, start: int, final: bool, continued: bool = False) -> CallHead:
+        short = CallHead("none" if final else "incomplete")
+        pos = skip_space(text, start if continued else start + len(MARKER))
+        listed = continued or pos < len(text) and text[pos] == "["
+        if listed and not continued:
+            pos = skip_space(text, pos + 1)
+        if pos == len(text):
+            return short
+        if text[pos] == "{":
+            head = json_call_head(text, pos, final, stops=(MARKER,))
+            head.tail = "list" if listed else "object"
+            return head
+        return CallHead("none") if listed else self._named_head(text, pos, final)
+
+    def _named_head(self, text: str, pos: int, final: bool) -> CallHead:
+        args_at = text.find(ARGS, pos)
+        if args_at < 0:
+            return CallHead("none" if final else "incomplete")
+        header = _HEADER.fullmatch(text, pos, args_at)
+        body = skip_space(text, args_at + len(ARGS))
+        if header is None or body < len(text) and text[body] != "{":
+            return CallHead("none")
+        if body == len(text):
+            return CallHead("none" if final else "incomplete")
+        return CallHead("stream", header.group(1), header.group(2), body,
+                        JsonArguments((MARKER,), outer=False), "named")
+
+    def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
+        if head.tail != "list":
+            return CallMatch("complete", pos)
+        after = skip_space(text, pos)
+        if after == len(text):
+            return CallMatch("complete", after) if final else CallMatch("incomplete")
+        if text[after] in ",]":
+            return CallMatch("complete", after + 1, more=text[after] == ",")
+        return CallMatch("complete", pos)
 
     def match_call(self, text: str, start: int, final: bool) -> CallMatch:
         pos = start + len(MARKER)

@@ -10,11 +10,15 @@ import json
 import re
 from typing import Any
 
-from atlas_core.parsers.base import CallMatch, ToolParser
+from atlas_core.parsers.base import CallHead, CallMatch, ToolParser
+from atlas_core.parsers.json_calls import skip_space
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
+FUNCTION, END_FUNCTION = "<function=", "</function>"
+PARAMETER, END_PARAMETER = "<parameter=", "</parameter>"
+_VALUE_ENDS = (END_PARAMETER, PARAMETER, END_FUNCTION, CLOSE)
+_MARKUP = (PARAMETER, END_FUNCTION, CLOSE)
+_NAME = re.compile(r"[^>\n]*")
 
 
 def _trim(value: str) -> str:
@@ -59,28 +63,90 @@ def convert_value(value: str, schema: dict | None) -> Any:
     return value
 
 
+class XmlParameters:
+    """The arguments of one ``<function=...>``: a JSON object written out one parameter at a
+    time, as each ``<parameter=KEY>VALUE</parameter>`` completes (``{"city": "Paris"``,
+    ``, "days": 3``, ... ``}``); values typed by ``properties`` (the tool's schema)."""
+
+    def __init__(self, properties: dict) -> None:
+        self.properties, self.count = properties, 0
+
+    def _member(self, key: str, value: str) -> str:
+        value = convert_value(_trim(value), self.properties.get(key))
+        piece = ("{" if self.count == 0 else ", ") + json.dumps(key, ensure_ascii=False)
+        self.count += 1
+        return f"{piece}: {json.dumps(value, ensure_ascii=False)}"
+
+    def _parameter(self, text: str, pos: int, final: bool) -> tuple[str, int] | None:
+        """``(member JSON or "", end)`` of the parameter at ``pos``; None when it needs more."""
+        gt = text.find(">", pos)
+        if gt < 0:
+            return ("", len(text)) if final else None
+        key = text[pos + len(PARAMETER):gt].strip()
+        if not key or "\n" in key:
+            return "", pos + len(PARAMETER)
+        ends = [(i, len(t) if t == END_PARAMETER else 0) for t in _VALUE_ENDS
+                if (i := text.find(t, gt + 1)) >= 0]
+        if not ends:
+            return (self._member(key, text[gt + 1:]), len(text)) if final else None
+        stop, skip = min(ends)
+        return self._member(key, text[gt + 1:stop]), stop + skip
+
+    def advance(self, text: str, pos: int, final: bool) -> tuple[str, int, bool]:
+        """Consume ``text[pos:]``: ``(arguments piece, new pos, whether the function ended)``."""
+        out = ""
+        while True:
+            pos = skip_space(text, pos)
+            if text.startswith(PARAMETER, pos):
+                member = self._parameter(text, pos, final)
+                if member is None:
+                    return out, pos, False
+                out, pos = out + member[0], member[1]
+                continue
+            if text.startswith(END_FUNCTION, pos):
+                pos += len(END_FUNCTION)
+            elif not text.startswith(CLOSE, pos) and not (final and pos == len(text)):
+                if pos == len(text) or not final and any(t.startswith(text[pos:]) for t in _MARKUP):
+                    return out, pos, False
+                nxt = text.find("<", pos + 1)
+                pos = len(text) if nxt < 0 else nxt
+                continue
+            return out + ("}" if self.count else "{}"), pos, True
+
+
 class Qwen3CoderToolParser(ToolParser):
     """XML-style calls of Qwen3-Coder, Qwen3.5 and Nemotron-3 (parameters typed by the schema)."""
 
     name = "qwen3_coder"
     markers = (OPEN,)
 
+    def match_head(self, text: str, start: int, final: bool, continued: bool = False) -> CallHead:
+        pos = skip_space(text, start if continued else start + len(OPEN))
+        if not text.startswith(FUNCTION, pos):
+            partial = not final and FUNCTION.startswith(text[pos:])
+            return CallHead("incomplete" if partial else "none")
+        name = _NAME.match(text, pos + len(FUNCTION))
+        if name.end() == len(text):
+            return CallHead("none" if final else "incomplete")
+        if text[name.end()] != ">" or not name.group().strip():
+            return CallHead("none")
+        spec = self.tools.get(name.group().strip(), {})
+        return CallHead("stream", name.group().strip(), None, name.end() + 1,
+                        XmlParameters(spec.get("properties") or {}))
+
+    def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
+        pos = skip_space(text, pos)
+        if text.startswith(CLOSE, pos):
+            return CallMatch("complete", pos + len(CLOSE))
+        if text.startswith(FUNCTION, pos):
+            return CallMatch("complete", pos, more=True)
+        close = text.find(CLOSE, pos)
+        if close >= 0:
+            return CallMatch("complete", close + len(CLOSE))
+        return CallMatch("complete", len(text)) if final else CallMatch("incomplete")
+
     def match_call(self, text: str, start: int, final: bool) -> CallMatch:
         close = text.find(CLOSE, start + len(OPEN))
         if close < 0:
             return CallMatch("invalid", len(text)) if final else CallMatch("incomplete")
-        end = close + len(CLOSE)
-        body = text[start + len(OPEN):close]
-        functions = list(_FUNCTION.finditer(body))
-        if not functions or _FUNCTION.sub("", body).strip():
-            return CallMatch("invalid", end)
-        calls = []
-        for function in functions:
-            name = function.group(1).strip()
-            properties = self.tools.get(name, {}).get("properties", {})
-            arguments = {}
-            for parameter in _PARAMETER.finditer(function.group(2)):
-                key = parameter.group(1).strip()
-                arguments[key] = convert_value(_trim(parameter.group(2)), properties.get(key))
-            calls.append((name, json.dumps(arguments, ensure_ascii=False), None))
-        return CallMatch("complete", end, calls)
+        return CallMatch("invalid", close + len(CLOSE))

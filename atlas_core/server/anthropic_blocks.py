@@ -3,7 +3,10 @@
 :class:`AnthropicBlocks` takes the shaper's events in order, builds the message's ``content``
 and, for streams, the matching ``content_block_start`` / ``content_block_delta``
 (``thinking_delta``, ``signature_delta``, ``text_delta``, ``input_json_delta``) /
-``content_block_stop`` events.
+``content_block_stop`` events. A tool call's block starts (``input: {}``) as soon as its name is
+known and gets one ``input_json_delta`` per piece of arguments the model writes. Since clients
+parse those pieces as partial JSON, arguments that stop being valid JSON are passed on only up
+to the first invalid character; the block's final ``input`` is then ``{"arguments": raw text}``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import base64
 import hashlib
 import json
 
-from atlas_core.parsers import ParserEvents
+from atlas_core.parsers import ParserEvents, ToolCallDelta
+from atlas_core.parsers.json_prefix import JsonPrefix
 from atlas_core.server.shaping import ordered_parts
 from atlas_core.server.sse import named_event
 
@@ -40,6 +44,7 @@ class AnthropicBlocks:
     def __init__(self) -> None:
         self.blocks: list[dict] = []
         self._open: str | None = None
+        self._arguments, self._json = "", JsonPrefix()
 
     @property
     def has_tool_use(self) -> bool:
@@ -64,23 +69,33 @@ class AnthropicBlocks:
         if block["type"] == "thinking":
             block["signature"] = thinking_signature(block["thinking"])
             out.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
+        elif block["type"] == "tool_use":
+            block["input"] = tool_input(self._arguments)
         out.append(self._event("content_block_stop", index=len(self.blocks) - 1))
         self._open = None
         return out
+
+    def _tool_call(self, delta: ToolCallDelta) -> list[bytes]:
+        out: list[bytes] = []
+        if delta.name is not None:
+            out += self.close()
+            block = {"type": "tool_use", "id": delta.id, "name": delta.name, "input": {}}
+            out.append(self._start(block, dict(block)))
+            self._open, self._arguments, self._json = "tool_use", "", JsonPrefix()
+        if self._open != "tool_use":
+            return out
+        self._arguments += delta.arguments
+        valid = delta.arguments[:self._json.feed(delta.arguments)]
+        if valid:
+            out.append(self._delta({"type": "input_json_delta", "partial_json": valid}))
+        return out + (self.close() if delta.done else [])
 
     def add(self, events: ParserEvents) -> list[bytes]:
         """Take one shaper step; return its stream events."""
         out: list[bytes] = []
         for kind, value in ordered_parts(events):
             if kind == "tool_call":
-                out += self.close()
-                block = {"type": "tool_use", "id": value.id, "name": value.name,
-                         "input": tool_input(value.arguments)}
-                out.append(self._start(block, {**block, "input": {}}))
-                out.append(self._delta({"type": "input_json_delta",
-                                        "partial_json": value.arguments}))
-                self._open = "tool_use"
-                out += self.close()
+                out += self._tool_call(value)
                 continue
             block_type = "thinking" if kind == "reasoning" else "text"
             if self._open != block_type:

@@ -66,17 +66,19 @@ def response_message(shaper) -> ResponseMessage:
 
 
 def chat_deltas(events: ParserEvents) -> list[ChatDelta]:
-    """Stream deltas of one shaper step; each tool call is announced (id, type, name), then its
-    arguments follow in a second delta."""
+    """Stream deltas of one shaper step. A tool call is announced as soon as its name is known
+    (``index``, ``id``, ``type``, ``function.name``, ``arguments: ""``); its arguments follow in
+    pieces as the model writes them (``index`` and ``function.arguments`` only)."""
     deltas = []
     if events.content or events.reasoning:
         reasoning = events.reasoning or None
         deltas.append(ChatDelta(content=events.content or None, reasoning_content=reasoning,
                                 reasoning=reasoning))
     for call in events.tool_calls:
-        head = {"index": call.index, "id": call.id, "type": "function",
-                "function": {"name": call.name, "arguments": ""}}
-        deltas.append(ChatDelta(tool_calls=[head]))
+        if call.name is not None:
+            head = {"index": call.index, "id": call.id, "type": "function",
+                    "function": {"name": call.name, "arguments": ""}}
+            deltas.append(ChatDelta(tool_calls=[head]))
         if call.arguments:
             deltas.append(ChatDelta(tool_calls=[{"index": call.index,
                                                  "function": {"arguments": call.arguments}}]))

@@ -142,7 +142,8 @@ async def create_response(request: Request) -> Any:
     if stream.timed_out:
         raise APIError(504, f"generation timed out after {state.config.request_timeout:g} s "
                        "(server --request-timeout)")
-    run.output.add(run.shaper.feed_all(run.choice.text))
+    run.output.add(run.shaper.feed(run.choice.text))
+    run.output.add(run.shaper.finish(), run.status)
     run.output.finish(run.status)
     return json_response(run.finish())
 
@@ -165,7 +166,8 @@ async def _events(run: _Run, stream):
                 raise APIError(504, "generation was aborted (server --request-timeout reached)")
             for event in run.output.add(run.shaper.feed(ev.text)):
                 yield send(event)
-        for event in run.output.add(run.shaper.finish()) + run.output.finish(run.status):
+        tail = run.output.add(run.shaper.finish(), run.status)
+        for event in tail + run.output.finish(run.status):
             yield send(event)
         body = run.finish()
         kind = "response.completed" if body["status"] == "completed" else "response.incomplete"

@@ -4,6 +4,8 @@
 (``reasoning``, ``message`` with ``output_text``, ``function_call``) together with the stream
 events announcing them (``response.output_item.added``, ``response.content_part.added``,
 ``response.output_text.delta``, ``response.function_call_arguments.delta``, ... ``.done``).
+A ``function_call`` item is added as soon as the call's name is known; its arguments follow in
+``response.function_call_arguments.delta`` events as the model writes them.
 Events are dicts without ``sequence_number``; the endpoint numbers them as it sends them.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 
-from atlas_core.parsers import ParserEvents
+from atlas_core.parsers import ParserEvents, ToolCallDelta
 from atlas_core.server.shaping import ordered_parts
 
 _TEXT = {"message": ("output_text", "response.output_text"),
@@ -55,6 +57,11 @@ class ResponsesOutput:
         if self._open is None:
             return []
         kind, self._open = self._open, None
+        if kind == "call":
+            item = self.items[-1]
+            return [{"type": "response.function_call_arguments.done", **self._where(),
+                     "name": item["name"], "arguments": item["arguments"]},
+                    self._done_item(status)]
         part_type, prefix = _TEXT[kind]
         part = self._part(self.items[-1])
         done = {"type": f"{prefix}.done", **self._where(), "content_index": 0,
@@ -79,24 +86,29 @@ class ResponsesOutput:
         return [added, {"type": "response.content_part.added", **self._where(),
                         "content_index": 0, "part": dict(part)}]
 
-    def _call(self, call) -> list[dict]:
-        item = {"type": "function_call", "id": item_id("fc"), "call_id": call.id,
-                "name": call.name, "arguments": "", "status": "in_progress"}
-        out = [self._add(item)]
-        item["arguments"] = call.arguments
-        out.append({"type": "response.function_call_arguments.delta", **self._where(),
-                    "delta": call.arguments})
-        out.append({"type": "response.function_call_arguments.done", **self._where(),
-                    "name": call.name, "arguments": call.arguments})
-        out.append(self._done_item("completed"))
-        return out
+    def _call(self, delta: ToolCallDelta, status: str) -> list[dict]:
+        out: list[dict] = []
+        if delta.name is not None:
+            out += self.close()
+            out.append(self._add({"type": "function_call", "id": item_id("fc"),
+                                  "call_id": delta.id, "name": delta.name, "arguments": "",
+                                  "status": "in_progress"}))
+            self._open = "call"
+        if self._open != "call":
+            return out
+        if delta.arguments:
+            self.items[-1]["arguments"] += delta.arguments
+            out.append({"type": "response.function_call_arguments.delta", **self._where(),
+                        "delta": delta.arguments})
+        return out + (self.close(status) if delta.done else [])
 
-    def add(self, events: ParserEvents) -> list[dict]:
-        """Take one shaper step; return its stream events."""
+    def add(self, events: ParserEvents, status: str = "completed") -> list[dict]:
+        """Take one shaper step; return its stream events. A call that ends in this step is
+        closed with ``status`` (``incomplete`` for the last step of a cut-off output)."""
         out: list[dict] = []
         for kind, value in ordered_parts(events):
             if kind == "tool_call":
-                out += self.close() + self._call(value)
+                out += self._call(value, status)
                 continue
             item_kind = "reasoning" if kind == "reasoning" else "message"
             if self._open != item_kind:

@@ -39,7 +39,7 @@ class OutputShaper:
 
     Attributes:
         reasoning, content: all text of each kind so far.
-        tool_calls: the calls so far.
+        tool_calls: the calls so far (a streaming call's ``arguments`` grow as it goes).
     """
 
     plan: ParsePlan
@@ -53,6 +53,7 @@ class OutputShaper:
                      if plan.reasoning_parser else None)
         tools = plan.tool_parser(plan.tools) if plan.tool_parser else None
         self._parser = OutputParser(reasoning, tools) if reasoning or tools else None
+        self._calls: dict[int, ToolCall] = {}
 
     def feed(self, text: str) -> ParserEvents:
         """The pieces of ``text`` that are certain now."""
@@ -79,7 +80,11 @@ class OutputShaper:
         self.reasoning += events.reasoning
         self.content += events.content
         for d in events.tool_calls:
-            self.tool_calls.append(ToolCall(d.id or "", d.name or "", d.arguments))
+            if d.name is not None:
+                self._calls[d.index] = ToolCall(d.id or "", d.name, "")
+                self.tool_calls.append(self._calls[d.index])
+            if d.index in self._calls:
+                self._calls[d.index].arguments += d.arguments
         return events
 
     def finish_reason(self, raw: str | None) -> str | None:
@@ -88,7 +93,10 @@ class OutputShaper:
 
 
 def ordered_parts(events: ParserEvents) -> list[tuple[str, Any]]:
-    """``[("reasoning", text), ("content", text), ("tool_call", ToolCallDelta), ...]``."""
+    """``[("reasoning", text), ("content", text), ("tool_call", ToolCallDelta), ...]``.
+
+    A call's deltas come in order: the one with ``name`` starts it, then argument pieces, then
+    the one with ``done`` (one delta may do several of these)."""
     parts: list[tuple[str, Any]] = []
     if events.reasoning:
         parts.append(("reasoning", events.reasoning))
