@@ -71,3 +71,18 @@ def test_disconnected_stream_counts_its_tokens(server):
     assert wait_until(lambda: _metric(server, "atlas_num_requests_running") == 0)
     after = _metric(server, "atlas_generation_tokens_total")
     assert 0 < after - before < 400
+
+
+def test_anthropic_assistant_prefill_is_continued():
+    """Anthropic semantics: a final assistant turn is continued, not closed and re-opened."""
+    engine = FakeAsyncEngine()
+    config = ServerConfig(served_model_names=["qwen3"])
+    prefill = {"role": "assistant", "content": [{"type": "text", "text": '{"a":'}]}
+    body = {"model": "qwen3", "max_tokens": 3, "messages": [*USER, prefill]}
+    with ServerThread(create_app(engine, config)) as srv:
+        r = httpx.post(srv.url + "/v1/messages", json=body, timeout=10)
+        assert r.status_code == 200, r.text
+        prompt = engine.tokenizer.decode(engine.requests[-1][1])
+        assert prompt.endswith('<assistant>{"a":'), prompt
+        r = httpx.post(srv.url + "/v1/messages", json={**body, "messages": USER}, timeout=10)
+        assert engine.tokenizer.decode(engine.requests[-1][1]).endswith("<user>hi\n<assistant>")

@@ -30,9 +30,17 @@ def chat_request(req, max_tokens: int | None = None, stops: list[str] | None = N
     tools = anthropic_tools(req.tools)
     choice, parallel = anthropic_tool_choice(getattr(req, "tool_choice", None), tools)
     sampling = sampling_kwargs(req, stop=stops or None) if max_tokens else {}
-    return ChatRequest(anthropic_messages(req.system, req.messages), tools, choice, parallel,
-                       from_anthropic(req.thinking), req.chat_template_kwargs, sampling,
-                       max_tokens)
+    messages = anthropic_messages(req.system, req.messages)
+    return ChatRequest(messages, tools, choice, parallel, from_anthropic(req.thinking),
+                       req.chat_template_kwargs, sampling, max_tokens,
+                       continue_final_message=is_prefill(messages))
+
+
+def is_prefill(messages: list[dict]) -> bool:
+    """A conversation ending on assistant text: Anthropic continues that text (prefill)."""
+    last = messages[-1] if messages else {}
+    return (last.get("role") == "assistant" and isinstance(last.get("content"), str)
+            and bool(last["content"]) and not last.get("tool_calls"))
 
 
 def stop_reason_of(choice: Choice, stop_sequences: list[str], blocks: AnthropicBlocks
