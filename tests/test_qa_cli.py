@@ -64,3 +64,9 @@ def test_generate_without_tokenizer(capsys, tmp_path):
         f.unlink()
     assert main(["generate", str(tmp_path), "-p", "hi", "--backend", "numpy"]) == 2
     assert "has no tokenizer" in last_error_line(capsys)
+
+
+def test_generate_prompt_given_as_model(capsys):
+    """`atlas generate "What is 482 + 39?"` (a docs recipe) says to use -p, loads nothing."""
+    assert main(["generate", "What is 482 + 39?"]) == 2
+    assert "-p 'What is 482 + 39?'" in last_error_line(capsys)

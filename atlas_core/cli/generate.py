@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+from pathlib import Path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -72,6 +74,9 @@ def run(args) -> int:
     from atlas_core.cli import UserError
     from atlas_core.llm import LLM
 
+    if args.model and " " in args.model and not Path(args.model).expanduser().exists():
+        raise UserError(f"{args.model!r} looks like a prompt, not a model; pass prompts with -p, "
+                        f"e.g. atlas generate -p {shlex.quote(args.model)}")
     prompts = args.prompt
     if not prompts:
         if sys.stdin.isatty():
