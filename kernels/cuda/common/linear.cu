@@ -2,6 +2,7 @@
 // gemv_*: bandwidth-bound path for small M (one warp per output row, 16-byte loads).
 // gemm_*: tensor-core path (mma.sync m16n8k16, cp.async double buffering) for larger M.
 #include "common.cuh"
+#include "mma.cuh"
 
 template <typename T, int MT>
 __device__ void gemv_impl(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
@@ -53,31 +54,6 @@ __device__ void gemv_impl(T* __restrict__ y, const T* __restrict__ x, const T* _
     float s = warp_sum(acc[m]);
     if (lane == 0 && m0 + m < M) y[(long long)(m0 + m) * N + n] = from_f32<T>(s + b);
   }
-}
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  return (u32)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-template <typename T> __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b);
-template <> __device__ __forceinline__ void mma16816<bf16>(float* c, const u32* a, const u32* b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <> __device__ __forceinline__ void mma16816<f16>(float* c, const u32* a, const u32* b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Block tile BM x BN, K step 32, warps WM x WN; shared rows padded to 40 elements so the

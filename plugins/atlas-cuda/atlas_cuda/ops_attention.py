@@ -7,12 +7,15 @@ from typing import Any
 import numpy as np
 
 from atlas_core.ops._dtypes import float8_e4m3fn
+from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128, 256)
 FP8_HEAD_DIMS = (64, 128, 256)
+FLASH_HEAD_DIMS = (64, 128)
+FLASH_BM = FLASH_BN = 64
 
 
 class AttentionOps:
@@ -88,6 +91,10 @@ class AttentionOps:
         out = self._out(q.shape, q.dtype)
         if not t:
             return out
+        if self._use_flash(q, k, num_seqs):
+            self._flash(out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
+                        block_size, scale)
+            return out
         group = h // num_kv_heads
         hb = next(b for b in (8, 4, 2, 1) if group % b == 0)
         base = t * num_kv_heads * (group // hb)
@@ -111,6 +118,25 @@ class AttentionOps:
             self._launch(self._k("attention", q.dtype, "attn_combine"), (t, h), min(d, 128),
                          out, part_acc, part_ml, d, splits, float(kv_scale))
         return out
+
+    def _use_flash(self, q: DeviceArray, k: DeviceArray, num_seqs: int) -> bool:
+        """Tensor-core kernel for multi-token batches (>= 4 query tokens per sequence on
+        average) in bf16/f16 with head_dim 64/128; decode batches keep the split-K kernel."""
+        t, _, d = q.shape
+        return (q.dtype.name in ("bfloat16", "float16") and k.dtype == q.dtype
+                and d in FLASH_HEAD_DIMS and t >= 4 * max(num_seqs, 1)
+                and cuda_env.attention_mode() != "simt")
+
+    def _flash(self, out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
+               block_size, scale) -> None:
+        t, h, d = q.shape
+        var = variant_of(q.dtype)
+        shmem = (FLASH_BM + 4 * FLASH_BN) * (d + 8) * q.dtype.itemsize
+        kern = self.be.kernels.kernel("flash_attention", var, f"flash_{var}_d{d}", shmem)
+        max_blocks = block_tables.shape[1] if block_tables is not None else 0
+        self._launch(kern, (-(-t // FLASH_BM) + num_seqs, h), 128, out, q, k, v, block_tables,
+                     seq_lens, cu_seqlens, h, num_kv_heads, block_size, max_blocks, num_seqs,
+                     float(scale * LOG2E), shmem=shmem)
 
     def paged_attention(self, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
                         block_tables: DeviceArray, seq_lens: DeviceArray,
