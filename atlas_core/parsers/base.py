@@ -304,7 +304,8 @@ class ToolParser(ABC):
         self._content(events, text[pos:stop])
         return stop
 
-    def _whole_call(self, events: ParserEvents, text: str, pos: int, start: int, final: bool) -> int | None:
+    def _whole_call(self, events: ParserEvents, text: str, pos: int, start: int,
+                    final: bool) -> int | None:
         """Resolve a call that cannot stream; None when more text is needed."""
         match = self.match_call(text, start, final)
         if match.status == "incomplete" and final:
@@ -316,8 +317,8 @@ class ToolParser(ABC):
             return match.end
         self._content(events, text[pos:start].rstrip())
         for name, arguments, call_id in match.calls:
-            events.tool_calls.append(ToolCallDelta(self._num_calls, call_id or self.make_id(), name,
-                                                   arguments, done=True))
+            call_id = call_id or self.make_id()
+            events.tool_calls.append(ToolCallDelta(self._num_calls, call_id, name, arguments, True))
             self._num_calls += 1
         self._after_call, self._started = True, True
         return match.end
