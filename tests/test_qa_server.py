@@ -86,3 +86,19 @@ def test_anthropic_assistant_prefill_is_continued():
         assert prompt.endswith('<assistant>{"a":'), prompt
         r = httpx.post(srv.url + "/v1/messages", json={**body, "messages": USER}, timeout=10)
         assert engine.tokenizer.decode(engine.requests[-1][1]).endswith("<user>hi\n<assistant>")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/messages", {"model": "qwen3", "max_tokens": 2, "messages": USER}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+])
+def test_streams_are_event_streams(server, path, body):
+    """Open WebUI (and other proxies) only stream a response typed text/event-stream."""
+    with server.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream"), r.headers
+        r.read()
+    r = server.post(path, json=body)
+    assert r.headers["content-type"].startswith("application/json")

@@ -30,11 +30,21 @@ def error_event(exc: APIError, path: str) -> bytes:
     return named_event("error", body) if path.startswith("/v1/messages") else data_event(body)
 
 
+class EventStream(Stream):
+    """A ``Stream`` that keeps its own media type: litestar 2.x lets the route handler's
+    (JSON) media type override the response's, which sent SSE as ``application/json`` and
+    broke clients that check it (Open WebUI streams only ``text/event-stream``)."""
+
+    def to_asgi_response(self, *args: Any, **kwargs: Any):
+        kwargs["media_type"] = self.media_type
+        return super().to_asgi_response(*args, **kwargs)
+
+
 def sse_response(events: AsyncIterator[bytes], stream) -> Stream:
     """A ``text/event-stream`` response; ``stream.close()`` runs when it ends, even when the
     client went away mid-stream (litestar runs background tasks after a disconnect too)."""
     async def cleanup() -> None:
         await events.aclose()
         await stream.close()
-    return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS,
+    return EventStream(events, media_type="text/event-stream", headers=SSE_HEADERS,
                   background=BackgroundTask(cleanup))
