@@ -102,3 +102,15 @@ def test_streams_are_event_streams(server, path, body):
         r.read()
     r = server.post(path, json=body)
     assert r.headers["content-type"].startswith("application/json")
+
+
+def test_metrics_content_type_parses(server):
+    """Prometheus 3 rejects a scrape whose Content-Type repeats a parameter."""
+    from email.message import Message
+
+    r = server.get("/metrics")
+    header = r.headers["content-type"]
+    assert header.count("charset") == 1, header
+    msg = Message()
+    msg["content-type"] = header
+    assert msg.get_content_type() == "text/plain" and msg.get_param("version") == "0.0.4"
