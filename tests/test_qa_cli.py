@@ -70,3 +70,19 @@ def test_generate_prompt_given_as_model(capsys):
     """`atlas generate "What is 482 + 39?"` (a docs recipe) says to use -p, loads nothing."""
     assert main(["generate", "What is 482 + 39?"]) == 2
     assert "-p 'What is 482 + 39?'" in last_error_line(capsys)
+
+
+def test_serve_without_tokenizer_exits_with_one_line(tmp_path):
+    """It used to print "model ready" and then answer every request 503."""
+    import subprocess
+    import sys
+
+    write_tiny_checkpoint("Qwen3ForCausalLM", tmp_path)
+    for f in tmp_path.glob("tokenizer*"):
+        f.unlink()
+    code = "import sys; from atlas_core.cli import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", code, "serve", str(tmp_path), "--port", "0",
+                           "--backend", "numpy"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "model ready" not in proc.stdout
+    assert "has no tokenizer" in proc.stderr.strip().splitlines()[-1]

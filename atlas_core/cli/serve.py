@@ -256,6 +256,9 @@ def run(args) -> int:
     def load():
         try:
             engine = LLMEngine.from_args(eargs)
+            if engine.tokenizer is None:
+                raise ValueError("it has no tokenizer (tokenizer.json + tokenizer_config.json); "
+                                 "copy them from the original model into its directory")
         except Exception as exc:
             failure.append(f"cannot load {args.model or DEMO_NAME}: {error_message(exc)}")
             server.should_exit = True
