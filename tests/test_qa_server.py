@@ -114,3 +114,12 @@ def test_metrics_content_type_parses(server):
     msg = Message()
     msg["content-type"] = header
     assert msg.get_content_type() == "text/plain" and msg.get_param("version") == "0.0.4"
+
+
+def test_forced_tool_choice_without_tools_speaks_the_clients_api(server):
+    """An Anthropic client sent `any`; the message must not talk about OpenAI's `required`."""
+    r = server.post("/v1/messages", json={"model": "qwen3", "max_tokens": 2, "messages": USER,
+                                          "tool_choice": {"type": "any"}})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "required" not in message and "needs `tools`" in message

@@ -128,7 +128,8 @@ def check_choice(choice: ToolChoice, tools: list[dict] | None, param: str) -> To
     if choice.mode == "auto" and not tools:
         return ToolChoice("none")
     if choice.is_forced and not tools:
-        raise APIError(400, f"tool_choice `{choice.mode}` needs `tools`", param=param)
+        raise APIError(400, "tool_choice forces a tool call, which needs `tools`; send the "
+                       "tools or drop tool_choice", param=param)
     if choice.mode == "named" and choice.name not in tool_names(tools):
         raise APIError(400, f"tool_choice names `{choice.name}`, which is not among the tools "
                        f"({', '.join(tool_names(tools))})", param=param)
