@@ -60,15 +60,20 @@ def tool_call(name: str, arguments: dict) -> dict:
 
 
 class CorpusBuilder:
-    """Draws examples; `heldout=True` draws from the evaluation-only pairs/cities/phrasings."""
+    """Draws examples.
 
-    def __init__(self, seed: int, heldout: bool = False):
+    `heldout=True` draws evaluation-only numbers and cities; `paraphrase` (default: `heldout`)
+    draws evaluation-only phrasings.
+    """
+
+    def __init__(self, seed: int, heldout: bool = False, paraphrase: bool | None = None):
         self.rng = random.Random(seed)
         self.heldout = heldout
+        self.paraphrase = heldout if paraphrase is None else paraphrase
 
     # -- pieces --------------------------------------------------------------------------------
     def pick(self, train, held):
-        return self.rng.choice(held if self.heldout else train)
+        return self.rng.choice(held if self.paraphrase else train)
 
     def operands(self) -> tuple[int, int, str]:
         while True:
@@ -282,6 +287,18 @@ def build_corpus(seed: int, num_examples: int) -> list[Example]:
 
 
 def build_eval_set(seed: int, per_skill: dict[str, int]) -> list[Example]:
-    """Draws held-out examples: `per_skill` maps a skill name to how many to draw."""
-    builder = CorpusBuilder(seed, heldout=True)
-    return [builder.example(s) for s, n in per_skill.items() for _ in range(n)]
+    """Draws held-out examples: `per_skill` maps a skill name to how many to draw.
+
+    All use held-out numbers and cities. Facts always use held-out phrasings; the other skills
+    use training phrasings unless the name ends in ``_para`` (e.g. ``arith_para``).
+    """
+    out = []
+    for i, (name, n) in enumerate(per_skill.items()):
+        skill = name.removesuffix("_para")
+        para = name.endswith("_para") or skill in ("capital", "country")
+        builder = CorpusBuilder(seed * 1000 + i, heldout=True, paraphrase=para)
+        for _ in range(n):
+            ex = builder.example(skill)
+            ex.skill = name
+            out.append(ex)
+    return out

@@ -3,8 +3,9 @@
     python scripts/demo_model/eval.py                       # through Atlas (numpy backend)
     python scripts/demo_model/eval.py --hf --device cuda    # through HF transformers
 
-Prompts use numbers, cities and phrasings that the training corpus never holds (see
-corpus.CorpusBuilder(heldout=True)) and the canonical tools of docs/demo-model.md.
+Prompts use numbers and cities that the training corpus never holds, and for facts and the
+`*_para` skills also phrasings it never holds (corpus.build_eval_set); tools are the canonical
+ones of docs/demo-model.md.
 """
 
 import argparse
@@ -21,11 +22,13 @@ import render  # noqa: E402
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "atlas_core" / "assets" / "atlas-demo"
 COUNTS = {"arith": 300, "capital": 100, "country": 50, "weather_call": 60, "calc_call": 60,
-          "weather_answer": 60, "calc_answer": 60, "weather_notool": 20, "chat": 20}
+          "weather_answer": 60, "calc_answer": 60, "weather_notool": 20, "chat": 20,
+          "arith_para": 100, "weather_call_para": 40, "calc_call_para": 40}
 GROUPS = {"arithmetic": ["arith"], "facts": ["capital", "country"],
           "tool_calls": ["weather_call", "calc_call"],
           "tool_results": ["weather_answer", "calc_answer"],
-          "other": ["weather_notool", "chat"]}
+          "other": ["weather_notool", "chat"],
+          "paraphrases": ["arith_para", "weather_call_para", "calc_call_para"]}
 TARGETS = {"arithmetic": 0.90, "facts": 0.95, "tool_calls": 0.90, "tool_results": 0.90}
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _INT = re.compile(r"-?\d+")
@@ -47,8 +50,8 @@ def parse_tool_call(text: str):
 
 def is_correct(ex: corpus.Example, text: str) -> bool:
     """Checks one generated reply against the example's expectation."""
-    exp, reply = ex.expected, answer_text(text)
-    if ex.skill in ("weather_call", "calc_call"):
+    exp, reply, skill = ex.expected, answer_text(text), ex.skill.removesuffix("_para")
+    if skill in ("weather_call", "calc_call"):
         call = parse_tool_call(reply)
         if not call or call.get("name") != exp["name"]:
             return False
@@ -57,14 +60,14 @@ def is_correct(ex: corpus.Example, text: str) -> bool:
             expr = args.get("expression", "") if isinstance(args, dict) else ""
             return expr.replace(" ", "") == exp["arguments"]["expression"].replace(" ", "")
         return args == exp["arguments"]
-    if ex.skill in ("arith", "calc_answer"):
+    if skill in ("arith", "calc_answer"):
         tail = reply.split("=")[-1]
         nums = _INT.findall(tail)
         return "<tool_call>" not in reply and bool(nums) and int(nums[-1]) == exp["result"]
-    if ex.skill == "weather_answer":
+    if skill == "weather_answer":
         temps = [int(t) for t in re.findall(r"(-?\d+)\s*°", reply)]
         return exp["city"] in reply and exp["condition"] in reply and temps == [exp["temperature"]]
-    if ex.skill in ("capital", "country"):
+    if skill in ("capital", "country"):
         return exp["answer"] in reply and "<tool_call>" not in reply
     return reply == exp["answer"]
 
