@@ -123,3 +123,32 @@ def test_forced_tool_choice_without_tools_speaks_the_clients_api(server):
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert "required" not in message and "needs `tools`" in message
+
+
+def test_shutdown_ends_open_streams_cleanly():
+    """Ctrl-C used to wait out uvicorn's 5 s grace, then cut streams and print a traceback."""
+    import threading
+    import time
+
+    engine = FakeAsyncEngine(delay=0.01)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def client(url):
+        body = {"messages": USER, "max_tokens": 100_000 // 256, "stream": True,
+                "ignore_eos": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=20) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+
+    srv = ServerThread(create_app(engine, ServerConfig(served_model_names=["qwen3"])))
+    with srv:
+        thread = threading.Thread(target=client, args=(srv.url,))
+        thread.start()
+        assert started.wait(10)
+        begin = time.monotonic()
+    thread.join(10)
+    assert time.monotonic() - begin < 3
+    assert [line for line in lines if line][-1] == "data: [DONE]", lines[-3:]
+    assert any('"finish_reason":"abort"' in line for line in lines)

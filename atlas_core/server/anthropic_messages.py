@@ -104,6 +104,8 @@ async def _message_events(model: str, rid: str, stream, stops: list[str], shaper
             if not started:
                 started = True
                 yield start_event()
+            if ev.finish_reason == "abort" and stream.stopping:
+                raise APIError(503, "the server is shutting down; retry once it is back")
             if ev.finish_reason == "abort":
                 raise APIError(504, "generation was aborted (server --request-timeout reached)")
             for event in blocks.add(shaper.feed(ev.text)):

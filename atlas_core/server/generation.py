@@ -90,6 +90,7 @@ class GenerationStream:
         self.receive = receive
         self.timed_out = False
         self.disconnected = False
+        self.stopping = False
         self.start_time = time.monotonic()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
@@ -202,6 +203,10 @@ class GenerationStream:
                     continue
                 if rid is None:
                     await self.close()
+                    for rid in sorted(pending) if item == "stop" else ():
+                        for choice in groups[rid]:
+                            if choice.finish_reason is None:
+                                yield self._abort_delta(choice)
                     return
                 if isinstance(item, Exception):
                     raise item
@@ -220,6 +225,11 @@ class GenerationStream:
                     pending.discard(rid)
         finally:
             await self.close()
+
+    def stop(self) -> None:
+        """End the stream now (the server is stopping): unfinished choices end with ``abort``."""
+        self.stopping = True
+        self._queue.put_nowait((None, "stop"))
 
     async def close(self) -> None:
         """Abort every unfinished engine request and stop the helper tasks. Idempotent."""

@@ -33,7 +33,18 @@ def make_server(app, sock: socket.socket, *, log_level: str = "warning") -> uvic
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=5, lifespan="on")
-    return uvicorn.Server(config)
+    return _Server(config)
+
+
+class _Server(uvicorn.Server):
+    """Ends open generations before uvicorn's graceful wait, so Ctrl-C stops at once and
+    streaming clients get a proper end (``abort`` / an error event) instead of a cut."""
+
+    async def shutdown(self, sockets=None) -> None:
+        state = getattr(getattr(self.config.app, "state", None), "atlas", None)
+        if state is not None:
+            state.stop_streams()
+        await super().shutdown(sockets=sockets)
 
 
 class ServerThread:

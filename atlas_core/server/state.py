@@ -6,6 +6,7 @@ import asyncio
 import logging
 import secrets
 import time
+import weakref
 from typing import Any, Callable
 
 from atlas_core.server.config import ServerConfig
@@ -67,6 +68,7 @@ class ServerState:
         self.tool_parser_cls: type | None = None
         self.reasoning_parser_cls: type | None = None
         self.responses = ResponseStore(config.max_stored_responses)
+        self.live_streams: weakref.WeakSet[GenerationStream] = weakref.WeakSet()
         if engine is not None:
             self.attach(engine)
 
@@ -171,8 +173,15 @@ class ServerState:
                         validate(choice.prompt_ids, choice.params)
                     except ValueError as exc:
                         raise APIError(400, str(exc)) from None
-        return GenerationStream(engine, choices, self.metrics,
-                                timeout=self.config.request_timeout, **kwargs)
+        stream = GenerationStream(engine, choices, self.metrics,
+                                  timeout=self.config.request_timeout, **kwargs)
+        self.live_streams.add(stream)
+        return stream
+
+    def stop_streams(self) -> None:
+        """End every open generation (server shutdown) so its response completes at once."""
+        for stream in list(self.live_streams):
+            stream.stop()
 
     async def stream(self, choices: list, *, idle_interval: float | None = None
                      ) -> GenerationStream:
