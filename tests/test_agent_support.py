@@ -11,7 +11,9 @@ import functools
 from pathlib import Path
 from typing import Callable
 
-QWEN3 = Path("/work/shared/fixtures/real-models/qwen3")
+from atlas_core.testing.fixtures import real_models_dir
+
+QWEN3 = real_models_dir() / "qwen3"
 IM_START, IM_END, TOOL_RESPONSE = 151644, 151645, 151665
 
 CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')

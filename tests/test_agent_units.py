@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.parsers import HermesToolParser, ParserEvents, ReasoningParser, ToolCallDelta
 from atlas_core.server import ServerConfig
 from atlas_core.server.agent import _markers_are_special
@@ -106,7 +107,7 @@ def test_parsers_chosen_per_model():
 
 def test_special_markers_detected():
     from atlas_core.tokenizer import Tokenizer
-    llama = Tokenizer.from_dir("/work/shared/fixtures/real-models/llama-3")
+    llama = Tokenizer.from_dir(real_models_dir() / "llama-3")
     assert _markers_are_special(llama, ["<|python_tag|>"])
     assert not _markers_are_special(qwen3_tokenizer(), ["<tool_call>", "<think>"])
 

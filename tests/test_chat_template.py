@@ -10,11 +10,10 @@ import pytest
 
 import jinja2
 
+from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.tokenizer import ChatTemplateError, Tokenizer, render_chat_template
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-models"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/real-models")
+FIXTURES = real_models_dir()
 reference = [pytest.mark.reference,
              pytest.mark.skipif(not FIXTURES.is_dir(), reason="real-model fixtures not present")]
 

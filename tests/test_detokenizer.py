@@ -10,9 +10,10 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.tokenizer import IncrementalDetokenizer, Tokenizer
 
-FIXTURES = Path("/work/shared/fixtures/real-models")
+FIXTURES = real_models_dir()
 REAL = [pytest.param(name, marks=pytest.mark.skipif(not (FIXTURES / name).is_dir(), reason="no fixtures"))
         for name in ("qwen3", "llama-3")]
 TEXTS = [

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.parsers import (
     OutputParser,
     ParsedOutput,
@@ -250,7 +251,7 @@ FIXTURE_TEMPLATES = {"qwen3": "hermes", "qwen3-coder/Qwen3-Coder.jinja": "qwen3_
 
 @pytest.mark.parametrize("where,expected", FIXTURE_TEMPLATES.items())
 def test_default_parser_for_real_templates(where, expected):
-    root = Path("/work/shared/fixtures/real-models")
+    root = real_models_dir()
     path = root / where
     if not root.is_dir():
         pytest.skip("no fixtures")

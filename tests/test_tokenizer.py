@@ -9,9 +9,10 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers
 
+from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.tokenizer import ChatTemplateError, Tokenizer
 
-FIXTURES = Path("/work/shared/fixtures/real-models")
+FIXTURES = real_models_dir()
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="real-model fixtures not present")
 HELLO = [{"role": "user", "content": "hi"}]
 

@@ -17,8 +17,9 @@ from atlas_core.model import load_model
 from atlas_core.model.loader import read_config
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 from atlas_core.testing.forward import ForwardRunner
+from atlas_core.testing.fixtures import real_models_dir
 
-REAL_CONFIG = Path("/work/shared/fixtures/real-models/qwen3.5/config.json")
+REAL_CONFIG = real_models_dir() / "qwen3.5" / "config.json"
 ARCHITECTURES = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                  "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 
