@@ -31,3 +31,8 @@ def default_backend() -> str | None:
 def log_level() -> str:
     """``ATLAS_LOG_LEVEL``: logging level name (default ``INFO``)."""
     return os.environ.get("ATLAS_LOG_LEVEL", "INFO").upper()
+
+
+def fixtures_dir() -> str | None:
+    """``ATLAS_FIXTURES_DIR``: the real-model test fixtures folder (tests only)."""
+    return os.environ.get("ATLAS_FIXTURES_DIR") or None

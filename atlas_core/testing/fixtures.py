@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from atlas_core import env
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -15,7 +16,7 @@ def real_models_dir() -> Path:
     checkout, then ``../shared/fixtures/real-models`` beside it (the team layout). Raises
     ``FileNotFoundError`` saying where it looked when none exists.
     """
-    candidates = [Path(p) for p in [os.environ.get("ATLAS_FIXTURES_DIR")] if p]
+    candidates = [Path(p) for p in [env.fixtures_dir()] if p]
     candidates += [_REPO / "shared" / "fixtures" / "real-models",
                    _REPO.parent / "shared" / "fixtures" / "real-models"]
     for path in candidates:
