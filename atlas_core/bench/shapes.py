@@ -34,6 +34,38 @@ SHAPES: dict[str, dict[str, Any]] = {
                  "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False},
 }
 
+_QWEN35_MOE = {"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+               "hidden_act": "silu", "rms_norm_eps": 1e-6, "attention_bias": False,
+               "attn_output_gate": True, "initializer_range": 0.02, "linear_conv_kernel_dim": 4,
+               "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False,
+               "decoder_sparse_step": 1}
+
+
+def _hybrid_layers(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+SHAPES["qwen3.5-35b-a3b"] = {
+    **_QWEN35_MOE, "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+    "layer_types": _hybrid_layers(40), "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "num_experts": 256,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "max_position_embeddings": 262144,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                        "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+                        "mrope_section": [11, 11, 10]}}
+SHAPES["tiny-qwen3.5-moe"] = {
+    **SHAPES["qwen3.5-35b-a3b"], "vocab_size": 384, "hidden_size": 64, "num_hidden_layers": 4,
+    "layer_types": _hybrid_layers(4), "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "num_experts": 8,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "max_position_embeddings": 2048,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                        "partial_rotary_factor": 0.25, "mrope_interleaved": True,
+                        "mrope_section": [2, 1, 1]}}
+
 
 def shape_config(name: str) -> dict[str, Any]:
     """The config.json of a named shape, with a clear error for unknown names."""
@@ -43,30 +75,59 @@ def shape_config(name: str) -> dict[str, Any]:
     return dict(SHAPES[name])
 
 
+def _attention_params(config: dict[str, Any]) -> tuple[int, int]:
+    """(parameters of one full-attention layer, KV elements per token of context)."""
+    h, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_heads = config["num_key_value_heads"]
+    d = config.get("head_dim") or h // heads
+    q_rows = heads * d * (2 if config.get("attn_output_gate") else 1)
+    return h * (q_rows + 2 * kv_heads * d) + heads * d * h + 2 * d, 2 * kv_heads * d
+
+
+def _gdn_params(config: dict[str, Any]) -> tuple[int, int]:
+    """(parameters of one Gated DeltaNet layer, float32 state elements per sequence)."""
+    h, kern = config["hidden_size"], config.get("linear_conv_kernel_dim", 4)
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    conv_dim = 2 * nk * dk + nv * dv
+    params = h * (conv_dim + nv * dv + 2 * nv) + conv_dim * kern + 2 * nv + dv + nv * dv * h
+    return params, (kern - 1) * conv_dim + nv * dk * dv
+
+
+def _ffn_params(config: dict[str, Any], batch: int) -> int:
+    """Parameters one step reads in one feed-forward (MoE: the experts ``batch`` tokens touch)."""
+    h = config["hidden_size"]
+    if not config.get("num_experts"):
+        return 3 * h * config["intermediate_size"]
+    used = min(config["num_experts"], batch * config["num_experts_per_tok"])
+    shared = config.get("shared_expert_intermediate_size") or 0
+    return (used * 3 * h * config["moe_intermediate_size"] + h * config["num_experts"]
+            + (3 * h * shared + h if shared else 0))
+
+
 def step_bytes(config: dict[str, Any], context: int, batch: int = 1, itemsize: int = 2) -> int:
-    """Fewest bytes one decode step must read: the weights used plus every sequence's KV cache.
+    """Fewest bytes one decode step must move: the weights used plus every sequence's KV cache
+    (read) and recurrent state (float32, read and written).
 
     MoE layers count the experts one step can touch: ``min(num_experts, batch * top_k)``.
-    The embedding table counts one row per sequence (unless tied to the head).
+    The embedding table counts one row per sequence (unless tied to the head). Hybrid configs
+    (``layer_types`` with ``linear_attention``) count Gated DeltaNet layers and their state.
     """
     h, layers = config["hidden_size"], config["num_hidden_layers"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    d = config.get("head_dim") or h // heads
-    vocab = config["vocab_size"]
-    attn = h * (heads + 2 * kv_heads) * d + heads * d * h + 2 * d
-    if config.get("num_experts"):
-        used = min(config["num_experts"], batch * config["num_experts_per_tok"])
-        mlp = used * 3 * h * config["moe_intermediate_size"] + h * config["num_experts"]
-    else:
-        mlp = 3 * h * config["intermediate_size"]
-    weights = layers * (attn + mlp + 2 * h) + vocab * h + h
+    types = config.get("layer_types") or ["full_attention"] * layers
+    attn, kv_per_token = _attention_params(config)
+    full = sum(1 for t in types if t != "linear_attention")
+    gdn, state = _gdn_params(config) if full < layers else (0, 0)
+    mixers = full * attn + (layers - full) * gdn
+    weights = mixers + layers * (_ffn_params(config, batch) + 2 * h) + config["vocab_size"] * h + h
     if not config.get("tie_word_embeddings"):
         weights += batch * h
-    kv = batch * context * layers * 2 * kv_heads * d
-    return (weights + kv) * itemsize
+    kv = batch * context * full * kv_per_token
+    return (weights + kv) * itemsize + batch * (layers - full) * state * 4 * 2
 
 
 def step_flops(config: dict[str, Any], tokens: int) -> int:
     """Matmul FLOPs of a forward pass over ``tokens`` tokens (attention scores excluded)."""
-    return 2 * tokens * (step_bytes(config, 0) // 2 - config["vocab_size"] * config["hidden_size"]
-                         * (0 if config.get("tie_word_embeddings") else 1))
+    weights = step_bytes(config, 0) // 2 - config["vocab_size"] * config["hidden_size"]
+    return 2 * tokens * (weights + (config["vocab_size"] * config["hidden_size"]
+                                    if config.get("tie_word_embeddings") else 0))

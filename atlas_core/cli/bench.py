@@ -8,25 +8,35 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from atlas_core.bench.shapes import SHAPES
     p = subparsers.add_parser("bench", help="measure decode/prefill speed and %% of roofline")
     p.add_argument("--model", default="tiny",
-                   help="model directory, or a named shape: qwen3-0.6b, qwen3-8b, qwen3-30b-a3b, "
-                        "tiny, tiny-moe (random weights)")
+                   help="model directory, or a named shape with random weights built on the "
+                        f"device: {', '.join(SHAPES)}")
     p.add_argument("--backend", default=None, help="GpuBackend name (default: best available)")
+    p.add_argument("--on-disk", action="store_true",
+                   help="named shapes: write a random checkpoint under the cache dir and load "
+                        "it like a real model (default: fill the weights on the device)")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens for TTFT / prefill")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens generated per request")
     p.add_argument("--concurrency", default="1", help="comma-separated batch sizes, e.g. 1,32")
     p.add_argument("--copy-mb", type=int, default=1024, help="bytes for the copy-bandwidth probe")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="fraction of device memory the engine may take (room left for prefill "
-                        "workspace and the baseline)")
+                        "workspace)")
     p.add_argument("--baseline", choices=["none", "hf"], default="none",
-                   help="also time HF transformers (needs torch + a CUDA GPU)")
+                   help="also time HF transformers first, in its own process (needs torch + a "
+                        "CUDA GPU)")
+    p.add_argument("--baseline-decode-tokens", type=int, default=None,
+                   help="tokens per request for the baseline (default: --decode-tokens)")
+    p.add_argument("--baseline-timeout", type=float, default=600.0,
+                   help="seconds before the baseline is given up (recorded as an error)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout)")
     return p
 
 
-def _model_dir(name: str) -> tuple[str, dict]:
+def _model(name: str, on_disk: bool) -> tuple[str | None, dict]:
+    """(checkpoint directory or None for an in-memory random model, its config)."""
     import json
 
     from atlas_core import env
@@ -40,8 +50,9 @@ def _model_dir(name: str) -> tuple[str, dict]:
                             "nor a directory with config.json")
         return str(path), json.loads((path / "config.json").read_text())
     config = shape_config(name)
-    path = write_random_checkpoint(config, env.cache_dir() / "bench" / name)
-    return str(path), config
+    if not on_disk:
+        return None, config
+    return str(write_random_checkpoint(config, env.cache_dir() / "bench" / name)), config
 
 
 def _progress(msg: str) -> None:
@@ -49,21 +60,40 @@ def _progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run(args) -> int:
-    from atlas_core.bench import report
-    from atlas_core.bench.runner import BenchResult, copy_bandwidth, measure
+def _engine(args, path: str | None, config: dict, concurrency: list[int]):
     from atlas_core.engine import EngineArgs, LLMEngine
-    concurrency = [int(c) for c in args.concurrency.split(",") if c]
-    _progress(f"preparing {args.model}")
-    path, config = _model_dir(args.model)
-    _progress(f"loading {path}")
-    start = time.perf_counter()
     engine_args = EngineArgs(model=path, backend=args.backend, max_num_seqs=max(concurrency),
                              max_prefill_tokens=max(args.prompt_len, 128),
                              max_seq_len=args.prompt_len + args.decode_tokens + 256,
                              enable_prefix_caching=False,
                              gpu_memory_utilization=args.gpu_memory_utilization)
-    engine = LLMEngine.from_args(engine_args)
+    if path is not None:
+        return LLMEngine.from_args(engine_args)
+    from atlas_core.bench.random_model import build_random_model
+    from atlas_core.engine.loading import create_backend
+    backend, registry = create_backend(args.backend)
+    model = build_random_model(config, backend, registry)
+    return LLMEngine(model, backend, engine_args)
+
+
+def run(args) -> int:
+    from atlas_core.bench import report
+    from atlas_core.bench.runner import BenchResult, copy_bandwidth, measure
+    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    _progress(f"preparing {args.model}")
+    path, config = _model(args.model, args.on_disk)
+    baseline = {}
+    if args.baseline == "hf":
+        from atlas_core.bench.baseline import run_isolated
+        _progress("HF transformers baseline (own process)")
+        spec = {"path": path, "config": None if path else config, "concurrency": concurrency,
+                "decode_tokens": args.baseline_decode_tokens or args.decode_tokens,
+                "prompt_len": args.prompt_len}
+        baseline = run_isolated(spec, args.baseline_timeout)
+        _progress(f"baseline: {baseline}")
+    _progress(f"loading {path or 'random weights on the device'}")
+    start = time.perf_counter()
+    engine = _engine(args, path, config, concurrency)
     backend = engine.backend
     cold = time.perf_counter() - start
     info = backend.device_info()
@@ -73,14 +103,7 @@ def run(args) -> int:
                                     decode_tokens=args.decode_tokens, concurrency=concurrency,
                                     bandwidth_gbs=bw, log=_progress)
     result = BenchResult(args.model, backend.name, info.name, bw, cold, args.prompt_len, ttft,
-                         prefill, decode)
-    if args.baseline == "hf":
-        from atlas_core.bench.baseline import hf_decode
-        import gc
-        del engine, backend
-        gc.collect()
-        _progress("HF transformers baseline")
-        result.baseline = hf_decode(path, concurrency, args.decode_tokens)
+                         prefill, decode, baseline)
     print(report.to_text(result))
     if args.json:
         text = report.to_json(result)

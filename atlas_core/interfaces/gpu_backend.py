@@ -100,6 +100,19 @@ class GpuBackend(ABC):
         """Optional. Allocate a zero-filled array (default: host zeros copied in)."""
         return self.from_host(np.zeros(shape, dtype=dtype))
 
+    def fill_random(self, array: Any, seed: int, std: float, mean: float = 0.0) -> None:
+        """Optional. Overwrite ``array`` with deterministic pseudo-random values of the given
+        mean and standard deviation (for random-weight benchmarks, not for statistics).
+
+        The same ``seed`` gives the same values on the same backend. The default draws normals
+        on the host and uploads them; device backends override it with a kernel so a 60 GB
+        model fills in well under a second.
+        """
+        host = np.random.default_rng(seed).standard_normal(tuple(array.shape), dtype=np.float32)
+        host *= np.float32(std)
+        host += np.float32(mean)
+        self.copy_from_host(array, host.astype(array.dtype))
+
     def reset_workspace(self) -> None:
         """Optional. Start a new step: op outputs from before may now be overwritten.
 
