@@ -19,6 +19,8 @@ def last_error_line(capsys) -> str:
     (["serve", "--quantization", "fp8"], ["unrecognized", "--quantization", "atlas serve --help"]),
     (["serve", "--tool-parser", "hermes"], ["--tool-call-parser"]),
     (["generate", "--max-token", "3x"], ["--max-tokens"]),
+    (["serve", "--request-timeout", "-1"], ["--request-timeout", "-1"]),
+    (["serve", "--served-model-name", ""], ["--served-model-name", "empty"]),
 ])
 def test_argument_errors_name_the_flag(capsys, argv, words):
     with pytest.raises(SystemExit) as exc:

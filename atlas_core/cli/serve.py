@@ -31,6 +31,24 @@ def parse_port(text: str) -> int:
     return int(text)
 
 
+def parse_seconds(text: str) -> float:
+    """A duration in seconds, >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text!r}")
+    return value
+
+
+def parse_name(text: str) -> str:
+    """A non-empty model name."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def parse_json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -51,7 +69,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="model directory or Hugging Face id (default: the built-in demo model)")
     g = p.add_argument_group("model")
     g.add_argument("--served-model-name", "--model-name", action="append", default=None,
-                   metavar="NAME", help="name clients use in `model` (repeatable; the first is "
+                   type=parse_name, metavar="NAME", help="name clients use in `model` (repeatable; the first is "
                    "reported; default: MODEL as given)")
     g.add_argument("--revision", default=None, help="Hub branch, tag or commit")
     g.add_argument("--cache-dir", default=None, help="where downloaded models are kept "
@@ -89,7 +107,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="require this key (Bearer or x-api-key; repeatable)")
     s.add_argument("--auth-tokens-file", default=None, metavar="PATH",
                    help="file of accepted keys, one per line (# comments allowed)")
-    s.add_argument("--request-timeout", type=float, default=0.0, metavar="SECONDS",
+    s.add_argument("--request-timeout", type=parse_seconds, default=0.0, metavar="SECONDS",
                    help="abort a generation after this long (default 0: no limit)")
     s.add_argument("--max-request-body", type=parse_size, default="32M", metavar="SIZE",
                    help="largest request body; bigger gets HTTP 413 (default 32M)")
