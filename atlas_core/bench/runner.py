@@ -67,6 +67,7 @@ def measure(engine: Any, config: dict[str, Any], *, prompt_len: int, decode_toke
     log("warm-up")
     _run(engine, [prompt[:16]], 4)
     log("TTFT")
+    _run(engine, [prompt], 1)  # the first long prefill grows the workspace and makes plans
     ttft, _ = _run(engine, [prompt], 1)
     decode = {}
     for c in concurrency:

@@ -1,7 +1,12 @@
-// Mixture of experts: top-k routing and grouped expert compute for decode-sized batches.
-// moe_gate_up: warp per (token-slot, intermediate row) computes act(gate) * up in float32;
-// moe_down: warp per (token, hidden row) sums the token's experts weighted by the router.
+// Mixture of experts: top-k routing and expert compute.
+// Few tokens (GEMV path): moe_gate_up is a warp per (token-slot, intermediate row) computing
+// act(gate) * up in float32; moe_down a warp per (token, hidden row) summing the token's experts.
+// Many tokens (grouped path): moe_align sorts the (token, slot) pairs by expert into BM-row
+// tiles, moe_gemm_gate_up / moe_gemm_down run one tensor-core GEMM tile per (expert tile,
+// column tile), so each expert's weights are read once per tile instead of once per token, and
+// moe_combine sums each token's experts in slot order (deterministic, no atomics).
 #include "common.cuh"
+#include "mma.cuh"
 
 // One block per token; num_experts <= 4 * blockDim.x.
 template <typename T>
@@ -49,9 +54,10 @@ __device__ __forceinline__ float act_fn(float x, int gelu) {
 }
 
 // h[p, n] = act(x[t] . Wgu[e, n]) * (x[t] . Wgu[e, I + n]) for pair p = (t, j), e = ids[p].
+// Loads are issued two 256-element chunks at a time so more bytes are in flight per warp.
 template <typename T>
-__device__ void moe_gate_up_impl(float* h, const T* x, const T* w, const int* ids, int top_k,
-                                 int hidden, int inter, int gelu) {
+__device__ void moe_gate_up_impl(float* h, const T* __restrict__ x, const T* __restrict__ w,
+                                 const int* ids, int top_k, int hidden, int inter, int gelu) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
   if (n >= inter) return;
@@ -60,7 +66,22 @@ __device__ void moe_gate_up_impl(float* h, const T* x, const T* w, const int* id
   const T* wg = w + ((long long)e * 2 * inter + n) * hidden;
   const T* wu = wg + (long long)inter * hidden;
   float g = 0.f, u = 0.f;
-  for (int k = lane * 8; k < hidden; k += 256) {
+  int k = lane * 8;
+  for (; k + 256 < hidden; k += 512) {
+    Vec8<T> gv[2], uv[2], xv[2];
+#pragma unroll
+    for (int c = 0; c < 2; c++) { gv[c].load(wg + k + c * 256); uv[c].load(wu + k + c * 256); }
+#pragma unroll
+    for (int c = 0; c < 2; c++) xv[c].load(xr + k + c * 256);
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+      float xf[8], gf[8], uf[8];
+      xv[c].to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
+    }
+  }
+  for (; k < hidden; k += 256) {
     float xf[8], gf[8], uf[8];
     Vec8<T> xv, gv, uv; gv.load(wg + k); uv.load(wu + k); xv.load(xr + k);
     xv.to_float(xf); gv.to_float(gf); uv.to_float(uf);
@@ -71,14 +92,17 @@ __device__ void moe_gate_up_impl(float* h, const T* x, const T* w, const int* id
   if (lane == 0) h[(long long)p * inter + n] = act_fn(g, gelu) * u;
 }
 
-// out[t, n] = sum_j weights[t, j] * (h[(t, j)] . Wd[ids[t, j], n]).
+// out[t, n] = sum_j weights[t, j] * (h[(t, j)] . Wd[ids[t, j], n]); one warp reduction at the
+// end (the sum is linear), so the experts' loads overlap.
 template <typename T>
-__device__ void moe_down_impl(T* out, const float* h, const T* w, const float* weights,
-                              const int* ids, int top_k, int hidden, int inter) {
+__device__ void moe_down_impl(T* out, const float* __restrict__ h, const T* __restrict__ w,
+                              const float* weights, const int* ids, int top_k, int hidden,
+                              int inter) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
   if (n >= hidden) return;
   float total = 0.f;
+#pragma unroll 2
   for (int j = 0; j < top_k; j++) {
     int p = t * top_k + j;
     const T* wr = w + ((long long)ids[p] * hidden + n) * inter;
@@ -91,9 +115,163 @@ __device__ void moe_down_impl(T* out, const float* h, const T* w, const float* w
 #pragma unroll
       for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
     }
-    total += warp_sum(s) * weights[p];
+    total += s * weights[p];
   }
+  total = warp_sum(total);
   if (lane == 0) out[(long long)t * hidden + n] = from_f32<T>(total);
+}
+
+// Grouped path, step 1 (one block of 1024 threads, E <= 1024): sorted[max_tiles * BM] lists the
+// pair ids grouped by expert, each expert's run padded to whole BM-row tiles with -1;
+// tile_expert[max_tiles] is each tile's expert, -1 past the used tiles.
+__device__ void moe_align_impl(int* sorted, int* tile_expert, const int* ids, int P, int E,
+                               int BM, int max_tiles) {
+  __shared__ int cnt[1024];
+  __shared__ int cursor[1024];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  for (int i = threadIdx.x; i < max_tiles * BM; i += blockDim.x) sorted[i] = -1;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int tile = 0;
+    for (int e = 0; e < E; e++) {
+      cursor[e] = tile * BM;
+      int n = (cnt[e] + BM - 1) / BM;
+      for (int j = 0; j < n; j++) tile_expert[tile + j] = e;
+      tile += n;
+    }
+    for (; tile < max_tiles; tile++) tile_expert[tile] = -1;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
+}
+
+// Step 2: y[p, :] = A[p / a_div, :] @ W_e^T for the BM pairs p of tile blockIdx.y (expert e).
+// GATED (gate_up): W_e has 2N rows; the B tile interleaves 8 gate rows with the 8 matching up
+// rows, so each thread holds gate and up of the same outputs and writes act(gate) * up (BN/2
+// columns per block). Otherwise (down): N rows, BN columns. K is a multiple of 8.
+template <typename T, int BM, int BN, int WM, int WN, int STAGES, bool GATED>
+__device__ void moe_gemm_impl(T* __restrict__ y, const T* __restrict__ a, const T* __restrict__ w,
+                              const int* __restrict__ sorted, const int* __restrict__ tile_expert,
+                              int a_div, int N, int K, int gelu) {
+  constexpr int BK = 32, LD = 40, TM = BM / WM / 16, TN = BN / WN / 8;
+  constexpr int THREADS = WM * WN * 32;
+  __shared__ int rows[BM];
+  int e = tile_expert[blockIdx.y];
+  if (e < 0) return;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sa = reinterpret_cast<T*>(smem_raw);
+  T* sb = sa + STAGES * BM * LD;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int wm = warp / WN, wn = warp % WN;
+  int col0 = blockIdx.x * (GATED ? BN / 2 : BN);
+  const T* we = w + (long long)e * (GATED ? 2 * N : N) * K;
+  for (int r = tid; r < BM; r += THREADS) rows[r] = sorted[blockIdx.y * BM + r];
+  __syncthreads();
+  float acc[TM][TN][4];
+#pragma unroll
+  for (int i = 0; i < TM; i++)
+#pragma unroll
+    for (int j = 0; j < TN; j++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+  auto load_tile = [&](int stage, int k0) {
+    T* as = sa + stage * BM * LD;
+    T* bs = sb + stage * BN * LD;
+#pragma unroll
+    for (int c = tid; c < BM * 4; c += THREADS) {
+      int r = c >> 2, kc = (c & 3) * 8, gk = k0 + kc, p = rows[r];
+      bool ok = p >= 0 && gk < K;
+      cp_async16(as + r * LD + kc, a + (long long)(ok ? p / a_div : 0) * K + (ok ? gk : 0), ok);
+    }
+#pragma unroll
+    for (int c = tid; c < BN * 4; c += THREADS) {
+      int r = c >> 2, kc = (c & 3) * 8, gk = k0 + kc;
+      int n = GATED ? col0 + (r >> 4) * 8 + (r & 7) : col0 + r;
+      int wr = GATED && (r & 8) ? N + n : n;
+      bool ok = n < N && gk < K;
+      cp_async16(bs + r * LD + kc, we + (long long)(ok ? wr : 0) * K + (ok ? gk : 0), ok);
+    }
+  };
+
+  int num_k = (K + BK - 1) / BK;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < num_k) load_tile(s, s * BK);
+    asm volatile("cp.async.commit_group;\n");
+  }
+  for (int kt = 0; kt < num_k; kt++) {
+    int nk = kt + STAGES - 1;
+    if (nk < num_k) load_tile(nk % STAGES, nk * BK);
+    asm volatile("cp.async.commit_group;\n");
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(STAGES - 1));
+    __syncthreads();
+    const T* as = sa + (kt % STAGES) * BM * LD;
+    const T* bs = sb + (kt % STAGES) * BN * LD;
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      u32 af[TM][4], bfr[TN][2];
+#pragma unroll
+      for (int i = 0; i < TM; i++) {
+        int r = wm * (BM / WM) + i * 16 + (lane & 15);
+        ldmatrix_x4(af[i], as + r * LD + kk + (lane >> 4) * 8);
+      }
+#pragma unroll
+      for (int j = 0; j < TN; j += 2) {
+        int mi = lane >> 3;
+        int r = wn * (BN / WN) + j * 8 + (mi >> 1) * 8 + (lane & 7);
+        u32 t[4];
+        ldmatrix_x4(t, bs + r * LD + kk + (mi & 1) * 8);
+        bfr[j][0] = t[0]; bfr[j][1] = t[1]; bfr[j + 1][0] = t[2]; bfr[j + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int i = 0; i < TM; i++)
+#pragma unroll
+        for (int j = 0; j < TN; j++) mma16816<T>(acc[i][j], af[i], bfr[j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < TM; i++) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      int p = rows[wm * (BM / WM) + i * 16 + (lane >> 2) + hh * 8];
+      if (p < 0) continue;
+#pragma unroll
+      for (int j = 0; j < TN; j += (GATED ? 2 : 1)) {
+        int c = wn * (BN / WN) + j * 8;
+        int n = (GATED ? col0 + (c >> 4) * 8 : col0 + c) + (lane & 3) * 2;
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+          if (n + q >= N) continue;
+          float v = acc[i][j][hh * 2 + q];
+          if (GATED) v = act_fn(v, gelu) * acc[i][j + 1][hh * 2 + q];
+          y[(long long)p * N + n + q] = from_f32<T>(v);
+        }
+      }
+    }
+  }
+}
+
+// Step 3: out[t, :] = sum_j weights[t, j] * yp[t * top_k + j, :], slots in order.
+template <typename T>
+__device__ void moe_combine_impl(T* out, const T* yp, const float* weights, int top_k,
+                                 int hidden) {
+  int t = blockIdx.y;
+  for (int c = (blockIdx.x * blockDim.x + threadIdx.x) * 8; c < hidden;
+       c += gridDim.x * blockDim.x * 8) {
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < top_k; j++) {
+      long long p = (long long)t * top_k + j;
+      float wt = weights[p], f[8];
+      Vec8<T> v; v.load(yp + p * hidden + c); v.to_float(f);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[i] += wt * f[i];
+    }
+    Vec8<T> o; o.from_float(acc); o.store(out + (long long)t * hidden + c);
+  }
 }
 
 #define MOE(T, S)                                                                             \
@@ -111,3 +289,31 @@ __device__ void moe_down_impl(T* out, const float* h, const T* w, const float* w
     moe_down_impl<T>(out, h, w, wts, ids, k, hidden, inter);                                  \
   }
 INSTANTIATE(MOE)
+
+#define MOE_GROUPED(T, S)                                                                     \
+  extern "C" __global__ void moe_align_##S(int* sorted, int* tiles, const int* ids, int P,    \
+                                           int E, int BM, int max_tiles) {                    \
+    moe_align_impl(sorted, tiles, ids, P, E, BM, max_tiles);                                  \
+  }                                                                                           \
+  extern "C" __global__ void moe_combine_##S(T* out, const T* yp, const float* wts, int k,     \
+                                             int hidden) {                                    \
+    moe_combine_impl<T>(out, yp, wts, k, hidden);                                             \
+  }
+INSTANTIATE(MOE_GROUPED)
+
+#define MOE_GEMM(T, S, BM, WM, ST)                                                            \
+  extern "C" __global__ void __launch_bounds__(WM * 4 * 32) moe_gemm_gate_up_##S##_##BM(     \
+      T* h, const T* x, const T* w, const int* sorted, const int* tiles, int top_k, int inter,\
+      int hidden, int gelu) {                                                                 \
+    moe_gemm_impl<T, BM, 128, WM, 4, ST, true>(h, x, w, sorted, tiles, top_k, inter, hidden,  \
+                                               gelu);                                         \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(WM * 4 * 32) moe_gemm_down_##S##_##BM(        \
+      T* y, const T* h, const T* w, const int* sorted, const int* tiles, int hidden,          \
+      int inter) {                                                                            \
+    moe_gemm_impl<T, BM, 128, WM, 4, ST, false>(y, h, w, sorted, tiles, 1, hidden, inter, 0); \
+  }
+#define MOE_GEMMS(T, S) MOE_GEMM(T, S, 16, 1, 4) MOE_GEMM(T, S, 64, 2, 3)
+#if ATLAS_MMA
+INSTANTIATE(MOE_GEMMS)
+#endif

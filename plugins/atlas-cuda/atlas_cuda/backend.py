@@ -117,6 +117,19 @@ class CudaBackend(GpuBackend):
     def synchronize(self) -> None:
         check(drv().cuStreamSynchronize(self.stream))
 
+    def fill_random(self, array: DeviceArray, seed: int, std: float, mean: float = 0.0) -> None:
+        """Uniform values of the given mean and std drawn on the device (``random.cu``)."""
+        from atlas_cuda.kernels_loader import variant_of
+        try:
+            v = variant_of(array.dtype)
+        except TypeError:
+            return super().fill_random(array, seed, std, mean)
+        if array.size:
+            k = self.kernels.kernel("random", v, f"fill_random_{v}")
+            self.kernels.launch(k, min(-(-array.size // 256), 1 << 16), 256, array,
+                                np.int64(array.size), np.uint64(seed & (2**64 - 1)),
+                                float(mean), float(std))
+
     def reset_workspace(self) -> None:
         self.workspace.reset()
 

@@ -6,6 +6,7 @@ import os
 
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
+MOE_MODES = ("auto", "grouped", "gemv")
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:
@@ -31,3 +32,9 @@ def pdl_enabled() -> bool:
     """``ATLAS_CUDA_PDL``: ``1`` (default) launches the GEMV kernels with programmatic dependent
     launch on sm_90+ (their weight fetch overlaps the previous kernel's tail); ``0`` turns it off."""
     return os.environ.get("ATLAS_CUDA_PDL", "1").strip() not in ("0", "false", "no", "off")
+
+
+def moe_mode() -> str:
+    """``ATLAS_CUDA_MOE``: ``moe_experts`` path: ``auto`` (grouped tensor-core GEMM once the
+    (token, expert) pairs outnumber the experts, else per-pair GEMV), ``grouped`` or ``gemv``."""
+    return _choice("ATLAS_CUDA_MOE", MOE_MODES)

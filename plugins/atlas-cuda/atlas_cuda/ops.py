@@ -180,10 +180,48 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
         out = self._out(x.shape, x.dtype)
         if not t:
             return out
-        h = self._out((t * k, inter), np.float32)
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+        if self._moe_grouped(t * k, w_down.shape[0], x.dtype):
+            self._moe_grouped_experts(out, x, w_gate_up, w_down, topk_weights, topk_ids, gelu)
+            return out
+        h = self._out((t * k, inter), np.float32)
         self._launch(self._k("moe", x.dtype, "moe_gate_up"), (-(-inter // 8), t * k), 256,
                      h, x, w_gate_up, topk_ids, k, hidden, inter, gelu)
         self._launch(self._k("moe", x.dtype, "moe_down"), (-(-hidden // 8), t), 256,
                      out, h, w_down, topk_weights, topk_ids, k, hidden, inter)
         return out
+
+    def _moe_grouped(self, pairs: int, experts: int, dtype: Any) -> bool:
+        """Grouped GEMM when experts are shared by several pairs (bf16/f16 only)."""
+        mode = cuda_env.moe_mode()
+        if variant_of(dtype) == "f32" or mode == "gemv" or experts > 1024:
+            return False
+        return mode == "grouped" or pairs >= experts
+
+    def _moe_grouped_experts(self, out: DeviceArray, x: DeviceArray, w_gate_up: DeviceArray,
+                             w_down: DeviceArray, topk_weights: DeviceArray,
+                             topk_ids: DeviceArray, gelu: int) -> None:
+        """Pairs sorted by expert into tiles of ``bm`` rows (static sizes: graph-capturable);
+        one tensor-core tile per (expert tile, column tile) for gate_up and for down."""
+        t, hidden = x.shape
+        experts, inter, k = w_down.shape[0], w_down.shape[-1], topk_ids.shape[-1]
+        pairs = t * k
+        bm = 64 if pairs >= 32 * min(experts, pairs) else 16
+        tiles = -(-pairs // bm) + min(experts, pairs)
+        sorted_ids = self._out((tiles * bm,), np.int32)
+        tile_expert = self._out((tiles,), np.int32)
+        self._launch(self._k("moe", x.dtype, "moe_align"), 1, 1024, sorted_ids, tile_expert,
+                     topk_ids, pairs, experts, bm, tiles)
+        v = variant_of(x.dtype)
+        threads = 128 if bm == 16 else 256
+        shmem = (4 if bm == 16 else 3) * (bm + 128) * 40 * x.dtype.itemsize
+        h = self._out((pairs, inter), x.dtype)
+        kern = self.be.kernels.kernel("moe", v, f"moe_gemm_gate_up_{v}_{bm}", shmem)
+        self._launch(kern, (-(-inter // 64), tiles), threads, h, x, w_gate_up, sorted_ids,
+                     tile_expert, k, inter, hidden, gelu, shmem=shmem)
+        y = self._out((pairs, hidden), x.dtype)
+        kern = self.be.kernels.kernel("moe", v, f"moe_gemm_down_{v}_{bm}", shmem)
+        self._launch(kern, (-(-hidden // 128), tiles), threads, y, h, w_down, sorted_ids,
+                     tile_expert, hidden, inter, shmem=shmem)
+        self._launch(self._k("moe", x.dtype, "moe_combine"), (-(-hidden // 2048), t), 256,
+                     out, y, topk_weights, k, hidden)
