@@ -58,13 +58,20 @@ def one_run(path: Path, backend: str, port: int, limit: float) -> dict:
         result["healthy_s"] = time.perf_counter() - start
         body = {"model": "bench", "stream": True, "max_tokens": 8,
                 "messages": [{"role": "user", "content": "t5 t6 t7"}]}
+        seen = []
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as resp:
+            result["status"] = resp.status_code
             for line in resp.iter_lines():
-                if line.startswith("data: ") and '"content"' in line:
-                    delta = json.loads(line[6:])["choices"][0].get("delta", {})
-                    if delta.get("content"):
-                        result["first_token_s"] = time.perf_counter() - start
-                        break
+                seen.append(line)
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                delta = choices[0].get("delta", {})
+                if delta.get("content") or delta.get("reasoning_content"):
+                    result["first_token_s"] = time.perf_counter() - start
+                    break
+        if "first_token_s" not in result:
+            result["response"] = "\n".join(seen)[-600:]
         return result
     finally:
         proc.send_signal(signal.SIGINT)

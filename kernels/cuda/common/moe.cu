@@ -54,7 +54,8 @@ __device__ __forceinline__ float act_fn(float x, int gelu) {
 }
 
 // h[p, n] = act(x[t] . Wgu[e, n]) * (x[t] . Wgu[e, I + n]) for pair p = (t, j), e = ids[p].
-// Loads are issued two 256-element chunks at a time so more bytes are in flight per warp.
+// Four 256-element chunks of both rows are loaded before any arithmetic (8 x 16 bytes in
+// flight per lane): decode is bound by how many bytes are in flight, not by the math.
 template <typename T>
 __device__ void moe_gate_up_impl(float* h, const T* __restrict__ x, const T* __restrict__ w,
                                  const int* ids, int top_k, int hidden, int inter, int gelu) {
@@ -67,14 +68,14 @@ __device__ void moe_gate_up_impl(float* h, const T* __restrict__ x, const T* __r
   const T* wu = wg + (long long)inter * hidden;
   float g = 0.f, u = 0.f;
   int k = lane * 8;
-  for (; k + 256 < hidden; k += 512) {
-    Vec8<T> gv[2], uv[2], xv[2];
+  for (; k + 3 * 256 < hidden; k += 4 * 256) {
+    Vec8<T> gv[4], uv[4], xv[4];
 #pragma unroll
-    for (int c = 0; c < 2; c++) { gv[c].load(wg + k + c * 256); uv[c].load(wu + k + c * 256); }
+    for (int c = 0; c < 4; c++) { gv[c].load(wg + k + c * 256); uv[c].load(wu + k + c * 256); }
 #pragma unroll
-    for (int c = 0; c < 2; c++) xv[c].load(xr + k + c * 256);
+    for (int c = 0; c < 4; c++) xv[c].load(xr + k + c * 256);
 #pragma unroll
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 4; c++) {
       float xf[8], gf[8], uf[8];
       xv[c].to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
 #pragma unroll
@@ -92,8 +93,8 @@ __device__ void moe_gate_up_impl(float* h, const T* __restrict__ x, const T* __r
   if (lane == 0) h[(long long)p * inter + n] = act_fn(g, gelu) * u;
 }
 
-// out[t, n] = sum_j weights[t, j] * (h[(t, j)] . Wd[ids[t, j], n]); one warp reduction at the
-// end (the sum is linear), so the experts' loads overlap.
+// out[t, n] = sum_j weights[t, j] * (h[(t, j)] . Wd[ids[t, j], n]). The experts are the inner
+// loop (their rows' loads are independent, so they overlap) and the warp reduces once.
 template <typename T>
 __device__ void moe_down_impl(T* out, const float* __restrict__ h, const T* __restrict__ w,
                               const float* weights, const int* ids, int top_k, int hidden,
@@ -102,20 +103,17 @@ __device__ void moe_down_impl(T* out, const float* __restrict__ h, const T* __re
   int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
   if (n >= hidden) return;
   float total = 0.f;
-#pragma unroll 2
-  for (int j = 0; j < top_k; j++) {
-    int p = t * top_k + j;
-    const T* wr = w + ((long long)ids[p] * hidden + n) * inter;
-    const float* hr = h + (long long)p * inter;
-    float s = 0.f;
-    for (int k = lane * 8; k < inter; k += 256) {
-      float wf[8], hf[8];
-      Vec8<T> wv; wv.load(wr + k); wv.to_float(wf);
-      Vec8<float> hv; hv.load(hr + k); hv.to_float(hf);
+  for (int k = lane * 8; k < inter; k += 256) {
+#pragma unroll 8
+    for (int j = 0; j < top_k; j++) {
+      int p = t * top_k + j;
+      float wf[8], hf[8], s = 0.f;
+      Vec8<T> wv; wv.load(w + ((long long)ids[p] * hidden + n) * inter + k); wv.to_float(wf);
+      Vec8<float> hv; hv.load(h + (long long)p * inter + k); hv.to_float(hf);
 #pragma unroll
       for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+      total += s * weights[p];
     }
-    total += s * weights[p];
   }
   total = warp_sum(total);
   if (lane == 0) out[(long long)t * hidden + n] = from_f32<T>(total);

@@ -36,5 +36,5 @@ def pdl_enabled() -> bool:
 
 def moe_mode() -> str:
     """``ATLAS_CUDA_MOE``: ``moe_experts`` path: ``auto`` (grouped tensor-core GEMM once the
-    (token, expert) pairs outnumber the experts, else per-pair GEMV), ``grouped`` or ``gemv``."""
+    (token, expert) pairs reach twice the experts, else per-pair GEMV), ``grouped`` or ``gemv``."""
     return _choice("ATLAS_CUDA_MOE", MOE_MODES)
