@@ -8,7 +8,7 @@ from atlas_core.engine import EngineArgs, SamplingParams
 @pytest.mark.parametrize("kwargs, field", [
     ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": -1}, "min_tokens"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens"), ({"temperature": -0.1}, "temperature"),
-    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"),
+    ({"top_p": -0.1}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -2}, "top_k"),
     ({"min_p": 2.0}, "min_p"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"presence_penalty": 3.0}, "presence_penalty"), ({"frequency_penalty": -2.5}, "frequency_penalty"),
     ({"logit_bias": {1: 200.0}}, "logit_bias"), ({"seed": -1}, "seed"), ({"stop": [""]}, "stop"),

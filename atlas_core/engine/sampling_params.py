@@ -15,6 +15,10 @@ def _check(ok: bool, name: str, allowed: str, value) -> None:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
+#: What ``top_p=0`` becomes: a nucleus holding only the most likely token.
+TOP_P_MIN = 1e-6
+
+
 @dataclass
 class SamplingParams:
     """Decoding settings of one request (vLLM / OpenAI names and semantics).
@@ -87,6 +91,8 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        if self.top_p == 0.0:
+            self.top_p = TOP_P_MIN  # OpenAI accepts 0: keep only the most likely token
 
     def _validate(self) -> None:
         _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer in [1, 128]", self.n)
@@ -98,7 +104,7 @@ class SamplingParams:
             _check(self.min_tokens <= self.max_tokens, "min_tokens",
                    f"<= max_tokens ({self.max_tokens})", self.min_tokens)
         _check(0.0 <= self.temperature <= 100.0, "temperature", "in [0, 100]", self.temperature)
-        _check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
+        _check(0.0 <= self.top_p <= 1.0, "top_p", "in [0, 1]", self.top_p)
         _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
                "an integer >= 0 (0 or -1 disables)", self.top_k)
         _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, get, post
+from litestar import Request, Response, get, post, route
 from litestar.params import FromPath
 
 from atlas_core.server.decode import read_request
@@ -87,7 +87,7 @@ async def detokenize(request: Request) -> Response:
     return json_response({"prompt": text})
 
 
-@get("/health")
+@route("/health", http_method=["GET", "HEAD"])
 async def health(request: Request) -> Response:
     state = request.app.state.atlas
     if state.is_ready:
