@@ -74,8 +74,9 @@ if has moebench; then  # random weights filled on the device: no checkpoint on d
   bench 30b "${BENCH30B_TIMEOUT:-120}" --model qwen3-30b-a3b --concurrency 1,32 --prompt-len 512 \
     --decode-tokens ${DECODE_TOKENS:-64} --copy-mb 2048 --gpu-memory-utilization 0.85 \
     --baseline ${BASELINE:-hf} --baseline-decode-tokens 8 --baseline-timeout 60
+  # 0.6: a 4,096-token prefill's step workspace (all 40 layers' outputs) needs ~20+ GB free
   bench 35b "${BENCH35B_TIMEOUT:-170}" --model qwen3.5-35b-a3b --concurrency 1,32 --prompt-len 4096 \
-    --decode-tokens ${DECODE_TOKENS:-64} --copy-mb 2048 --gpu-memory-utilization 0.85 \
+    --decode-tokens ${DECODE_TOKENS:-64} --copy-mb 2048 --gpu-memory-utilization 0.6 \
     --baseline ${BASELINE:-hf} --baseline-decode-tokens 8 --baseline-timeout 100
 fi
 if has serve; then  # atlas serve cold start (8B checkpoint on disk; wheels from .whl)
