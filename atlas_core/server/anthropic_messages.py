@@ -11,7 +11,7 @@ from atlas_core.server.agent import ChatRequest, plan_chat, render_request
 from atlas_core.server.anthropic_blocks import AnthropicBlocks
 from atlas_core.server.anthropic_schemas import (CountTokensRequest, MessagesRequest,
                                                  MessagesResponse, Usage)
-from atlas_core.server.decode import read_request
+from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
 from atlas_core.server.prompts import anthropic_messages
@@ -62,10 +62,7 @@ def usage_of(choice: Choice) -> Usage:
 
 @post(PATH, status_code=200)
 async def messages(request: Request) -> Any:
-    state = request.app.state.atlas
-    req = await read_request(request, MessagesRequest)
-    model = state.resolve_model(req.model)
-    state.require_engine()
+    state, req, model = await read_model_request(request, MessagesRequest)
     stops = stop_list(req.stop_sequences) or []
     plan = plan_chat(state, chat_request(req, req.max_tokens, stops))
     rid = state.request_id("msg_")
@@ -75,9 +72,7 @@ async def messages(request: Request) -> Any:
         stream = await state.stream([choice], idle_interval=state.config.ping_interval)
         return sse_response(_message_events(model, rid, stream, stops, shaper), stream)
     stream = await state.run([choice], receive=request.receive)
-    if stream.timed_out:
-        raise APIError(504, f"generation timed out after {state.config.request_timeout:g} s "
-                       "(server --request-timeout)")
+    state.raise_if_timed_out(stream)
     blocks = AnthropicBlocks()
     blocks.add(shaper.feed_all(choice.text))
     blocks.finish()
@@ -125,10 +120,7 @@ async def _message_events(model: str, rid: str, stream, stops: list[str], shaper
 
 @post(f"{PATH}/count_tokens", status_code=200)
 async def count_tokens(request: Request) -> Any:
-    state = request.app.state.atlas
-    req = await read_request(request, CountTokensRequest)
-    state.resolve_model(req.model)
-    state.require_engine()
+    state, req, _ = await read_model_request(request, CountTokensRequest)
     ids = render_request(state, chat_request(req))[1]
     return Response(msgspec.json.encode({"input_tokens": len(ids)}),
                     media_type="application/json")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request
@@ -68,3 +68,19 @@ def decode_body(body: bytes, schema: type[T]) -> T:
 async def read_request(request: Request, schema: type[T]) -> T:
     """Read and decode the body of ``request`` (size limits are enforced by litestar: 413)."""
     return decode_body(await request.body(), schema)
+
+
+async def read_model_request(request: Request, schema: type[T]) -> tuple[Any, T, str]:
+    """The app's ``ServerState``, the decoded body and the served model name it addresses.
+
+    The common start of every endpoint that needs the model; ``schema`` has a ``model`` field.
+
+    Raises:
+        APIError: 400 for a bad body, 404 for a model not served here, 503 while the model is
+            loading or after it failed to load.
+    """
+    state = request.app.state.atlas
+    req = await read_request(request, schema)
+    model = state.resolve_model(req.model)
+    state.require_engine()
+    return state, req, model

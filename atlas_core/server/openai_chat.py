@@ -15,7 +15,7 @@ from litestar import Request, Response, post
 
 from atlas_core.parsers import ParserEvents
 from atlas_core.server.agent import ChatPlan, ChatRequest, plan_chat
-from atlas_core.server.decode import read_request
+from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
 from atlas_core.server.logprobs import chat_logprobs
@@ -87,10 +87,7 @@ def chat_deltas(events: ParserEvents) -> list[ChatDelta]:
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request) -> Any:
-    state = request.app.state.atlas
-    req = await read_request(request, ChatCompletionRequest)
-    model = state.resolve_model(req.model)
-    state.require_engine()
+    state, req, model = await read_model_request(request, ChatCompletionRequest)
     rid = state.request_id("chatcmpl-")
     plan, choices = build_choices(state, req, rid)
     if req.stream:

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, post
 
-from atlas_core.server.decode import read_request
+from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
 from atlas_core.server.logprobs import completion_logprobs, token_text
@@ -81,10 +81,7 @@ def _logprobs(state, req: CompletionRequest, choice: Choice, entries: list, offs
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request) -> Any:
-    state = request.app.state.atlas
-    req = await read_request(request, CompletionRequest)
-    model = state.resolve_model(req.model)
-    state.require_engine()
+    state, req, model = await read_model_request(request, CompletionRequest)
     rid = state.request_id("cmpl-")
     choices = build_choices(state, req, rid)
     if req.stream:

@@ -15,7 +15,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 
 from atlas_core.server.agent import ChatRequest, plan_chat
-from atlas_core.server.decode import read_request
+from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
 from atlas_core.server.responses_input import input_messages
@@ -129,19 +129,14 @@ def _history(state, req: ResponsesRequest) -> list[dict]:
 
 @post(PATH, status_code=200)
 async def create_response(request: Request) -> Any:
-    state = request.app.state.atlas
-    req = await read_request(request, ResponsesRequest)
-    model = state.resolve_model(req.model)
-    state.require_engine()
+    state, req, model = await read_model_request(request, ResponsesRequest)
     conversation = _history(state, req) + input_messages(req.input)
     run = _Run(state, req, model, conversation)
     if req.stream:
         stream = await state.stream([run.choice])
         return sse_response(_events(run, stream), stream)
     stream = await state.run([run.choice], receive=request.receive)
-    if stream.timed_out:
-        raise APIError(504, f"generation timed out after {state.config.request_timeout:g} s "
-                       "(server --request-timeout)")
+    state.raise_if_timed_out(stream)
     run.output.add(run.shaper.feed(run.choice.text))
     run.output.add(run.shaper.finish(), run.status)
     run.output.finish(run.status)

@@ -8,7 +8,7 @@ import msgspec
 from litestar import Request, Response, get, post, route
 from litestar.params import FromPath
 
-from atlas_core.server.decode import read_request
+from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.metrics import CONTENT_TYPE
 from atlas_core.server.openai_schemas import ChatMessage
@@ -60,10 +60,7 @@ async def get_model(request: Request, model_id: FromPath[str]) -> Response:
 
 @post("/tokenize", status_code=200)
 async def tokenize(request: Request) -> Response:
-    state = request.app.state.atlas
-    req = await read_request(request, TokenizeRequest)
-    state.resolve_model(req.model)
-    state.require_engine()
+    state, req, _ = await read_model_request(request, TokenizeRequest)
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "send exactly one of `prompt` (text) or `messages` (a conversation)",
                        param="prompt")
@@ -78,10 +75,7 @@ async def tokenize(request: Request) -> Response:
 
 @post("/detokenize", status_code=200)
 async def detokenize(request: Request) -> Response:
-    state = request.app.state.atlas
-    req = await read_request(request, DetokenizeRequest)
-    state.resolve_model(req.model)
-    state.require_engine()
+    state, req, _ = await read_model_request(request, DetokenizeRequest)
     state.check_token_ids(req.tokens, "tokens")
     text = state.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)
     return json_response({"prompt": text})

@@ -129,6 +129,12 @@ class ServerState:
         raise APIError(404, f"model `{name}` is not served here; available: {served}",
                        param="model", code="model_not_found")
 
+    def raise_if_timed_out(self, stream: GenerationStream) -> None:
+        """504 when a non-streaming generation ran past ``--request-timeout``."""
+        if stream.timed_out:
+            raise APIError(504, f"generation timed out after {self.config.request_timeout:g} s "
+                           "(server --request-timeout)")
+
     def request_id(self, prefix: str) -> str:
         return f"{prefix}{secrets.token_hex(12)}"
 
