@@ -44,11 +44,14 @@ class DecoderOnlyLoader(ModelWeightLoader):
 
     Attributes:
         qk_norm: attention has per-head ``q_norm`` / ``k_norm`` (Qwen3).
+        zero_centered_norm: every decoder and final RMSNorm weight is stored as ``w - 1``
+            (Qwen3.5, Gemma).
         registry: a :class:`~atlas_core.plugins.Registry` to look layer kinds up in
             (``load_model`` attaches its own); ``None`` uses the built-in layers.
     """
 
     qk_norm = False
+    zero_centered_norm = False
     registry: Any = None
 
     def layer_factory(self, kind: str) -> Any:
@@ -102,7 +105,8 @@ class DecoderOnlyLoader(ModelWeightLoader):
         else:
             ffn = self.layer_factory("mlp")(**self.mlp_kwargs(config, layer_idx))
         return DecoderLayer(attention, ffn, hidden_size=config["hidden_size"],
-                            rms_norm_eps=config.get("rms_norm_eps", 1e-6))
+                            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+                            zero_centered=self.zero_centered_norm)
 
     def build(self, config: dict[str, Any]) -> CausalLM:
         """The model tree for ``config``, parameters declared but not allocated."""
@@ -111,7 +115,8 @@ class DecoderOnlyLoader(ModelWeightLoader):
         return CausalLM(config, layers, hidden_size=config["hidden_size"],
                         vocab_size=config["vocab_size"], rms_norm_eps=config.get("rms_norm_eps", 1e-6),
                         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                        max_position_embeddings=self.max_position_embeddings(config))
+                        max_position_embeddings=self.max_position_embeddings(config),
+                        zero_centered_norm=self.zero_centered_norm)
 
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
              dtype: Any = None) -> CausalLM:

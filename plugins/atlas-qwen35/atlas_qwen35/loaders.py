@@ -35,6 +35,7 @@ class Qwen3NextLoader(DecoderOnlyLoader):
 
     layout = "qwen3_next"
     fused_experts = False
+    zero_centered_norm = True
 
     def layer_factory(self, kind: str) -> Any:
         if self.registry is not None:
@@ -111,16 +112,8 @@ class Qwen3NextLoader(DecoderOnlyLoader):
         else:
             ffn = self.layer_factory("mlp")(**self.mlp_kwargs(config, layer_idx))
         return DecoderLayer(mixer, ffn, hidden_size=config["hidden_size"], mixer_name=mixer_name,
-                            rms_norm_eps=config.get("rms_norm_eps", 1e-6), zero_centered=True)
-
-    def build(self, config: dict[str, Any]) -> CausalLM:
-        self.validate_config(config)
-        layers = [self.build_layer(config, i) for i in range(config["num_hidden_layers"])]
-        return CausalLM(config, layers, hidden_size=config["hidden_size"],
-                        vocab_size=config["vocab_size"], rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-                        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                        max_position_embeddings=self.max_position_embeddings(config),
-                        zero_centered_norm=True)
+                            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+                            zero_centered=self.zero_centered_norm)
 
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
              dtype: Any = None) -> CausalLM:
