@@ -43,7 +43,8 @@ class LLMEngine:
         eos_token_ids: ids ending generation (default: the tokenizer's).
         detokenizer_factory: ``(prompt_ids, skip_special_tokens) -> detokenizer`` (default:
             :class:`~atlas_core.tokenizer.IncrementalDetokenizer` over ``tokenizer``).
-        generation_defaults: ``temperature`` / ``top_p`` / ``top_k`` from generation_config.json.
+        generation_defaults: ``temperature`` / ``top_p`` / ``top_k`` / ``min_p`` /
+            ``repetition_penalty`` from generation_config.json.
     """
 
     def __init__(self, model, backend, args: EngineArgs, *, tokenizer=None,
