@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -58,6 +59,8 @@ class CudaBackend(GpuBackend):
         from cuda.core import Device
         self.device = Device(device_id)
         self.device.set_current()
+        self._current = threading.local()
+        self._current.ok = True
         self.stream_obj = self.device.create_stream()
         self.stream = int(self.stream_obj.handle)
         cc = self.device.compute_capability
@@ -130,7 +133,15 @@ class CudaBackend(GpuBackend):
                                 np.int64(array.size), np.uint64(seed & (2**64 - 1)),
                                 float(mean), float(std))
 
+    def ensure_current(self) -> None:
+        """Make the device's context current on the calling thread (once per thread): the
+        server steps the engine on its own thread, where no context is current yet."""
+        if not getattr(self._current, "ok", False):
+            self.device.set_current()
+            self._current.ok = True
+
     def reset_workspace(self) -> None:
+        self.ensure_current()
         self.workspace.reset()
 
     @property

@@ -76,3 +76,24 @@ def test_fill_random_on_device(cuda_backend, dtype):
     assert np.all(np.abs(host - 1.0) <= 0.25 * 3 ** 0.5 + 1e-2)
     be.fill_random(b, 12, 0.25, 1.0)
     assert not np.array_equal(host, be.to_host(b).astype(np.float64))
+
+
+def test_backend_steps_from_another_thread(cuda_backend):
+    # Regression: `atlas serve` steps the engine on its own thread, where no CUDA context was
+    # current (CUDA_ERROR_INVALID_CONTEXT on the first request).
+    import threading
+    be, box = cuda_backend, {}
+    a = np.arange(64, dtype=np.float32)
+
+    def step():
+        try:
+            be.reset_workspace()
+            box["out"] = be.to_host(be.ops.add(be.from_host(a), be.from_host(a)))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            box["err"] = exc
+
+    t = threading.Thread(target=step)
+    t.start()
+    t.join()
+    assert "err" not in box, box.get("err")
+    np.testing.assert_array_equal(box["out"], 2 * a)
