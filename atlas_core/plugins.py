@@ -46,6 +46,9 @@ class PluginError(RuntimeError):
 
 @dataclass
 class PluginFailure:
+    """A plugin that could not be loaded: its entry-point ``name``, the error line and the
+    formatted traceback (``atlas plugins`` and ``atlas doctor`` show them)."""
+
     name: str
     error: str
     traceback: str
@@ -53,6 +56,9 @@ class PluginFailure:
 
 @dataclass
 class PluginInfo:
+    """A loaded plugin: its ``name``, the distribution that ships it (``None`` when unknown) and
+    what it registered, ``{kind: [sorted names]}``."""
+
     name: str
     dist: str | None
     registered: dict[str, list[str]] = field(default_factory=dict)
@@ -144,9 +150,11 @@ class Registry:
             impl.function(register=register)
 
     def names(self, kind: str) -> list[str]:
+        """The sorted names registered under ``kind`` (e.g. ``"gpu_backends"``)."""
         return sorted(self.entries[kind])
 
     def owner(self, kind: str, name: str) -> str:
+        """The name of the plugin that registered ``name`` under ``kind``."""
         return self.entries[kind][name][1]
 
     def get(self, kind: str, name: str) -> Any:
@@ -159,9 +167,15 @@ class Registry:
         return resolve(factory)
 
     def create(self, kind: str, name: str, **kwargs: Any) -> Any:
+        """Call the factory registered as ``name`` under ``kind`` with ``kwargs``.
+
+        Raises:
+            KeyError: nothing is registered under that name (the message lists what is).
+        """
         return self.get(kind, name)(**kwargs)
 
     def plugins(self) -> list[PluginInfo]:
+        """Every plugin the manager loaded, and every owner of a registration, by name."""
         infos: dict[str, PluginInfo] = {}
         for name, plugin in self.pm.list_name_plugin():
             infos[name] = PluginInfo(name, getattr(self.pm, "atlas_dists", {}).get(name, "atlas-core"))
@@ -175,4 +189,5 @@ class Registry:
 
     @property
     def failures(self) -> list[PluginFailure]:
+        """The plugins whose import failed (they were skipped)."""
         return list(getattr(self.pm, "atlas_failures", []))

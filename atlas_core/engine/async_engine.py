@@ -53,6 +53,7 @@ class AsyncLLMEngine:
 
     @property
     def errored(self) -> bool:
+        """Whether the step thread died; later ``generate`` calls raise ``EngineDeadError``."""
         return self._error is not None
 
     def stats(self) -> EngineStats:

@@ -164,6 +164,7 @@ class LLMEngine:
         return self._output(group)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether some added request has not finished (nor been aborted) yet."""
         return bool(self.groups)
 
     # Stepping

@@ -57,6 +57,7 @@ class CompletionOutput:
 
     @property
     def finished(self) -> bool:
+        """Whether this completion has ended (``finish_reason`` is set)."""
         return self.finish_reason is not None
 
 

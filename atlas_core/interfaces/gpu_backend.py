@@ -41,6 +41,7 @@ class EagerGraph(Graph):
         self.fn = fn
 
     def replay(self) -> None:
+        """Run the captured function again."""
         self.fn()
 
 
