@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlas_core.guided import guided_from_openai
 from atlas_core.parsers import prompt_opens_reasoning
 from atlas_core.server.errors import APIError
 from atlas_core.server.prompts import render_prompt
@@ -76,24 +77,16 @@ def _openai_choice(choice: ToolChoice) -> Any:
     return choice.mode
 
 
-def guided_constraint(state, req: ChatRequest, tool_parser: str | None) -> Any:
+def guided_constraint(req: ChatRequest, tool_parser: str | None) -> Any:
     """The grammar constraint of a forced tool call or structured output, or None.
 
     Raises:
-        APIError: 400 when constrained decoding is unavailable or the schema is invalid.
+        APIError: 400 when the schema or the forced tool is invalid.
     """
     fmt = (req.response_format or {}).get("type", "text")
     if not req.tool_choice.is_forced and fmt == "text":
         return None
     param = "tool_choice" if req.tool_choice.is_forced else req.format_param
-    from atlas_core.engine import SamplingParams
-    try:
-        from atlas_core.guided import guided_from_openai
-    except ImportError:
-        guided_from_openai = None
-    if guided_from_openai is None or "guided" not in SamplingParams.__dataclass_fields__:
-        raise APIError(400, f"{param}: constrained decoding is not available in this server; "
-                       "use tool_choice auto and text output", param=param)
     forced = req.tool_choice.is_forced
     try:
         return guided_from_openai(
@@ -134,7 +127,7 @@ def plan_chat(state, req: ChatRequest) -> ChatPlan:
     """
     offered = req.tools if req.tool_choice.mode != "none" else None
     tool_cls = state.tool_parser_cls if offered else None
-    guided = guided_constraint(state, req, tool_cls.name if tool_cls else None)
+    guided = guided_constraint(req, tool_cls.name if tool_cls else None)
     text, ids, budget = render_request(state, req, is_guided=guided is not None)
     max_tokens = state.resolve_max_tokens(len(ids), req.max_tokens, req.max_tokens_param)
     reasoning_cls = state.reasoning_parser_cls
