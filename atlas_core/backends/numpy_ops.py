@@ -50,6 +50,9 @@ class NumpyOps:
             y += to_f32(bias)
         return y.astype(x.dtype, copy=False)
 
+    def linear_act_and_mul(self, x, weight, bias=None, activation="silu"):
+        return self._act_and_mul(self.linear(x, weight, bias), activation)
+
     def add(self, a, b):
         return (to_f32(a) + to_f32(b)).astype(a.dtype, copy=False)
 

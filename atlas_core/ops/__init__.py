@@ -18,6 +18,7 @@ OP_NAMES = (
     "add",
     "silu_and_mul",
     "gelu_tanh_and_mul",
+    "linear_act_and_mul",
     "rotary_embedding",
     "reshape_and_cache",
     "prefill_attention",

@@ -92,6 +92,24 @@ def act_and_mul(x: np.ndarray, activation: str) -> np.ndarray:
     return (ACTIVATIONS[activation](xf[..., :d]) * xf[..., d:]).astype(x.dtype)
 
 
+def linear_act_and_mul(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+                       activation: str = "silu") -> np.ndarray:
+    """A gated MLP's gate/up projection and activation as one op (backends may fuse them into
+    one pass over the weight): ``act_and_mul(linear(x, weight, bias), activation)``.
+
+    Args:
+        x: ``[..., in_features]``.
+        weight: ``[2 * d, in_features]``, the gate rows then the up rows.
+        bias: optional ``[2 * d]``.
+        activation: ``"silu"`` or ``"gelu_tanh"``.
+
+    Returns:
+        ``[..., d]`` in ``x.dtype``; the projection is rounded to ``x.dtype`` before the
+        activation, exactly as the two separate ops do.
+    """
+    return act_and_mul(linear(x, weight, bias), activation)
+
+
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise ``a + b`` in float32, stored in ``a.dtype``."""
     return (f32(a) + f32(b)).astype(a.dtype)

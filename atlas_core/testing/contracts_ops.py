@@ -121,7 +121,8 @@ class OpContract:
 
     @pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
     @pytest.mark.parametrize("x_shape,out_features,bias",
-                             [((1, 64), 96, False), ((13, 100), 37, True), ((2, 3, 64), 128, False)])
+                             [((1, 64), 96, False), ((13, 100), 37, True), ((2, 3, 64), 128, False),
+                              ((3, 2056), 40, True)])
     def test_linear(self, backend, dtype, x_shape, out_features, bias):
         rng = make_rng("linear", dtype, x_shape, out_features, bias)
         w = randn(rng, (out_features, x_shape[-1]), dtype, x_shape[-1] ** -0.5)
@@ -129,6 +130,17 @@ class OpContract:
         check_op(backend, "linear", randn(rng, x_shape, dtype), w, b)
         # The same weight again: backends that cache converted weights must stay correct.
         check_op(backend, "linear", randn(rng, x_shape, dtype), w, b)
+
+    @pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
+    @pytest.mark.parametrize("x_shape,d,bias,activation",
+                             [((1, 64), 48, False, "silu"), ((3, 1032), 24, True, "silu"),
+                              ((2, 3, 2056), 16, False, "gelu_tanh"), ((13, 100), 20, True, "silu"),
+                              ((9, 64), 40, False, "gelu_tanh")])
+    def test_linear_act_and_mul(self, backend, dtype, x_shape, d, bias, activation):
+        rng = make_rng("linear_act_and_mul", dtype, x_shape, d, bias, activation)
+        w = randn(rng, (2 * d, x_shape[-1]), dtype, 2 * x_shape[-1] ** -0.5)
+        b = randn(rng, (2 * d,), dtype) if bias else None
+        check_op(backend, "linear_act_and_mul", randn(rng, x_shape, dtype), w, b, activation)
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("shape", [(7, 33), (2, 3, 128)])

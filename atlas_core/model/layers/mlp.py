@@ -23,7 +23,8 @@ def gated_activation(hidden_act: str) -> str:
 
 
 class GatedMLP(Module, TransformerLayer):
-    """SwiGLU / GeGLU MLP with the gate and up projections fused into ``gate_up_proj``.
+    """SwiGLU / GeGLU MLP with the gate and up projections fused into ``gate_up_proj``
+    (``linear_act_and_mul`` then ``linear``).
 
     Args:
         hidden_size: model width.
@@ -47,9 +48,6 @@ class GatedMLP(Module, TransformerLayer):
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         ops = self.ops
-        gate_up = ops.linear(hidden, self.params["gate_up_proj.weight"], self.param("gate_up_proj.bias"))
-        if self.activation == "silu":
-            act = ops.silu_and_mul(gate_up)
-        else:
-            act = ops.gelu_tanh_and_mul(gate_up)
+        act = ops.linear_act_and_mul(hidden, self.params["gate_up_proj.weight"],
+                                     self.param("gate_up_proj.bias"), self.activation)
         return ops.linear(act, self.params["down_proj.weight"], self.param("down_proj.bias")), residual

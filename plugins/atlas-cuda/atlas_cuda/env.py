@@ -7,6 +7,7 @@ import os
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
+GEMV_CHUNKS = ("4", "8")
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:
@@ -38,3 +39,20 @@ def moe_mode() -> str:
     """``ATLAS_CUDA_MOE``: ``moe_experts`` path: ``auto`` (grouped tensor-core GEMM once the
     (token, expert) pairs reach twice the experts, else per-pair GEMV), ``grouped`` or ``gemv``."""
     return _choice("ATLAS_CUDA_MOE", MOE_MODES)
+
+
+def _flag(name: str, default: str) -> bool:
+    return os.environ.get(name, default).strip().lower() not in ("0", "false", "no", "off")
+
+
+def fuse_gate_up() -> bool:
+    """``ATLAS_CUDA_FUSE_GATE_UP``: ``1`` runs ``linear_act_and_mul`` with at most 8 rows as one
+    GEMV that writes ``act(gate) * up`` (``gemv_fused.cu``); ``0`` (default until measured on a
+    GPU) runs ``linear`` then ``silu_and_mul`` / ``gelu_tanh_and_mul``, two kernels."""
+    return _flag("ATLAS_CUDA_FUSE_GATE_UP", "0")
+
+
+def gemv_chunks() -> int:
+    """``ATLAS_CUDA_GEMV_CHUNKS``: 16-byte weight loads each lane keeps in flight in ``linear``
+    with at most 8 rows: ``4`` (default, ``linear.cu``) or ``8`` (``gemv_fused.cu``)."""
+    return int(_choice("ATLAS_CUDA_GEMV_CHUNKS", GEMV_CHUNKS))

@@ -13,13 +13,12 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_attention import AttentionOps
 from atlas_cuda.ops_gdn import GdnOps
+from atlas_cuda.ops_gemv import GEMV_MAX_M, GemvOps
 from atlas_cuda.ops_guided import GuidedOps
 from atlas_cuda.ops_sampling import SamplingOps
 
 log = logging.getLogger(__name__)
 
-#: Largest M served by the GEMV kernels; above it bf16/f16 go to the tensor-core GEMM.
-GEMV_MAX_M = 8
 #: (max M, BM, BN, threads, stages) of the tensor-core GEMM tiles, smallest first.
 GEMM_TILES = ((32, 32, 64, 128, 4), (128, 64, 128, 256, 3), (1 << 62, 128, 128, 256, 3))
 
@@ -37,7 +36,7 @@ def _threads(n: int, cap: int) -> int:
     return min(cap, max(32, -(-n // 32) * 32))
 
 
-class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
+class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps):
     """Op wrappers; outputs come from the backend's step workspace."""
 
     def __init__(self, backend: Any) -> None:
@@ -110,11 +109,7 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps):
                          y, x, weight, bias, M, N, K)
             return y
         if M <= GEMV_MAX_M or v == "f32":
-            for m0 in range(0, M, GEMV_MAX_M):
-                mt = next(t for t in (1, 2, 4, 8) if t >= min(M - m0, GEMV_MAX_M))
-                k = self.be.kernels.kernel("linear", v, f"gemv_{v}_m{mt}")
-                self.be.kernels.launch(k, -(-N // 8), 256, y, x, weight, bias, M, N, K, m0,
-                                       pdl=self._pdl)
+            self._gemv(y, x, weight, bias, M, N, K)
             return y
         lt = self._cublaslt()
         if lt is not None and lt(y, x, weight, bias, M, N, K):
