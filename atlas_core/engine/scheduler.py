@@ -87,9 +87,6 @@ class Scheduler:
         else:
             self.waiting.append(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def finish(self, seq: Sequence) -> None:
         """Remove ``seq`` (finished or aborted) and free its blocks at once."""
         if seq in self.running:
