@@ -1,6 +1,7 @@
 """Tool-call and reasoning parsers for generated text (streamed and whole)."""
 
-from atlas_core.parsers.base import ParsedOutput, ParserEvents, ToolCall, ToolCallDelta, ToolParser
+from atlas_core.parsers.base import ToolParser
+from atlas_core.parsers.events import ParsedOutput, ParserEvents, ToolCall, ToolCallDelta
 from atlas_core.parsers.hermes import HermesToolParser
 from atlas_core.parsers.llama3_json import Llama3JsonToolParser
 from atlas_core.parsers.mistral import MistralToolParser

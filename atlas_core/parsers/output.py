@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from atlas_core.parsers.base import ParsedOutput, ParserEvents, ToolParser
+from atlas_core.parsers.base import ToolParser
+from atlas_core.parsers.events import ParsedOutput, ParserEvents
 from atlas_core.parsers.reasoning import ReasoningParser
 
 

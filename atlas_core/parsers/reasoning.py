@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from atlas_core.parsers.base import ParsedOutput, ParserEvents
+from atlas_core.parsers.events import ParsedOutput, ParserEvents
 
 
 def prompt_opens_reasoning(prompt: str, start: str = "<think>", end: str = "</think>") -> bool:
