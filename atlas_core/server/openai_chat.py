@@ -123,14 +123,9 @@ async def _chat_events(state, req: ChatCompletionRequest, plan: ChatPlan, model:
             if ev is IDLE:
                 continue
             shaper = shapers[ev.index]
-            events = shaper.feed(ev.text)
-            finish = None
-            if ev.finish_reason is not None:
-                tail = shaper.finish()
-                events = ParserEvents(events.content + tail.content,
-                                      events.reasoning + tail.reasoning,
-                                      events.tool_calls + tail.tool_calls)
-                finish = shaper.finish_reason(ev.finish_reason)
+            done = ev.finish_reason is not None
+            events = shaper.feed_all(ev.text) if done else shaper.feed(ev.text)
+            finish = shaper.finish_reason(ev.finish_reason) if done else None
             logprobs = (chat_logprobs(state.tokenizer, ev.logprobs, req.top_logprobs or 0)
                         if req.logprobs and ev.logprobs else None)
             deltas = chat_deltas(events)
