@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from atlas_core.server.errors import APIError, logger
 
@@ -168,6 +168,12 @@ class GenerationStream:
         self._finish(choice)
         return Delta(choice.index, "", [], [], "abort", None)
 
+    def _abort_all(self, request_ids: set[str]) -> Iterator[Delta]:
+        for rid in sorted(request_ids):
+            for choice in self._groups[rid]:
+                if choice.finish_reason is None:
+                    yield self._abort_delta(choice)
+
     def _next_wait(self) -> float | None:
         waits = []
         if self.idle_interval:
@@ -194,19 +200,15 @@ class GenerationStream:
                     if self.timeout and time.monotonic() >= self.start_time + self.timeout:
                         self.timed_out = True
                         await self.close()
-                        for rid in sorted(pending):
-                            for choice in groups[rid]:
-                                if choice.finish_reason is None:
-                                    yield self._abort_delta(choice)
+                        for delta in self._abort_all(pending):
+                            yield delta
                         return
                     yield IDLE
                     continue
                 if rid is None:
                     await self.close()
-                    for rid in sorted(pending) if item == "stop" else ():
-                        for choice in groups[rid]:
-                            if choice.finish_reason is None:
-                                yield self._abort_delta(choice)
+                    for delta in self._abort_all(pending) if item == "stop" else ():
+                        yield delta
                     return
                 if isinstance(item, Exception):
                     raise item
