@@ -59,7 +59,7 @@ def test_numpy_fallbacks_match_reference(monkeypatch):
     from atlas_core.testing.contracts_sampling import SAMPLING_ROWS, sampling_params
 
     monkeypatch.setattr(numpy_kernels, "_race_jit", None)
-    monkeypatch.setattr(numpy_attention, "paged_decode_kernel", None)
+    monkeypatch.setattr(numpy_attention, "paged_attention_kernel", None)
     backend = NumpyBackend()
     rng = np.random.default_rng(3)
     logits = rng.standard_normal((12, 700)).astype(np.float32) * 2

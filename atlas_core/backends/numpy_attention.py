@@ -1,4 +1,4 @@
-"""Attention for the numpy backend: BLAS matmuls per KV head, decode batched over sequences.
+"""Attention for the numpy backend: paged attention by a numba kernel, prefill by BLAS matmuls.
 
 Same semantics as :mod:`atlas_core.ops.attention` (float32 softmax and accumulation, causal
 mask, GQA query head ``h`` reading KV head ``h // group``).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_core.backends.numpy_convert import as_codes, to_f32
-from atlas_core.backends.numpy_kernels import paged_decode_kernel
+from atlas_core.backends.numpy_kernels import paged_attention_kernel
 
 
 def _softmax_(scores: np.ndarray) -> np.ndarray:
@@ -68,58 +68,43 @@ def _gather(cache: np.ndarray, tables: np.ndarray, kv_scale: float) -> np.ndarra
     return blocks
 
 
-def _paged_decode(q, k_cache, v_cache, block_tables, lens, scale, kv_scale):
-    # q: [num_seqs, num_heads, head_dim], one query per sequence at position lens[b] - 1
-    num_seqs, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    num_blocks = -(-int(lens.max()) // block_size)
-    tables = np.asarray(block_tables[:, :num_blocks], dtype=np.int64)
-    used = np.arange(num_blocks)[None, :] < (-(-lens // block_size))[:, None]
-    tables = np.where(used, tables, 0)
-    # k, v: [num_seqs, num_kv_heads, L, head_dim]
-    k = _gather(k_cache, tables, kv_scale).transpose(0, 2, 1, 3)
-    v = np.ascontiguousarray(_gather(v_cache, tables, kv_scale).transpose(0, 2, 1, 3))
-    qg = q.reshape(num_seqs, num_kv_heads, group, head_dim)
-    scores = np.matmul(qg, k.transpose(0, 1, 3, 2))
-    scores *= scale
-    length = scores.shape[-1]
-    mask = np.arange(length)[None, :] >= lens[:, None]
-    if mask.any():
-        scores[np.broadcast_to(mask[:, None, None, :], scores.shape)] = -np.inf
-    probs = _softmax_(scores)
-    return np.matmul(probs, v).reshape(num_seqs, num_heads, head_dim)
-
-
-def _decode(q, k_cache, v_cache, block_tables, lens, scale, kv_scale):
-    k_codes, v_codes = as_codes(k_cache), as_codes(v_cache)
-    if (paged_decode_kernel is None or k_codes is None or k_cache.dtype != v_cache.dtype
-            or lens.min() <= 0):
-        return _paged_decode(q, k_cache, v_cache, np.asarray(block_tables), lens, scale, kv_scale)
-    out = np.empty(q.shape, dtype=np.float32)
-    tables = np.ascontiguousarray(block_tables, dtype=np.int32)
-    paged_decode_kernel(np.ascontiguousarray(q), k_codes[0], v_codes[0], k_codes[1], tables, lens,
-                        np.float32(scale), np.float32(kv_scale), out)
+def _paged_rows_numpy(q, k_cache, v_cache, block_tables, lens, cu, scale, kv_scale):
+    # Without numba: one query row at a time over exactly the keys it sees (slow, but each row's
+    # result is independent of the rest of the batch, like the kernel's).
+    out = np.zeros(q.shape, dtype=np.float32)
+    block_size = k_cache.shape[1]
+    for b in range(len(cu) - 1):
+        s, n, length = int(cu[b]), int(cu[b + 1] - cu[b]), int(lens[b])
+        if n <= 0:
+            continue
+        table = np.asarray(block_tables[b][:-(-length // block_size)], dtype=np.int64)
+        k = _gather(k_cache, table, kv_scale)
+        v = _gather(v_cache, table, kv_scale)
+        for i in range(n):
+            pos = length - n + i
+            out[s + i] = attend(q[s + i:s + i + 1], k[:pos + 1], v[:pos + 1], np.array([pos]),
+                                scale)[0]
     return out
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, kv_scale=1.0):
-    """Same contract as :func:`atlas_core.ops.reference.paged_attention`."""
+    """Same contract as :func:`atlas_core.ops.reference.paged_attention`.
+
+    Batch invariant: a query row's result is the same bits whether its step is decode-only,
+    mixed with prefill chunks, or a prefill chunk of any length (see ``docs/serving.md``).
+    """
     cu = np.asarray(cu_seqlens_q, dtype=np.int64)
     lens = np.asarray(seq_lens, dtype=np.int64)
-    counts = np.diff(cu)
-    if len(counts) and np.all(counts == 1) and cu[0] == 0:
-        out = _decode(to_f32(q[:len(counts)]), k_cache, v_cache, block_tables, lens, scale, kv_scale)
+    qf = np.ascontiguousarray(to_f32(q))
+    k_codes, v_codes = as_codes(k_cache), as_codes(v_cache)
+    if paged_attention_kernel is None or k_cache.dtype != v_cache.dtype or (
+            k_codes is None and k_cache.dtype != np.float32):
+        out = _paged_rows_numpy(qf, k_cache, v_cache, block_tables, lens, cu, scale, kv_scale)
         return out.astype(q.dtype, copy=False)
-    out = np.empty(q.shape, dtype=np.float32)
-    qf = to_f32(q)
-    block_size = k_cache.shape[1]
-    for b, n in enumerate(counts):
-        if n == 0:
-            continue
-        s, length = int(cu[b]), int(lens[b])
-        table = np.asarray(block_tables[b][:-(-length // block_size)], dtype=np.int64)
-        k = _gather(k_cache, table, kv_scale)[:length]
-        v = _gather(v_cache, table, kv_scale)[:length]
-        out[s:s + n] = attend(qf[s:s + n], k, v, np.arange(length - n, length), scale)
+    out = np.zeros(q.shape, dtype=np.float32)
+    k_src, v_src, lut = ((k_cache, v_cache, None) if k_codes is None
+                         else (k_codes[0], v_codes[0], k_codes[1]))
+    tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+    paged_attention_kernel(qf, k_src, v_src, lut, tables, lens, cu, np.float32(scale),
+                           np.float32(kv_scale), out)
     return out.astype(q.dtype, copy=False)

@@ -1,9 +1,10 @@
 """numba kernels of the numpy backend (with pure NumPy fallbacks when numba is missing).
 
 Only loops where numba measurably beats vectorised NumPy live here (one core, 2026-11-21):
-the sampler's exponential race, 59 ms vs 429 ms for NumPy at 64 rows x 151,936 tokens; decode
-attention read straight from bf16/fp8 storage, about 2x the batched-NumPy gather + matmul at
-64 sequences x 257 tokens (3.4x the reference's per-sequence loop).
+the sampler's exponential race, 59 ms vs 429 ms for NumPy at 64 rows x 151,936 tokens; paged
+attention read straight from bf16/fp8 storage, about 2x the batched-NumPy gather + matmul for
+decode at 64 sequences x 257 tokens (3.4x the reference's per-sequence loop), and the same
+arithmetic for every query row whatever the batch (batch invariance).
 """
 
 from __future__ import annotations
@@ -93,50 +94,67 @@ def _uniform_at(seed: int, step: int, idx: np.ndarray) -> np.ndarray:
 
 
 
-def _paged_decode_rows(q, k_bits, v_bits, lut, tables, lens, scale, kv_scale, out):
-    # q, out: [num_seqs, num_heads, head_dim] float32; k_bits, v_bits: the caches' storage codes
-    # (uint8 / uint16 views) [num_blocks, block_size, num_kv_heads, head_dim]; lut: code -> float32.
-    num_seqs, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_bits.shape[1], k_bits.shape[2]
+def _paged_rows(q, k_src, v_src, lut, tables, lens, cu, scale, kv_scale, out):
+    # q, out: [num_tokens, num_heads, head_dim] float32, packed by sequence (cu: [num_seqs + 1]);
+    # k_src, v_src: cache storage [num_blocks, block_size, num_kv_heads, head_dim], as codes
+    # (uint8 / uint16 views, lut: code -> float32) or float32 (lut None). Query i of sequence b
+    # sits at position lens[b] - n + i and reads keys 0..position. Every row, decode or prefill,
+    # runs the same loops over exactly the keys it sees, so its result does not depend on the
+    # other rows of the step nor on how its sequence was split into chunks.
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_src.shape[1], k_src.shape[2]
     group = num_heads // num_kv_heads
-    scores = np.empty((num_heads, max(1, lens.max())), dtype=np.float32)
-    row = np.empty((num_kv_heads, head_dim), dtype=np.float32)
-    acc = np.empty((num_heads, head_dim), dtype=np.float32)
-    qs = q * (scale * kv_scale)
-    for b in range(num_seqs):
-        length = lens[b]
+    max_len = max(1, lens.max())
+    kf = np.empty((max_len, num_kv_heads, head_dim), dtype=np.float32)
+    vf = np.empty((max_len, num_kv_heads, head_dim), dtype=np.float32)
+    scores = np.empty(max_len, dtype=np.float32)
+    qs = np.empty(head_dim, dtype=np.float32)
+    acc = np.empty(head_dim, dtype=np.float32)
+    qscale = np.float32(scale * kv_scale)
+    for b in range(len(cu) - 1):
+        n, length = cu[b + 1] - cu[b], lens[b]
+        if n <= 0:
+            continue
         for t in range(length):
             blk, off = tables[b, t // block_size], t % block_size
             for kh in range(num_kv_heads):
                 for d in range(head_dim):
-                    row[kh, d] = lut[k_bits[blk, off, kh, d]]
+                    if lut is None:
+                        kf[t, kh, d] = k_src[blk, off, kh, d]
+                        vf[t, kh, d] = v_src[blk, off, kh, d]
+                    else:
+                        kf[t, kh, d] = lut[k_src[blk, off, kh, d]]
+                        vf[t, kh, d] = lut[v_src[blk, off, kh, d]]
+        for i in range(n):
+            row, seen = cu[b] + i, length - n + i + 1
             for h in range(num_heads):
-                s = np.float32(0.0)
+                kh = h // group
                 for d in range(head_dim):
-                    s += qs[b, h, d] * row[h // group, d]
-                scores[h, t] = s
-        for h in range(num_heads):
-            m = scores[h, :length].max()
-            total = np.float32(0.0)
-            for t in range(length):
-                e = np.exp(scores[h, t] - m)
-                scores[h, t] = e
-                total += e
-            scores[h, :length] *= kv_scale / total
-        acc[:] = 0.0
-        for t in range(length):
-            blk, off = tables[b, t // block_size], t % block_size
-            for kh in range(num_kv_heads):
+                    qs[d] = q[row, h, d] * qscale
+                m = np.float32(-np.inf)
+                for t in range(seen):
+                    s = np.float32(0.0)
+                    for d in range(head_dim):
+                        s += qs[d] * kf[t, kh, d]
+                    scores[t] = s
+                    m = max(m, s)
+                total = np.float32(0.0)
+                for t in range(seen):
+                    e = np.exp(scores[t] - m)
+                    scores[t] = e
+                    total += e
+                norm = np.float32(kv_scale) / total
+                acc[:] = 0.0
+                for t in range(seen):
+                    w = scores[t] * norm
+                    for d in range(head_dim):
+                        acc[d] += w * vf[t, kh, d]
                 for d in range(head_dim):
-                    row[kh, d] = lut[v_bits[blk, off, kh, d]]
-            for h in range(num_heads):
-                w = scores[h, t]
-                for d in range(head_dim):
-                    acc[h, d] += w * row[h // group, d]
-        out[b] = acc
+                    out[row, h, d] = acc[d]
 
 
-#: Decode attention straight from 8/16-bit cache storage (``None`` without numba): about 2x
-#: the batched-NumPy path at 64 sequences x 257 tokens, bf16 cache (it skips gather + convert).
-paged_decode_kernel = (numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})(
-    _paged_decode_rows) if numba is not None else None)
+#: Paged attention for every query row (``None`` without numba), straight from 8/16-bit or
+#: float32 cache storage; about 2x the batched-NumPy gather + matmul for decode at 64
+#: sequences x 257 tokens, bf16 cache (it skips the gather + convert).
+paged_attention_kernel = (numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})(
+    _paged_rows) if numba is not None else None)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.backends import numpy_attention, numpy_sampling
+from atlas_core.backends import numpy_attention, numpy_gdn, numpy_sampling
 from atlas_core.backends.numpy_convert import Float32Cache, to_f32
+from atlas_core.backends.numpy_gemm import linear_f32, matmul_nt
 from atlas_core.ops import OP_NAMES, reference
 from atlas_core.ops.norm import ACTIVATIONS
 
@@ -45,7 +46,7 @@ class NumpyOps:
         return (y, x) if residual is not None else y
 
     def linear(self, x, weight, bias=None):
-        y = np.matmul(to_f32(x), self._weight(weight).T)
+        y = linear_f32(to_f32(x), self._weight(weight))
         if bias is not None:
             y += to_f32(bias)
         return y.astype(x.dtype, copy=False)
@@ -110,10 +111,26 @@ class NumpyOps:
         inter = w2.shape[-1]
         for e in np.unique(ids):
             rows, slots = np.nonzero(ids == e)
-            gate_up = xf[rows] @ w1[e].T
+            gate_up = matmul_nt(xf[rows], w1[e])
             h = act(gate_up[:, :inter]) * gate_up[:, inter:]
-            np.add.at(out, rows, (h @ w2[e].T) * weights[rows, slots][:, None])
+            np.add.at(out, rows, matmul_nt(h, w2[e]) * weights[rows, slots][:, None])
         return out.astype(x.dtype, copy=False)
+
+    def gated_delta_rule_chunked(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
+                                 state_indices, *, num_k_heads, num_v_heads, head_k_dim,
+                                 head_v_dim, scale=None, use_qk_l2norm=True, chunk_size=64):
+        return numpy_gdn.gated_delta_rule(
+            qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+            num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
+            head_v_dim=head_v_dim, scale=scale, use_qk_l2norm=use_qk_l2norm)
+
+    def gated_delta_rule_recurrent(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
+                                   state_indices, *, num_k_heads, num_v_heads, head_k_dim,
+                                   head_v_dim, scale=None, use_qk_l2norm=True):
+        return numpy_gdn.gated_delta_rule(
+            qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+            num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
+            head_v_dim=head_v_dim, scale=scale, use_qk_l2norm=use_qk_l2norm)
 
     def argmax(self, logits):
         return numpy_sampling.argmax(logits)
