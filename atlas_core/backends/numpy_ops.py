@@ -14,6 +14,7 @@ from atlas_core.backends import numpy_attention, numpy_gdn, numpy_sampling
 from atlas_core.backends.numpy_convert import Float32Cache, to_f32
 from atlas_core.backends.numpy_gemm import linear_f32, matmul_nt
 from atlas_core.ops import OP_NAMES, reference
+from atlas_core.ops.moe import compose_moe_block
 from atlas_core.ops.norm import ACTIVATIONS
 
 
@@ -115,6 +116,12 @@ class NumpyOps:
             h = act(gate_up[:, :inter]) * gate_up[:, inter:]
             np.add.at(out, rows, matmul_nt(h, w2[e]) * weights[rows, slots][:, None])
         return out.astype(x.dtype, copy=False)
+
+    def moe_block(self, x, router_weight, w_gate_up, w_down, top_k, renormalize,
+                  scoring="softmax", activation="silu", shared_gate_up=None, shared_down=None,
+                  shared_gate=None):
+        return compose_moe_block(self, x, router_weight, w_gate_up, w_down, top_k, renormalize,
+                                 scoring, activation, shared_gate_up, shared_down, shared_gate)
 
     def gated_delta_rule_chunked(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
                                  state_indices, *, num_k_heads, num_v_heads, head_k_dim,

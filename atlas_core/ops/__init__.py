@@ -26,6 +26,7 @@ OP_NAMES = (
     "qk_norm_rope_and_cache",
     "moe_route",
     "moe_experts",
+    "moe_block",
     "argmax",
     "log_softmax",
     "topk",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from atlas_core.ops._dtypes import f32
-from atlas_core.ops.norm import ACTIVATIONS
+from atlas_core.ops.gdn import sigmoid_mul
+from atlas_core.ops.norm import ACTIVATIONS, add, linear, linear_act_and_mul
 
 
 def moe_route(router_logits: np.ndarray, top_k: int, renormalize: bool,
@@ -65,3 +68,59 @@ def moe_experts(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, topk_w
         h = act(gate_up[:, :inter]) * gate_up[:, inter:]
         out[rows] += (h @ f32(w_down[e]).T) * topk_weights[rows, slots][:, None]
     return out.astype(x.dtype)
+
+
+def compose_moe_block(ops, x, router_weight, w_gate_up, w_down, top_k, renormalize,
+                      scoring="softmax", activation="silu", shared_gate_up=None,
+                      shared_down=None, shared_gate=None):
+    """:func:`moe_block` as the separate ops of ``ops`` (any op table: the references, a
+    backend's ``backend.ops``), one op after another."""
+    topk_weights, topk_ids = ops.moe_route(ops.linear(x, router_weight), top_k, renormalize,
+                                           scoring)
+    out = ops.moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, activation)
+    if shared_gate_up is None:
+        return out
+    shared = ops.linear(ops.linear_act_and_mul(x, shared_gate_up, None, activation), shared_down)
+    if shared_gate is not None:
+        shared = ops.sigmoid_mul(shared, ops.linear(x, shared_gate))
+    return ops.add(out, shared)
+
+
+def moe_block(x: np.ndarray, router_weight: np.ndarray, w_gate_up: np.ndarray,
+              w_down: np.ndarray, top_k: int, renormalize: bool, scoring: str = "softmax",
+              activation: str = "silu", shared_gate_up: np.ndarray | None = None,
+              shared_down: np.ndarray | None = None,
+              shared_gate: np.ndarray | None = None) -> np.ndarray:
+    """A whole sparse-MoE feed-forward as one op (backends may fuse it for decode batches).
+
+    ``moe_experts(x, w_gate_up, w_down, *moe_route(linear(x, router_weight), top_k,
+    renormalize, scoring), activation)``, plus, with a shared expert,
+    ``linear(linear_act_and_mul(x, shared_gate_up, None, activation), shared_down)``, scaled by
+    ``sigmoid(linear(x, shared_gate))`` when a gate is given (``sigmoid_mul``) and added
+    (``add``). Every intermediate is rounded as those ops round it.
+
+    Args:
+        x: ``[num_tokens, hidden]``.
+        router_weight: ``[num_experts, hidden]``.
+        w_gate_up: ``[num_experts, 2 * intermediate, hidden]`` (gate rows, then up rows).
+        w_down: ``[num_experts, hidden, intermediate]``.
+        top_k: experts per token.
+        renormalize: divide the chosen weights by their sum.
+        scoring: ``"softmax"`` or ``"sigmoid"`` router scores.
+        activation: ``"silu"`` or ``"gelu_tanh"``.
+        shared_gate_up: optional shared expert ``[2 * shared_intermediate, hidden]``.
+        shared_down: ``[hidden, shared_intermediate]``, with ``shared_gate_up``.
+        shared_gate: optional ``[1, hidden]`` gate of the shared expert.
+
+    Returns:
+        ``[num_tokens, hidden]`` in ``x.dtype``.
+    """
+    if (shared_gate_up is None) != (shared_down is None):
+        raise ValueError("moe_block: give shared_gate_up and shared_down together")
+    return compose_moe_block(_REFERENCE_OPS, x, router_weight, w_gate_up, w_down, top_k, renormalize,
+                             scoring, activation, shared_gate_up, shared_down, shared_gate)
+
+
+_REFERENCE_OPS = SimpleNamespace(linear=linear, linear_act_and_mul=linear_act_and_mul, add=add,
+                                 sigmoid_mul=sigmoid_mul, moe_route=moe_route,
+                                 moe_experts=moe_experts)

@@ -192,3 +192,32 @@ class OpContract:
                  randn(rng, (num_experts, 2 * inter, hidden), dtype, hidden ** -0.5),
                  randn(rng, (num_experts, hidden, inter), dtype, inter ** -0.5), weights, ids,
                  activation)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens,num_experts,top_k,shared,scoring", [
+        (1, 16, 4, 0, "softmax"), (3, 8, 2, 24, "softmax"), (8, 64, 8, 48, "softmax"),
+        (11, 16, 2, 40, "softmax"), (2, 16, 4, 32, "sigmoid")])
+    def test_moe_block(self, backend, dtype, tokens, num_experts, top_k, shared, scoring):
+        rng = make_rng("moe_block", dtype, tokens, num_experts, top_k, shared, scoring)
+        hidden, inter = 64, 40
+        x, router = separated_router(rng, dtype, tokens, hidden, num_experts, top_k)
+        experts = (randn(rng, (num_experts, 2 * inter, hidden), dtype, hidden ** -0.5),
+                   randn(rng, (num_experts, hidden, inter), dtype, inter ** -0.5))
+        kw = {}
+        if shared:
+            kw = dict(shared_gate_up=randn(rng, (2 * shared, hidden), dtype, hidden ** -0.5),
+                      shared_down=randn(rng, (hidden, shared), dtype, shared ** -0.5),
+                      shared_gate=randn(rng, (1, hidden), dtype, hidden ** -0.5))
+        check_op(backend, "moe_block", x, router, *experts, top_k, True, scoring, "silu", **kw)
+
+
+def separated_router(rng, dtype, tokens, hidden, num_experts, top_k):
+    """Inputs and router whose top-k choice does not hinge on rounding (the k-th and (k+1)-th
+    logits of every token at least 0.05 apart)."""
+    while True:
+        x = randn(rng, (tokens, hidden), dtype)
+        router = randn(rng, (num_experts, hidden), dtype, hidden ** -0.5)
+        logits = -np.sort(-(x.astype(np.float64) @ router.astype(np.float64).T), axis=-1)
+        gap = logits[:, top_k - 1] - logits[:, top_k] if top_k < num_experts else 1.0
+        if np.min(gap) > 0.05:
+            return x, router

@@ -11,7 +11,8 @@ from atlas_core.model.params import Module
 
 
 class SparseMoE(Module, TransformerLayer):
-    """Router linear -> ``moe_route`` -> ``moe_experts`` over stacked expert weights.
+    """Router, top-k and experts as one ``moe_block`` op (``linear`` -> ``moe_route`` ->
+    ``moe_experts`` in the reference) over stacked expert weights.
 
     Expert weights are stacked at load: ``experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows then
     up rows of each expert) and ``experts.down_proj`` ``[E, H, I]``, filled either from the
@@ -49,11 +50,12 @@ class SparseMoE(Module, TransformerLayer):
                       [("experts.down_proj", (e, h, i))]])
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        ops = self.ops
-        router_logits = ops.linear(hidden, self.params["gate.weight"])
-        topk_weights, topk_ids = ops.moe_route(router_logits, self.top_k, self.renormalize,
-                                               self.scoring)
-        out = ops.moe_experts(hidden, self.params["experts.gate_up_proj"],
-                              self.params["experts.down_proj"], topk_weights, topk_ids,
-                              self.activation)
-        return out, residual
+        return self.moe_block(hidden), residual
+
+    def moe_block(self, hidden: Any, **shared: Any) -> Any:
+        """``ops.moe_block`` over this layer's router and experts (``shared``: the shared
+        expert's ``shared_gate_up``/``shared_down``/``shared_gate`` arrays)."""
+        p = self.params
+        return self.ops.moe_block(hidden, p["gate.weight"], p["experts.gate_up_proj"],
+                                  p["experts.down_proj"], self.top_k, self.renormalize,
+                                  self.scoring, self.activation, **shared)

@@ -41,6 +41,14 @@ def moe_mode() -> str:
     return _choice("ATLAS_CUDA_MOE", MOE_MODES)
 
 
+def moe_fused() -> bool:
+    """``ATLAS_CUDA_MOE_FUSED``: ``1`` runs ``moe_block`` for at most 8 tokens as three kernels
+    (``moe_decode.cu``: router + top-k, gate_up of the chosen and shared experts, down and sum);
+    ``0`` (default until measured on a GPU) runs the router ``linear``, ``moe_route``,
+    ``moe_experts`` and the shared expert's ops one by one."""
+    return _flag("ATLAS_CUDA_MOE_FUSED", "0")
+
+
 def _flag(name: str, default: str) -> bool:
     return os.environ.get(name, default).strip().lower() not in ("0", "false", "no", "off")
 

@@ -15,6 +15,7 @@ from atlas_cuda.ops_attention import AttentionOps
 from atlas_cuda.ops_gdn import GdnOps
 from atlas_cuda.ops_gemv import GEMV_MAX_M, GemvOps
 from atlas_cuda.ops_guided import GuidedOps
+from atlas_cuda.ops_moe import MoeOps
 from atlas_cuda.ops_sampling import SamplingOps
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def _threads(n: int, cap: int) -> int:
     return min(cap, max(32, -(-n // 32) * 32))
 
 
-class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps):
+class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps, MoeOps):
     """Op wrappers; outputs come from the backend's step workspace."""
 
     def __init__(self, backend: Any) -> None:

@@ -97,3 +97,59 @@ def test_backend_steps_from_another_thread(cuda_backend):
     t.join()
     assert "err" not in box, box.get("err")
     np.testing.assert_array_equal(box["out"], 2 * a)
+
+
+def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
+    from atlas_core.testing.contracts_ops import separated_router
+    rng = np.random.default_rng(seed)
+    x, router = separated_router(rng, "float32", t, hidden, e, k)
+    arrays = {"x": x, "router_weight": router,
+              "w_gate_up": rng.standard_normal((e, 2 * inter, hidden), np.float32) * hidden ** -0.5,
+              "w_down": rng.standard_normal((e, hidden, inter), np.float32) * inter ** -0.5}
+    if shared:
+        arrays.update(shared_gate_up=rng.standard_normal((2 * shared, hidden)) * hidden ** -0.5,
+                      shared_down=rng.standard_normal((hidden, shared)) * shared ** -0.5,
+                      shared_gate=rng.standard_normal((1, hidden)) * hidden ** -0.5)
+    return {name: a.astype(dtype) for name, a in arrays.items()}
+
+
+@pytest.mark.parametrize("fused", ["1", "0"])
+@pytest.mark.parametrize("dtype", [bfloat16, np.float16])
+@pytest.mark.parametrize("t,e,k,hidden,inter,shared,scoring", [
+    (1, 16, 8, 2048, 768, 0, "softmax"), (1, 16, 8, 2048, 512, 512, "softmax"),
+    (5, 256, 8, 256, 64, 64, "softmax"), (8, 64, 4, 256, 96, 64, "sigmoid"),
+    (2, 1024, 8, 64, 16, 16, "softmax"), (3, 16, 2, 128, 48, 0, "softmax"),
+    (12, 16, 2, 128, 48, 32, "softmax")])
+def test_moe_block_paths(cuda_backend, monkeypatch, fused, dtype, t, e, k, hidden, inter,
+                         shared, scoring):
+    monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", fused)
+    be = cuda_backend
+    case = _block_case(t * e + k + shared, t, e, k, hidden, inter, shared, dtype)
+    calls = be.ops._moe_calls
+    be.reset_workspace()
+    dev = {name: be.from_host(a) for name, a in case.items()}
+    out = be.ops.moe_block(top_k=k, renormalize=True, scoring=scoring, **dev)
+    want = ref.moe_block(top_k=k, renormalize=True, scoring=scoring, **case)
+    assert _rel_err(be.to_host(out), want) < 1.5e-2
+    assert (be.ops._moe_calls > calls) == (fused == "1" and t <= 8)
+
+
+def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch):
+    # The router's completion counter must return to zero: every replay routes afresh.
+    monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
+    be = cuda_backend
+    case = _block_case(5, 1, 256, 8, 256, 64, 64, bfloat16)
+    dev = {name: be.from_host(a) for name, a in case.items()}
+    graph = be.capture(lambda: be.ops.moe_block(top_k=8, renormalize=True, **dev))
+    rng = np.random.default_rng(6)
+    router = case["router_weight"].astype(np.float64)
+    for _ in range(3):
+        while True:
+            x = rng.standard_normal((1, 256)).astype(bfloat16)
+            top = -np.sort(-(x.astype(np.float64) @ router.T), axis=-1)
+            if top[0, 7] - top[0, 8] > 0.05:
+                break
+        be.copy_from_host(dev["x"], x)
+        graph.replay()
+        want = ref.moe_block(top_k=8, renormalize=True, **{**case, "x": x})
+        assert _rel_err(be.to_host(graph.output), want) < 1.5e-2

@@ -11,7 +11,8 @@ from atlas_core.model.params import ParamSpec
 
 
 class SharedExpertMoE(SparseMoE):
-    """``routed(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`` (Qwen2-MoE family).
+    """``routed(x) + sigmoid(shared_expert_gate(x)) * shared_expert(x)`` (Qwen2-MoE family), one
+    ``moe_block`` op with the shared expert's arrays.
 
     Routed experts as :class:`~atlas_core.model.layers.moe.SparseMoE` (per-expert or fused
     checkpoint tensors); ``shared_expert`` is a gated MLP (``shared_expert.{gate,up,down}_proj``)
@@ -40,10 +41,9 @@ class SharedExpertMoE(SparseMoE):
             self.declare("shared_expert_gate.weight", (1, hidden))
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        routed, _ = super().forward(hidden, None, meta)
         if self.shared_expert is None:
-            return routed, residual
-        ops = self.ops
-        shared, _ = self.shared_expert.forward(hidden, None, meta)
-        gate = ops.linear(hidden, self.params["shared_expert_gate.weight"])
-        return ops.add(routed, ops.sigmoid_mul(shared, gate)), residual
+            return self.moe_block(hidden), residual
+        mlp = self.shared_expert.params
+        return self.moe_block(hidden, shared_gate_up=mlp["gate_up_proj.weight"],
+                              shared_down=mlp["down_proj.weight"],
+                              shared_gate=self.params["shared_expert_gate.weight"]), residual

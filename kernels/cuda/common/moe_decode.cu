@@ -1,0 +1,227 @@
+// Decode MoE block (at most 8 tokens) in three kernels, launched with PDL on sm_90+:
+//   moe_router:       router GEMV for every expert (and the shared-expert gate row), logits
+//                     rounded to the activation dtype as the separate `linear` does; the last
+//                     block to finish picks each token's top-k (a warp per token).
+//   moe_dec_gate_up:  act(gate) * up for every (token, slot) pair and each token's shared expert.
+//   moe_dec_down:     out = sum_j w_j * down_e(h_j) + sigmoid(gate) * shared_down(hs).
+// Weights are static, so each kernel asks for the rows it can name before griddepcontrol.wait.
+#include "common.cuh"
+
+#define MOE_DEC_MAX_TOKENS 8
+#define MOE_DEC_PER_LANE 32  // experts per lane in the top-k warp: E <= 1024
+
+__device__ __forceinline__ float moe_act(float x, int gelu) {
+  return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
+              : x / (1.f + __expf(-x));
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
+}
+
+// Top-k of one token's logits (a warp): weights/ids in descending order, ties to the lower
+// expert, like atlas_core.ops.moe.moe_route.
+__device__ void moe_topk_warp(float* weights, int* ids, const volatile float* lg, int E,
+                              int top_k, int renorm, int sigmoid) {
+  int lane = threadIdx.x & 31;
+  float s[MOE_DEC_PER_LANE];
+  float mx = NEG_INF;
+#pragma unroll
+  for (int i = 0; i < MOE_DEC_PER_LANE; i++) {
+    int e = lane + 32 * i;
+    s[i] = e < E ? lg[e] : NEG_INF;
+    mx = fmaxf(mx, s[i]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < MOE_DEC_PER_LANE; i++) {
+    int e = lane + 32 * i;
+    if (e < E) s[i] = sigmoid ? 1.f / (1.f + expf(-s[i])) : expf(s[i] - mx);
+    sum += e < E ? s[i] : 0.f;
+  }
+  sum = sigmoid ? 1.f : warp_sum(sum);
+  float my_w = 0.f;
+  int my_id = 0;
+  for (int j = 0; j < top_k; j++) {
+    float v = NEG_INF;
+    int idx = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < MOE_DEC_PER_LANE; i++) argmax_pair(v, idx, s[i], lane + 32 * i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      argmax_pair(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
+#pragma unroll
+    for (int i = 0; i < MOE_DEC_PER_LANE; i++)
+      if (lane + 32 * i == idx) s[i] = NEG_INF;
+    if (lane == j) { my_w = v / sum; my_id = idx; }
+  }
+  float chosen = warp_sum(lane < top_k ? my_w : 0.f);
+  if (lane < top_k) {
+    weights[lane] = renorm ? my_w / chosen : my_w;
+    ids[lane] = my_id;
+  }
+}
+
+// Grid ceil(rows / warps), rows = E (+1 with a shared gate): a warp per row, every token.
+template <typename T>
+__device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float* logits,
+                                int* counter, const T* __restrict__ x, const T* __restrict__ wr,
+                                const T* __restrict__ wsg, int ntok, int E, int H, int top_k,
+                                int renorm, int sigmoid) {
+  __shared__ int last;
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  int rows = E + (wsg ? 1 : 0), r = blockIdx.x * nw + warp;
+  const T* wrow = r < E ? wr + (long long)r * H : wsg;
+  if (r < rows)
+    for (int k = lane * 64; k < H; k += 32 * 64) prefetch_l2(wrow + k);
+  pdl_trigger();
+  pdl_wait();
+  if (r < rows) {
+    float acc[MOE_DEC_MAX_TOKENS];
+#pragma unroll
+    for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) acc[m] = 0.f;
+#pragma unroll 4
+    for (int k = lane * 8; k < H; k += 256) {
+      float wf[8];
+      Vec8<T> wv; wv.load(wrow + k); wv.to_float(wf);
+#pragma unroll
+      for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) {
+        if (m < ntok) {
+          float xf[8];
+          Vec8<T> xv; xv.load(x + (long long)m * H + k); xv.to_float(xf);
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc[m] += wf[i] * xf[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) {
+      float v = warp_sum(acc[m]);
+      if (lane == 0 && m < ntok) logits[m * rows + r] = to_f32(from_f32<T>(v));
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const volatile float* lg = logits;
+  for (int t = warp; t < ntok; t += nw) {
+    moe_topk_warp(weights + t * top_k, ids + t * top_k, lg + t * rows, E, top_k, renorm, sigmoid);
+    if (wsg && lane == 0) shared_w[t] = 1.f / (1.f + expf(-lg[t * rows + E]));
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
+
+// Grid (ceil(max(I, Is) / warps), ntok * top_k (+ ntok with a shared expert)): a warp per
+// (pair, intermediate row) writes act(x . gate_row) * (x . up_row) in float32.
+template <typename T>
+__device__ void moe_dec_gate_up_impl(float* h, float* hs, const T* __restrict__ x,
+                                     const T* __restrict__ w, const T* __restrict__ ws,
+                                     const int* ids, int ntok, int top_k, int H, int I, int Is,
+                                     int gelu) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
+  pdl_trigger();
+  bool shared = p >= ntok * top_k;
+  int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
+  if (n >= inter) return;
+  const T* wg = nullptr;
+  if (shared) {
+    wg = ws + (long long)n * H;
+    for (int k = lane * 64; k < H; k += 32 * 64) {
+      prefetch_l2(wg + k);
+      prefetch_l2(wg + (long long)Is * H + k);
+    }
+  }
+  pdl_wait();
+  if (!shared) wg = w + ((long long)ids[p] * 2 * I + n) * H;
+  const T* wu = wg + (long long)inter * H;
+  const T* xr = x + (long long)t * H;
+  float g = 0.f, u = 0.f;
+  int k = lane * 8;
+  for (; k + 3 * 256 < H; k += 4 * 256) {
+    Vec8<T> gv[4], uv[4], xv[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) { gv[c].load(wg + k + c * 256); uv[c].load(wu + k + c * 256); }
+#pragma unroll
+    for (int c = 0; c < 4; c++) xv[c].load(xr + k + c * 256);
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+      float xf[8], gf[8], uf[8];
+      xv[c].to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
+    }
+  }
+  for (; k < H; k += 256) {
+    float xf[8], gf[8], uf[8];
+    Vec8<T> xv, gv, uv; gv.load(wg + k); uv.load(wu + k); xv.load(xr + k);
+    xv.to_float(xf); gv.to_float(gf); uv.to_float(uf);
+#pragma unroll
+    for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
+  }
+  g = warp_sum(g); u = warp_sum(u);
+  if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = moe_act(g, gelu) * u;
+}
+
+// Grid (ceil(H / warps), ntok): a warp per (token, hidden row) sums the token's experts (and
+// its gated shared expert) and writes the block's output.
+template <typename T>
+__device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const float* __restrict__ hs,
+                                  const T* __restrict__ w, const T* __restrict__ ws,
+                                  const float* weights, const int* ids, const float* shared_w,
+                                  int top_k, int H, int I, int Is) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
+  pdl_trigger();
+  if (n >= H) return;
+  if (Is)
+    for (int k = lane * 64; k < Is; k += 32 * 64) prefetch_l2(ws + (long long)n * Is + k);
+  pdl_wait();
+  float total = 0.f;
+  for (int k = lane * 8; k < I; k += 256) {
+#pragma unroll 8
+    for (int j = 0; j < top_k; j++) {
+      int p = t * top_k + j;
+      float wf[8], hf[8], s = 0.f;
+      Vec8<T> wv; wv.load(w + ((long long)ids[p] * H + n) * I + k); wv.to_float(wf);
+      Vec8<float> hv; hv.load(h + (long long)p * I + k); hv.to_float(hf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+      total += s * weights[p];
+    }
+  }
+  if (Is) {
+    float s = 0.f;
+    for (int k = lane * 8; k < Is; k += 256) {
+      float wf[8], hf[8];
+      Vec8<T> wv; wv.load(ws + (long long)n * Is + k); wv.to_float(wf);
+      Vec8<float> hv; hv.load(hs + (long long)t * Is + k); hv.to_float(hf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+    }
+    total += (shared_w ? shared_w[t] : 1.f) * s;
+  }
+  total = warp_sum(total);
+  if (lane == 0) out[(long long)t * H + n] = from_f32<T>(total);
+}
+
+#define MOE_DECODE(T, S)                                                                       \
+  extern "C" __global__ void moe_router_##S(float* wts, int* ids, float* sw, float* logits,    \
+      int* counter, const T* x, const T* wr, const T* wsg, int ntok, int E, int H, int k,      \
+      int renorm, int sig) {                                                                   \
+    moe_router_impl<T>(wts, ids, sw, logits, counter, x, wr, wsg, ntok, E, H, k, renorm, sig);  \
+  }                                                                                            \
+  extern "C" __global__ void moe_dec_gate_up_##S(float* h, float* hs, const T* x, const T* w,  \
+      const T* ws, const int* ids, int ntok, int k, int H, int I, int Is, int gelu) {          \
+    moe_dec_gate_up_impl<T>(h, hs, x, w, ws, ids, ntok, k, H, I, Is, gelu);                    \
+  }                                                                                            \
+  extern "C" __global__ void moe_dec_down_##S(T* out, const float* h, const float* hs,         \
+      const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k, int H,\
+      int I, int Is) {                                                                         \
+    moe_dec_down_impl<T>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                        \
+  }
+INSTANTIATE(MOE_DECODE)

@@ -1,0 +1,110 @@
+"""``moe_block`` on the cuda backend: the whole MoE feed-forward of a decode step in three
+kernels (``kernels/cuda/common/moe_decode.cu``), else the separate ops.
+
+Fused (at most :data:`FUSED_MAX_TOKENS` tokens, bf16/f16, per-pair GEMV routing): ``moe_router``
+(router GEMV for every expert and the shared-expert gate, then softmax / top-k / renormalise in
+the last block to finish), ``moe_dec_gate_up`` (act(gate) * up of every chosen expert and the
+shared expert), ``moe_dec_down`` (their weighted sum). ``ATLAS_CUDA_MOE_FUSED=0`` or larger
+batches run ``linear``, ``moe_route``, ``moe_experts`` and the shared-expert ops one by one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.ops.moe import compose_moe_block
+from atlas_cuda import env as cuda_env
+from atlas_cuda.array import DeviceArray
+from atlas_cuda.kernels_loader import variant_of
+
+#: Most tokens the fused path serves (the router kernel keeps one accumulator per token).
+FUSED_MAX_TOKENS = 8
+#: Router rows (warps) per block of ``moe_router``.
+_ROUTER_ROWS = 4
+#: Completion counters of ``moe_router`` (one per call in turn; each returns to zero).
+_COUNTERS = 64
+
+
+class MoeOps:
+    """Mixed into :class:`atlas_cuda.ops.CudaOps`."""
+
+    _moe_counters: DeviceArray | None = None
+    _moe_calls = 0
+
+    def moe_block(self, x: DeviceArray, router_weight: DeviceArray, w_gate_up: DeviceArray,
+                  w_down: DeviceArray, top_k: int, renormalize: bool, scoring: str = "softmax",
+                  activation: str = "silu", shared_gate_up: DeviceArray | None = None,
+                  shared_down: DeviceArray | None = None,
+                  shared_gate: DeviceArray | None = None) -> DeviceArray:
+        if (shared_gate_up is None) != (shared_down is None):
+            raise ValueError("moe_block: give shared_gate_up and shared_down together")
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"unsupported MoE scoring {scoring!r}; use softmax or sigmoid")
+        if not self._moe_fusable(x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
+                                 shared_down, shared_gate):
+            return compose_moe_block(self, x, router_weight, w_gate_up, w_down, top_k,
+                                     renormalize, scoring, activation, shared_gate_up,
+                                     shared_down, shared_gate)
+        gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+        weights, ids, shared_w = self._moe_router(x, router_weight, shared_gate, top_k,
+                                                  renormalize, scoring)
+        return self._moe_decode_experts(x, w_gate_up, w_down, weights, ids, shared_gate_up,
+                                        shared_down, shared_w, gelu)
+
+    def _moe_fusable(self, x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
+                     shared_down, shared_gate) -> bool:
+        t, hidden = x.shape
+        experts, inter = w_down.shape[0], w_down.shape[-1]
+        arrays = (x, router_weight, w_gate_up, w_down, shared_gate_up, shared_down, shared_gate)
+        if not cuda_env.moe_fused() or not 0 < t <= FUSED_MAX_TOKENS:
+            return False
+        if x.dtype.itemsize != 2 or any(a is not None and a.dtype != x.dtype for a in arrays):
+            return False
+        if experts > 1024 or top_k > 32 or self._moe_grouped(t * top_k, experts, x.dtype):
+            return False
+        widths = (hidden, inter) + (() if shared_down is None else (shared_down.shape[-1],))
+        return all(w % 8 == 0 for w in widths) and all(a is None or a.ptr % 16 == 0
+                                                      for a in arrays)
+
+    def _moe_counter(self) -> DeviceArray:
+        if self._moe_counters is None:
+            if self.be._capturing:
+                raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
+                                   "once eagerly first (CudaBackend.capture does)")
+            self._moe_counters = self.be.zeros((_COUNTERS,), np.int32)
+        i = self._moe_calls % _COUNTERS
+        self._moe_calls += 1
+        return self._moe_counters[i:i + 1]
+
+    def _moe_router(self, x, router_weight, shared_gate, top_k, renormalize, scoring):
+        """``(topk_weights [T, k] f32, topk_ids [T, k] i32, shared gate [T] f32 or None)``."""
+        t, hidden = x.shape
+        experts = router_weight.shape[0]
+        rows = experts + (shared_gate is not None)
+        weights, ids = self._out((t, top_k), np.float32), self._out((t, top_k), np.int32)
+        shared_w = self._out((t,), np.float32) if shared_gate is not None else None
+        logits = self._out((t, rows), np.float32)
+        self.be.kernels.launch(self._k("moe_decode", x.dtype, "moe_router"),
+                               -(-rows // _ROUTER_ROWS), 32 * _ROUTER_ROWS, weights, ids,
+                               shared_w, logits, self._moe_counter(), x, router_weight,
+                               shared_gate, t, experts, hidden, top_k, int(renormalize),
+                               int(scoring == "sigmoid"), pdl=self._pdl)
+        return weights, ids, shared_w
+
+    def _moe_decode_experts(self, x, w_gate_up, w_down, weights, ids, shared_gate_up,
+                            shared_down, shared_w, gelu) -> DeviceArray:
+        t, hidden = x.shape
+        inter, k = w_down.shape[-1], ids.shape[-1]
+        s_inter = 0 if shared_down is None else shared_down.shape[-1]
+        h = self._out((t * k, inter), np.float32)
+        hs = self._out((t, s_inter), np.float32) if s_inter else None
+        out = self._out(x.shape, x.dtype)
+        launch, v = self.be.kernels.launch, variant_of(x.dtype)
+        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_gate_up_{v}"),
+               (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, x,
+               w_gate_up, shared_gate_up, ids, t, k, hidden, inter, s_inter, gelu, pdl=self._pdl)
+        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_down_{v}"),
+               (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, weights, ids, shared_w,
+               k, hidden, inter, s_inter, pdl=self._pdl)
+        return out
+

@@ -1,0 +1,61 @@
+"""Time ``moe_block`` on the GPU, fused decode kernels (``ATLAS_CUDA_MOE_FUSED=1``) against
+the separate ops (``0``), at the MoE bench models' shapes with random weights.
+
+Bytes counted: router, the distinct experts the tokens chose and the shared expert, read once."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import numpy as np
+
+#: name: (hidden, expert intermediate, experts, top-k, shared intermediate)
+SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8, 0), "qwen3.5-35b-a3b": (2048, 512, 256, 8, 512)}
+
+
+def time_ms(be, fn, reps: int = 200) -> float:
+    """Median of ``reps`` event-timed replays of ``fn`` captured as a CUDA graph."""
+    graph = be.capture(fn)
+    graph.replay()
+    be.synchronize()
+    times = []
+    for _ in range(reps):
+        a = be.event()
+        graph.replay()
+        b = be.event()
+        times.append(be.elapsed_ms(a, b))
+    return statistics.median(times)
+
+
+def main() -> None:
+    from atlas_cuda.backend import CudaBackend
+    from atlas_core.ops._dtypes import bfloat16
+    be = CudaBackend()
+    print("shape | tokens | experts touched | fused | ms (graph replay) | GB/s")
+    for name, (hidden, inter, experts, k, shared) in SHAPES.items():
+        shapes = {"router_weight": (experts, hidden), "w_gate_up": (experts, 2 * inter, hidden),
+                  "w_down": (experts, hidden, inter)}
+        if shared:
+            shapes.update(shared_gate_up=(2 * shared, hidden), shared_down=(hidden, shared),
+                          shared_gate=(1, hidden))
+        w = {n: be.empty(s, bfloat16) for n, s in shapes.items()}
+        for i, (n, a) in enumerate(w.items()):
+            be.fill_random(a, i + 1, a.shape[-1] ** -0.5)
+        for tokens in (1, 8):
+            x = be.empty((tokens, hidden), bfloat16)
+            be.fill_random(x, 9, 1.0)
+            be.reset_workspace()
+            _, ids = be.ops.moe_route(be.ops.linear(x, w["router_weight"]), k, True)
+            touched = len(np.unique(be.to_host(ids)))
+            nbytes = 2 * hidden * (experts + 1 + 3 * (touched * inter + shared))
+            for fused in ("0", "1"):
+                os.environ["ATLAS_CUDA_MOE_FUSED"] = fused
+                ms = time_ms(be, lambda: be.ops.moe_block(x, top_k=k, renormalize=True, **w))
+                print(f"{name} | {tokens} | {touched} | {fused} | {ms:.4f} | "
+                      f"{nbytes / ms / 1e6:,.0f}")
+    os.environ.pop("ATLAS_CUDA_MOE_FUSED", None)
+
+
+if __name__ == "__main__":
+    main()
