@@ -138,3 +138,16 @@ def test_gated_delta_rule_same_however_sequences_are_split_and_batched(ops):
     assert split == alone
     token_by_token = _gdn_steps(ops, case, [[(1, i, i + 1)] for i in range(lengths[1])])
     assert token_by_token[1] == alone[1]
+
+
+@pytest.mark.parametrize("m", [1, 3, 70, 71])
+def test_threaded_matmul_changes_no_bits(monkeypatch, m):
+    from atlas_core.backends import numpy_gemm
+
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((m, 96)).astype(np.float32)
+    w = rng.standard_normal((203, 96)).astype(np.float32)
+    serial = numpy_gemm.matmul_nt(x, w)
+    monkeypatch.setattr(numpy_gemm, "_PARALLEL_MIN_MACS", 0)
+    monkeypatch.setattr(numpy_gemm, "_workers", lambda: 4)
+    assert bits(numpy_gemm.matmul_nt(x, w)) == bits(serial)

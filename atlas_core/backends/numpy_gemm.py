@@ -11,6 +11,9 @@ result is the same bits whatever ``M`` is and wherever the row sits.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 try:
@@ -49,8 +52,44 @@ _dot_tiles_jit = (numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contr
                   if numba is not None else None)
 
 
+#: Multiply-adds above which a matmul is split over threads (the kernel releases the GIL).
+_PARALLEL_MIN_MACS = 1 << 24
+_pool: ThreadPoolExecutor | None = None
+
+
+def _workers() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(cpus or 1, 16)
+
+
+def _run_split(x: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    # Split rows (or, for few rows, output columns) over threads. Every piece runs the same
+    # compiled kernel on C-contiguous arrays, so no element's arithmetic changes.
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="atlas-numpy-gemm")
+    parts = _workers()
+    m, n = out.shape
+    if m >= 4 * parts:
+        bounds = np.linspace(0, m, parts + 1).astype(int) // 2 * 2
+        bounds[-1] = m
+        jobs = [(x[a:b], w, out[a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        list(_pool.map(lambda job: _dot_tiles_jit(*job), jobs))
+        return
+    bounds = np.linspace(0, n, parts + 1).astype(int) // 4 * 4
+    bounds[-1] = n
+    pieces = [(a, b, np.empty((m, b - a), np.float32)) for a, b in zip(bounds[:-1], bounds[1:])
+              if b > a]
+    list(_pool.map(lambda p: _dot_tiles_jit(x, w[p[0]:p[1]], p[2]), pieces))
+    for a, b, piece in pieces:
+        out[:, a:b] = piece
+
+
 def matmul_nt(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``x @ w.T`` in float32 where each row's result does not depend on the other rows.
+
+    Large products are split over a thread pool (rows, or output columns for few rows); the
+    split changes no bits.
 
     Args:
         x: ``[M, K]`` float32.
@@ -65,7 +104,10 @@ def matmul_nt(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     if not x.shape[0] or not w.shape[0]:
         return out
     if _dot_tiles_jit is not None:
-        _dot_tiles_jit(x, w, out)
+        if _workers() > 1 and x.shape[0] * x.shape[1] * w.shape[0] >= _PARALLEL_MIN_MACS:
+            _run_split(x, w, out)
+        else:
+            _dot_tiles_jit(x, w, out)
         return out
     wt = w.T
     for i in range(x.shape[0]):

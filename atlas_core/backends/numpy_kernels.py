@@ -107,9 +107,8 @@ def _paged_rows(q, k_src, v_src, lut, tables, lens, cu, scale, kv_scale, out):
     max_len = max(1, lens.max())
     kf = np.empty((max_len, num_kv_heads, head_dim), dtype=np.float32)
     vf = np.empty((max_len, num_kv_heads, head_dim), dtype=np.float32)
-    scores = np.empty(max_len, dtype=np.float32)
-    qs = np.empty(head_dim, dtype=np.float32)
-    acc = np.empty(head_dim, dtype=np.float32)
+    scores = np.empty((num_heads, max_len), dtype=np.float32)
+    acc = np.empty((num_heads, head_dim), dtype=np.float32)
     qscale = np.float32(scale * kv_scale)
     for b in range(len(cu) - 1):
         n, length = cu[b + 1] - cu[b], lens[b]
@@ -127,30 +126,28 @@ def _paged_rows(q, k_src, v_src, lut, tables, lens, cu, scale, kv_scale, out):
                         vf[t, kh, d] = lut[v_src[blk, off, kh, d]]
         for i in range(n):
             row, seen = cu[b] + i, length - n + i + 1
-            for h in range(num_heads):
-                kh = h // group
-                for d in range(head_dim):
-                    qs[d] = q[row, h, d] * qscale
-                m = np.float32(-np.inf)
-                for t in range(seen):
+            qs = q[row] * qscale
+            for t in range(seen):
+                for h in range(num_heads):
                     s = np.float32(0.0)
                     for d in range(head_dim):
-                        s += qs[d] * kf[t, kh, d]
-                    scores[t] = s
-                    m = max(m, s)
+                        s += qs[h, d] * kf[t, h // group, d]
+                    scores[h, t] = s
+            for h in range(num_heads):
+                m = scores[h, :seen].max()
                 total = np.float32(0.0)
                 for t in range(seen):
-                    e = np.exp(scores[t] - m)
-                    scores[t] = e
+                    e = np.exp(scores[h, t] - m)
+                    scores[h, t] = e
                     total += e
-                norm = np.float32(kv_scale) / total
-                acc[:] = 0.0
-                for t in range(seen):
-                    w = scores[t] * norm
+                scores[h, :seen] *= np.float32(kv_scale) / total
+            acc[:, :] = 0.0
+            for t in range(seen):
+                for h in range(num_heads):
+                    w = scores[h, t]
                     for d in range(head_dim):
-                        acc[d] += w * vf[t, kh, d]
-                for d in range(head_dim):
-                    out[row, h, d] = acc[d]
+                        acc[h, d] += w * vf[t, h // group, d]
+            out[row] = acc
 
 
 #: Paged attention for every query row (``None`` without numba), straight from 8/16-bit or
