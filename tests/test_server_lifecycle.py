@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 
 import httpx
@@ -30,18 +32,26 @@ def tiny_dir(tmp_path_factory):
 
 def test_disconnect_mid_stream_frees_the_sequence(tiny_dir):
     engine = tiny_engine(tiny_dir, max_seq_len=512)
+    long_chat = {**CHAT, "max_tokens": 400, "ignore_eos": True}
     with ServerThread(create_app(engine, ServerConfig(served_model_names=["tiny"]))) as srv:
         with httpx.Client(base_url=srv.url, timeout=30) as client:
-            with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+            with client.stream("POST", "/v1/chat/completions", json={**long_chat, "stream": True}) as r:
                 lines = r.iter_lines()
                 for _ in range(6):
                     next(lines)
                 assert engine.stats().num_running == 1
             assert wait_until(lambda: idle(engine)), engine.stats()
-            with pytest.raises(httpx.ReadTimeout):
-                client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 400},
-                            timeout=0.3)
+            # A non-streaming client that hangs up while its request is running.
+            host, port = srv.url.removeprefix("http://").split(":")
+            body = json.dumps(long_chat).encode()
+            generated = engine.stats().num_generation_tokens
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                             b"content-type: application/json\r\n"
+                             + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+                assert wait_until(lambda: engine.stats().num_running == 1), engine.stats()
             assert wait_until(lambda: idle(engine)), engine.stats()
+            assert engine.stats().num_generation_tokens - generated < 400, "not aborted"
             assert client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2}).is_success
     engine.shutdown()
 
