@@ -27,10 +27,10 @@ def model_dir(request, tmp_path_factory):
                                  dtype="bfloat16", registry=registry)
 
 
-def make_engine(model_dir, caching: bool) -> LLMEngine:
+def make_engine(model_dir, caching: bool, num_kv_blocks: int = 128) -> LLMEngine:
     return LLMEngine.from_args(EngineArgs(
-        model=str(model_dir), backend="numpy", num_kv_blocks=128, max_num_seqs=8, block_size=8,
-        max_prefill_tokens=24, enable_prefix_caching=caching))
+        model=str(model_dir), backend="numpy", num_kv_blocks=num_kv_blocks, max_num_seqs=8,
+        block_size=8, max_prefill_tokens=24, enable_prefix_caching=caching))
 
 
 def prompts() -> list[list[int]]:
@@ -62,10 +62,10 @@ def run_alone(model_dir, caching, seeded) -> list[tuple]:
     return results
 
 
-def run_batched(model_dir, caching, seeded, arrivals) -> tuple[list[tuple], int]:
+def run_batched(model_dir, caching, seeded, arrivals, num_kv_blocks=128):
     """All prompts in one engine; request ``i`` is added before step ``arrivals[i]``.
-    Returns the completions and the number of prefix-cache hits."""
-    engine = make_engine(model_dir, caching)
+    Returns the completions and the engine's stats."""
+    engine = make_engine(model_dir, caching, num_kv_blocks)
     pending = sorted(range(len(prompts())), key=lambda i: arrivals[i])
     outs, step = {}, 0
     while pending or engine.has_unfinished_requests():
@@ -77,7 +77,7 @@ def run_batched(model_dir, caching, seeded, arrivals) -> tuple[list[tuple], int]
                 outs[out.request_id] = out
         step += 1
     results = [completion(outs[f"r{i}"]) for i in range(len(prompts()))]
-    return results, engine.stats().prefix_cache_hits
+    return results, engine.stats()
 
 
 @pytest.mark.parametrize("caching", [False, True], ids=["no-cache", "prefix-cache"])
@@ -85,9 +85,18 @@ def run_batched(model_dir, caching, seeded, arrivals) -> tuple[list[tuple], int]
 def test_alone_equals_batched_bitwise(model_dir, caching, seeded):
     alone = run_alone(model_dir, caching, seeded)
     together, _ = run_batched(model_dir, caching, seeded, [0] * len(alone))
-    staggered, hits = run_batched(model_dir, caching, seeded, [0, 0, 1, 3, 3, 7, 9, 12])
-    assert (hits > 0) == caching  # the last prompt reuses the shared prefix of the one before
+    staggered, stats = run_batched(model_dir, caching, seeded, [0, 0, 1, 3, 3, 7, 9, 12])
+    # the last prompt reuses the shared prefix of the one before
+    assert (stats.prefix_cache_hits > 0) == caching
     for i, want in enumerate(alone):
         assert len(want[0]) == MAX_TOKENS
         assert together[i] == want, f"request {i}: all-at-once batch differs from alone"
         assert staggered[i] == want, f"request {i}: staggered batch differs from alone"
+
+
+@pytest.mark.parametrize("caching", [False, True], ids=["no-cache", "prefix-cache"])
+def test_preempted_requests_recompute_the_same_bits(model_dir, caching):
+    alone = run_alone(model_dir, caching, seeded=True)
+    squeezed, stats = run_batched(model_dir, caching, True, [0] * len(alone), num_kv_blocks=24)
+    assert stats.num_preemptions > 0
+    assert squeezed == alone
