@@ -34,7 +34,7 @@ def add(engine, n, **params):
 
 
 def test_decode_steps_replay_graphs_without_allocating(model_dir):
-    engine = make_engine(model_dir, "mock")
+    engine = make_engine(model_dir, "mock", async_scheduling=False)
     backend = engine.backend
     add(engine, 3, temperature=0.7)
     with backend.record() as rec:

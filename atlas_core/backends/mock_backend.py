@@ -15,6 +15,7 @@ import numpy as np
 
 from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.interfaces import DeviceInfo, Graph
+from atlas_core.interfaces.gpu_backend import HostRead
 from atlas_core.ops import INPLACE_OPS, OP_NAMES, STATEFUL_OPS
 
 #: Every event kind the mock records.
@@ -67,6 +68,16 @@ class MockGraph(Graph):
             self.fn()
 
 
+class _MockRead(HostRead):
+    def __init__(self, backend: "MockGpuBackend", array: np.ndarray) -> None:
+        super().__init__(array)
+        self.backend = backend
+
+    def wait(self) -> np.ndarray:
+        self.backend._emit("d2h", "to_host_async", self.array.nbytes)
+        return self.array
+
+
 def _nbytes(result: Any) -> int:
     if isinstance(result, np.ndarray):
         return result.nbytes
@@ -111,7 +122,8 @@ class MockGpuBackend(NumpyBackend):
     - ``alloc`` (with bytes) for :meth:`empty`, :meth:`zeros`, :meth:`from_host`. Op outputs are
       ``workspace`` events (bytes taken from the step workspace), never ``alloc``.
     - ``h2d`` for :meth:`from_host` / :meth:`copy_from_host`, ``d2h`` for :meth:`to_host`,
-      ``d2d`` for :meth:`copy_` (with bytes); ``sync`` for :meth:`synchronize`;
+      ``d2d`` for :meth:`copy_` (with bytes); a :meth:`to_host_async` records its ``d2h`` when
+      it is waited for; ``sync`` for :meth:`synchronize`;
       ``reset_workspace`` for :meth:`reset_workspace`.
 
     Query with ``backend.count(kind, name=None)``, ``backend.events``, ``backend.clear()``, or
@@ -207,6 +219,12 @@ class MockGpuBackend(NumpyBackend):
         self._check_not_capturing("to_host()")
         self._emit("d2h", "to_host", array.nbytes)
         return super().to_host(array)
+
+    def to_host_async(self, array: np.ndarray) -> "_MockRead":
+        """Snapshot ``array`` now (what a queued copy would see); ``d2h`` is recorded at
+        ``wait()``, where a CUDA host would block."""
+        self._check_not_capturing("to_host_async()")
+        return _MockRead(self, np.array(array, copy=True))
 
     def copy_(self, dst: np.ndarray, src: np.ndarray) -> None:
         if self._op_kind == "capture_node":

@@ -20,6 +20,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens for TTFT / prefill")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens generated per request")
     p.add_argument("--concurrency", default="1", help="comma-separated batch sizes, e.g. 1,32")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="overlap each decode step's host work with the previous step's device "
+                        "work (default: on for backends with graphs)")
     p.add_argument("--copy-mb", type=int, default=1024, help="bytes for the copy-bandwidth probe")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="fraction of device memory the engine may take (room left for prefill "
@@ -66,7 +69,8 @@ def _engine(args, path: str | None, config: dict, concurrency: list[int]):
                              max_prefill_tokens=max(args.prompt_len, 128),
                              max_seq_len=args.prompt_len + args.decode_tokens + 256,
                              enable_prefix_caching=False,
-                             gpu_memory_utilization=args.gpu_memory_utilization)
+                             gpu_memory_utilization=args.gpu_memory_utilization,
+                             async_scheduling=getattr(args, "async_scheduling", None))
     if path is not None:
         return LLMEngine.from_args(engine_args)
     from atlas_core.bench.random_model import build_random_model

@@ -51,6 +51,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="KV cache dtype (default auto: the model's dtype)")
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV cache of shared prompt prefixes (default on)")
+    e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="prepare each decode step on the host while the device runs the previous "
+                        "one (default: on for backends with graphs, e.g. cuda)")
     e.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV blocks to allocate (default: sized from memory)")
     e.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
@@ -128,7 +131,7 @@ def engine_args(args):
             block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=args.enable_prefix_caching, cache_dir=args.cache_dir,
             served_model_name=served_names(args)[0], max_waiting=args.max_waiting,
-            revision=args.revision)
+            revision=args.revision, async_scheduling=args.async_scheduling)
     except ValueError as exc:
         message = re.sub(r"^(\w+) must", lambda m: f"--{m.group(1).replace('_', '-')} must",
                          str(exc))

@@ -30,6 +30,10 @@ class EngineArgs:
         revision: model revision (branch, tag or commit) on the Hub.
         num_state_snapshots: hybrid models: recurrent-state snapshots kept for the prefix cache
             (``None``: ``max_num_seqs``; 0: no prefix caching for hybrid models).
+        async_scheduling: overlap the host work of a decode step (scheduling, metadata,
+            detokenisation, stop checks) with the device work of the previous one (``None``:
+            on for backends with ``supports_graphs``). Steps that need the host's view of the
+            last token (prefill, guided, penalties, logprobs...) still run synchronously.
     """
 
     model: str | None = None
@@ -50,6 +54,7 @@ class EngineArgs:
     max_waiting: int | None = None
     revision: str | None = None
     num_state_snapshots: int | None = None
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")

@@ -9,7 +9,8 @@ from typing import Any, Callable
 from atlas_core.engine.args import EngineArgs
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.kv_sizing import plan_kv_cache
-from atlas_core.engine.model_runner import ModelRunner
+from atlas_core.engine.model_runner import ModelRunner, PendingStep
+from atlas_core.engine.overlap import OverlapPolicy
 from atlas_core.engine.outputs import (CompletionOutput, EngineStats, RequestMetrics,
                                        RequestOutput)
 from atlas_core.engine.sampler import LogitsRow
@@ -77,6 +78,10 @@ class LLMEngine:
         self.groups: dict[str, SequenceGroup] = {}
         self._rng = random.Random(args.seed)
         self._stats = EngineStats()
+        self.async_scheduling = (backend.supports_graphs if args.async_scheduling is None
+                                 else bool(args.async_scheduling))
+        self.overlap = OverlapPolicy(self.scheduler, self.max_seq_len)
+        self._inflight: PendingStep | None = None
 
     @classmethod
     def from_args(cls, args: EngineArgs, backend=None) -> "LLMEngine":
@@ -170,27 +175,62 @@ class LLMEngine:
     # Stepping
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler + model step; return the requests that got tokens or finished."""
+        """Run one scheduler + model step; return the requests that got tokens or finished.
+
+        With async scheduling a decode step is launched before the previous one's tokens are
+        read (see :mod:`atlas_core.engine.overlap`); each call still returns one step's tokens.
+        """
+        if self._inflight is not None and all(s.seq.is_finished for s in self._inflight.sched.scheduled):
+            self._inflight.results()
+            self._inflight = None
+        if self._inflight is not None:
+            return self._step_overlapped()
         sched = self.scheduler.schedule()
         if not sched.scheduled:
             for group in self.groups.values():
                 self._release(group)
             return []
-        now = time.time()
         rows_of = {s.seq.seq_id: self._rows(s.seq, s.start, s.num_tokens, s.samples)
                    for s in sched.scheduled}
+        self._begin(sched)
+        if self.async_scheduling and self.overlap.can_launch(sched, rows_of):
+            rows = [rows_of[s.seq.seq_id][0] for s in sched.scheduled]
+            self._inflight = self.runner.launch_decode(sched, rows)
+            return self._step_overlapped()
         results = self.runner.execute(sched, rows_of)
         self.scheduler.complete_step(sched)
+        return self._complete(sched, results)
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        # Launch step N+1 (when it may run ahead), then read and finish step N meanwhile.
+        prev, self._inflight = self._inflight, None
+        nxt = self.overlap.plan_next(prev.sched)
+        if nxt is not None:
+            self._begin(nxt)
+            self._inflight = self.runner.launch_decode(nxt, [LogitsRow(s.seq) for s in nxt.scheduled],
+                                                       prev)
+        results = prev.results()
+        self.scheduler.complete_step(prev.sched)
+        return self._complete(prev.sched, results)
+
+    def _begin(self, sched: SchedulerOutput) -> None:
+        now = time.time()
         self._stats.num_steps += 1
-        touched: dict[str, SequenceGroup] = {}
         for s in sched.scheduled:
             group = s.seq.group
             if group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = now
             if s.start < s.seq.num_prompt_tokens:
                 self._stats.num_prompt_tokens += min(s.start + s.num_tokens, s.seq.num_prompt_tokens) - s.start
+
+    def _complete(self, sched: SchedulerOutput, results) -> list[RequestOutput]:
+        # Tokens of sequences finished since the step was planned (abort, or a stop in the
+        # previous step's token under async scheduling) are dropped unseen.
+        touched: dict[str, SequenceGroup] = {}
         for res in results:
             seq, group = res.row.seq, res.row.seq.group
+            if seq.is_finished:
+                continue
             if not res.row.samples:
                 group.prompt_logprobs[res.row.position + 1] = res.logprob
                 continue

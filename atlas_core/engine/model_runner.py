@@ -14,6 +14,7 @@ and the scheduler's snapshot restores / saves are row copies around the forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from atlas_core.engine.kv_sizing import KVCacheConfig, kv_specs
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sampler import LogitsRow, Sampler
 from atlas_core.engine.scheduler import SchedulerOutput
+from atlas_core.interfaces.gpu_backend import HostRead
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
 from atlas_core.model.metadata import StepMetadata
 from atlas_core.ops._dtypes import as_dtype
@@ -36,6 +38,25 @@ class StepResult:
     row: LogitsRow
     token_id: int
     logprob: TokenLogprob | None
+
+
+@dataclass
+class PendingStep:
+    """A decode step launched on the device whose sampled ids the host has not read yet.
+
+    ``tokens`` is the device int32 ``[batch]`` of sampled ids (the next chained step copies
+    from it before its own replay); ``read`` the queued device->host copy of them.
+    """
+
+    sched: SchedulerOutput
+    rows: list[LogitsRow]
+    tokens: Any
+    read: HostRead
+
+    def results(self) -> list[StepResult]:
+        """Wait for the sampled ids (the step's one host sync) and pair them with the rows."""
+        ids = self.read.wait()
+        return [StepResult(r, int(ids[i]), None) for i, r in enumerate(self.rows)]
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -81,6 +102,7 @@ class ModelRunner:
         self.buckets = batch_buckets(max_batch_size)
         self.graphs: dict[int, tuple] = {}
         self.num_graph_replays = 0
+        self.num_chained_steps = 0
 
     def _allocate_kv(self) -> list:
         caches = []
@@ -125,6 +147,40 @@ class ModelRunner:
         logprobs = self.sampler.fetch_logprobs(handle, rows, tokens_host)
         return [StepResult(r, int(tokens_host[i]), logprobs[i]) for i, r in enumerate(rows)]
 
+    def launch_decode(self, sched: SchedulerOutput, rows: list[LogitsRow],
+                      prev: PendingStep | None = None) -> PendingStep:
+        """Queue a decode step (one sampling row per sequence) without waiting for it.
+
+        With ``prev`` (async scheduling), ``sched`` was planned before ``prev``'s tokens were
+        known: every sequence of ``sched`` was in ``prev``, its input id is copied on the device
+        from ``prev.tokens`` and its sampling step counts the token not yet appended. Inputs
+        are not double buffered: the uploads and copies queue on the backend's one stream
+        behind ``prev``'s replay, which has read its inputs by the time they land.
+        """
+        self.backend.reset_workspace()
+        batch = len(sched.scheduled)
+        bucket = next(b for b in self.buckets if b >= batch)
+        self._fill_decode(sched, bucket, chained=prev is not None)
+        self._upload(bucket, bucket, bucket)
+        self.sampler.upload_params(rows, bucket, ahead=int(prev is not None))
+        if prev is not None:
+            self._chain_inputs(sched, prev)
+            self.num_chained_steps += 1
+        tokens = self._replay(bucket)[:batch]
+        return PendingStep(sched, rows, tokens, self.backend.to_host_async(tokens))
+
+    def _chain_inputs(self, sched: SchedulerOutput, prev: PendingStep) -> None:
+        # Device copies prev.tokens -> input_ids, one per run of rows that stay consecutive.
+        where = {s.seq.seq_id: i for i, s in enumerate(prev.sched.scheduled)}
+        src = [where[s.seq.seq_id] for s in sched.scheduled]
+        ids, j = self.device["input_ids"], 0
+        while j < len(src):
+            k = j + 1
+            while k < len(src) and src[k] == src[k - 1] + 1:
+                k += 1
+            self.backend.copy_(ids[j:k], prev.tokens[src[j]:src[j] + k - j])
+            j = k
+
     def _fill(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]],
               num_seqs: int) -> tuple[int, int]:
         """Write the step's inputs into the host buffers; returns ``(num_tokens, num_rows)``."""
@@ -151,11 +207,13 @@ class ModelRunner:
         h["state_indices"][:num_seqs] = [s.seq.state_slot for s in sched.scheduled]
         return t, num_rows
 
-    def _fill_decode(self, sched: SchedulerOutput, num_seqs: int) -> tuple[int, int]:
+    def _fill_decode(self, sched: SchedulerOutput, num_seqs: int,
+                     chained: bool = False) -> tuple[int, int]:
         # One query row per sequence; rows past the batch are padding (slot -1, dummy table).
+        # Chained steps get their input ids by a device copy after the upload.
         h, bs, n = self.host, self.kv.block_size, len(sched.scheduled)
         starts = [s.start for s in sched.scheduled]
-        h["input_ids"][:n] = [s.seq.token_id_at(s.start) for s in sched.scheduled]
+        h["input_ids"][:n] = 0 if chained else [s.seq.token_id_at(s.start) for s in sched.scheduled]
         h["positions"][:n] = starts
         h["slot_mapping"][:n] = [s.seq.block_table[p // bs] * bs + p % bs
                                  for s, p in zip(sched.scheduled, starts)]
@@ -236,12 +294,16 @@ class ModelRunner:
         self._fill(sched, rows_of, bucket)
         self._upload(bucket, bucket, bucket)
         self.sampler.upload_params(rows, bucket)
+        return self._replay(bucket)[:batch]
+
+    def _replay(self, bucket: int):
+        # Backends without real graphs hand back an EagerGraph: the same code path, run eagerly.
         if bucket not in self.graphs:
             self.graphs[bucket] = self._capture(bucket)
         graph, holder = self.graphs[bucket]
         graph.replay()
         self.num_graph_replays += 1
-        return holder["tokens"][:batch]
+        return holder["tokens"]
 
     def _capture(self, bucket: int) -> tuple:
         views = {name: self.device[name][:bucket + (name == "cu_seqlens_q")] for name in self.device}

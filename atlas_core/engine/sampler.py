@@ -59,8 +59,13 @@ class Sampler:
         self.device = {name: backend.from_host(arr) for name, arr in self.host.items()}
         self.token_bitmask = TokenBitmask(backend, vocab_size)
 
-    def upload_params(self, rows: list[LogitsRow], num_rows: int) -> dict:
-        """Write per-row sampling params (pad rows greedy) and return device views of ``num_rows``."""
+    def upload_params(self, rows: list[LogitsRow], num_rows: int, ahead: int = 0) -> dict:
+        """Write per-row sampling params (pad rows greedy) and return device views of ``num_rows``.
+
+        ``ahead``: output tokens sampled but not yet appended to each sequence (async
+        scheduling plans a step before the previous one's token is known); seeded sampling
+        draws by output position, so it counts them.
+        """
         h = self.host
         for name in h:
             h[name][:num_rows] = 0
@@ -72,7 +77,7 @@ class Sampler:
             h["top_p"][i] = p.top_p
             h["min_p"][i] = p.min_p
             h["seeds"][i] = row.seq.seed
-            h["steps"][i] = len(row.seq.output_token_ids)
+            h["steps"][i] = len(row.seq.output_token_ids) + ahead
         for i in range(len(rows), num_rows):
             h["top_p"][i] = 1.0
         views = {}

@@ -204,9 +204,42 @@ class Scheduler:
             if len(seq) - cached > 1:
                 self._plan_snapshot(out, seq, cached + num_tokens)
 
+    def schedule_ahead(self, prev: SchedulerOutput, seqs: list[Sequence]) -> SchedulerOutput | None:
+        """Plan the decode step after ``prev`` (still on the device) for ``seqs`` (async scheduling).
+
+        Each sequence computes the token ``prev`` samples for it, one position past ``prev``'s,
+        with its block allocated now. Returns ``None``, changing nothing, when the plan would
+        differ from what :meth:`schedule` decides once ``prev`` is complete: sequences wait to be
+        admitted, the running set is not ``prev``'s, the batch rotates, or a block is short
+        (preemption).
+        """
+        if self.waiting and len(self.running) < self.max_num_seqs:
+            return None
+        if len(self.running) > self.max_batch_size or not seqs:
+            return None
+        live = {s.seq.seq_id: s.start for s in prev.scheduled if not s.seq.is_finished}
+        if set(live) != {seq.seq_id for seq in self.running} or any(
+                s.num_tokens != 1 for s in prev.scheduled):
+            return None
+        bm = self.block_manager
+        if sum(bm.blocks_needed(seq, live[seq.seq_id] + 2) for seq in seqs) > bm.num_free_blocks:
+            return None
+        out = SchedulerOutput()
+        for seq in seqs:
+            start = live[seq.seq_id] + 1
+            bm.allocate(seq, start + 1)
+            out.scheduled.append(ScheduledSeq(seq, start, 1))
+        return out
+
     def complete_step(self, out: SchedulerOutput) -> None:
-        """Advance every scheduled sequence past its computed tokens and cache its full blocks."""
+        """Advance every scheduled sequence past its computed tokens and cache its full blocks.
+
+        Sequences that finished meanwhile (async scheduling: an abort, or a stop found in the
+        previous step's token) are skipped; their blocks are already freed.
+        """
         for s in out.scheduled:
+            if s.seq.is_finished:
+                continue
             s.seq.num_computed_tokens = s.start + s.num_tokens
             self.block_manager.commit(s.seq)
         if self.state_cache is not None:

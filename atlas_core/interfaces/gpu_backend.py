@@ -45,6 +45,17 @@ class EagerGraph(Graph):
         self.fn()
 
 
+class HostRead:
+    """A device->host copy started by :meth:`GpuBackend.to_host_async`; :meth:`wait` gives it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def wait(self) -> np.ndarray:
+        """Block until the copy is done; return the host array."""
+        return self.array
+
+
 class GpuBackend(ABC):
     """A device that stores arrays and runs the ops of :mod:`atlas_core.ops`.
 
@@ -96,6 +107,15 @@ class GpuBackend(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Block until all submitted device work has finished."""
+
+    def to_host_async(self, array: Any) -> HostRead:
+        """Optional. Queue a copy of ``array`` to the host and return without waiting for it.
+
+        The copy sees ``array`` as the work queued before this call leaves it (later work may
+        overwrite ``array``); :meth:`HostRead.wait` blocks until it is done. The default copies
+        now, which is the same thing on a backend that runs every op synchronously.
+        """
+        return HostRead(self.to_host(array))
 
     def zeros(self, shape: Sequence[int], dtype: Any) -> Any:
         """Optional. Allocate a zero-filled array (default: host zeros copied in)."""

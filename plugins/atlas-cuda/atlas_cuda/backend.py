@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from atlas_core import env
-from atlas_core.interfaces.gpu_backend import DeviceInfo, GpuBackend, Graph
+from atlas_core.interfaces.gpu_backend import DeviceInfo, GpuBackend, Graph, HostRead
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.driver import DeviceAllocation, check, drv
 from atlas_cuda.kernels_loader import KernelLibrary
@@ -20,6 +20,7 @@ from atlas_cuda.targets import pick_target
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKSPACE_BYTES = 256 << 20
+SMALL_COPY_BYTES = 256 << 10
 
 
 class CudaGraph(Graph):
@@ -40,6 +41,20 @@ class CudaGraph(Graph):
             drv().cuGraphDestroy(self.graph)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+class _PinnedRead(HostRead):
+    def __init__(self, out: np.ndarray, slot: Any, event: Any) -> None:
+        super().__init__(out)
+        self.slot, self.event = slot, event
+
+    def wait(self) -> np.ndarray:
+        if self.event is not None:
+            check(drv().cuEventSynchronize(self.event))
+            raw = self.array.reshape(-1).view(np.uint8)
+            raw[:] = self.slot.array[:raw.nbytes]
+            self.event = None
+        return self.array
 
 
 class CudaBackend(GpuBackend):
@@ -70,6 +85,10 @@ class CudaBackend(GpuBackend):
                                      cache_dir=env.cache_dir() / "kernels")
         self.workspace = Workspace(workspace_bytes or DEFAULT_WORKSPACE_BYTES)
         self.staging = StagingRing()
+        # Step inputs: enough small slots that one step's uploads never wait for a slot whose
+        # copy is queued behind the step in flight (async scheduling); reads get their own.
+        self.small_staging = StagingRing(SMALL_COPY_BYTES, 32)
+        self.read_staging = StagingRing(SMALL_COPY_BYTES, 4)
         self.num_sms = self.device.properties.multiprocessor_count
         self._capturing = False
         from atlas_cuda.ops import CudaOps
@@ -104,13 +123,25 @@ class CudaBackend(GpuBackend):
         if src.nbytes != dst.nbytes:
             raise ValueError(f"copy_from_host: {src.nbytes} host bytes into {dst.nbytes} device bytes")
         if src.nbytes:
-            self.staging.upload(dst.ptr, src.astype(dst.dtype, copy=False), self.stream)
+            ring = self.small_staging if src.nbytes <= SMALL_COPY_BYTES else self.staging
+            ring.upload(dst.ptr, src.astype(dst.dtype, copy=False), self.stream)
 
     def to_host(self, array: DeviceArray) -> np.ndarray:
         out = np.empty(array.shape, array.dtype)
         if out.nbytes:
             self.staging.download(out, array.ptr, self.stream)
         return out
+
+    def to_host_async(self, array: DeviceArray) -> HostRead:
+        """Queue the copy into a pinned slot and record an event; ``wait()`` syncs on that
+        event only, not on work queued after it."""
+        out = np.empty(array.shape, array.dtype)
+        if not out.nbytes or out.nbytes > SMALL_COPY_BYTES:
+            return HostRead(self.to_host(array))
+        slot, event = self.read_staging.take()
+        check(drv().cuMemcpyDtoHAsync(slot.ptr, array.ptr, out.nbytes, self.stream))
+        check(drv().cuEventRecord(event, self.stream))
+        return _PinnedRead(out, slot, event)
 
     def copy_(self, dst: DeviceArray, src: DeviceArray) -> None:
         if dst.nbytes != src.nbytes:

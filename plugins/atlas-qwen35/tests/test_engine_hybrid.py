@@ -140,7 +140,7 @@ def test_n_greater_than_one(checkpoints):
 
 
 def test_mock_decode_steps_allocate_nothing_and_sync_once(checkpoints):
-    engine = make_engine(checkpoints["Qwen3_5MoeForCausalLM"], backend="mock")
+    engine = make_engine(checkpoints["Qwen3_5MoeForCausalLM"], backend="mock", async_scheduling=False)
     backend = engine.backend
     for i in range(3):
         engine.add_request(f"r{i}", prompt(50 + i, 6 + i), SamplingParams(
