@@ -14,6 +14,7 @@ from atlas_core.backends import numpy_attention, numpy_gdn, numpy_sampling
 from atlas_core.backends.numpy_convert import Float32Cache, to_f32
 from atlas_core.backends.numpy_gemm import linear_f32, matmul_nt
 from atlas_core.ops import OP_NAMES, reference
+from atlas_core.ops.gdn import compose_gdn_decode
 from atlas_core.ops.moe import compose_moe_block
 from atlas_core.ops.norm import ACTIVATIONS
 
@@ -138,6 +139,14 @@ class NumpyOps:
             qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
             num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
             head_v_dim=head_v_dim, scale=scale, use_qk_l2norm=use_qk_l2norm)
+
+    def gated_delta_rule_decode(self, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
+                                conv_states, ssm_states, cu_seqlens, seq_lens, state_indices, *,
+                                num_k_heads, num_v_heads, head_k_dim, head_v_dim, eps=1e-6):
+        return compose_gdn_decode(self, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
+                                  conv_states, ssm_states, cu_seqlens, seq_lens, state_indices,
+                                  num_k_heads=num_k_heads, num_v_heads=num_v_heads,
+                                  head_k_dim=head_k_dim, head_v_dim=head_v_dim, eps=eps)
 
     def argmax(self, logits):
         return numpy_sampling.argmax(logits)

@@ -36,6 +36,7 @@ OP_NAMES = (
     "causal_conv1d_update",
     "gated_delta_rule_chunked",
     "gated_delta_rule_recurrent",
+    "gated_delta_rule_decode",
     "gdn_gating",
     "rms_norm_gated",
     "sigmoid_mul",
@@ -47,6 +48,6 @@ INPLACE_OPS = ("reshape_and_cache", "qk_norm_rope_and_cache")
 
 #: Ops that also update state pools in place while returning a new array (recurrent layers).
 STATEFUL_OPS = ("causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
-                "gated_delta_rule_recurrent")
+                "gated_delta_rule_recurrent", "gated_delta_rule_decode")
 
 __all__ = ["INPLACE_OPS", "OP_NAMES", "STATEFUL_OPS", "reference"]

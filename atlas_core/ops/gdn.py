@@ -11,6 +11,8 @@ count), and continues from its slot otherwise; its final state is written back i
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from atlas_core.ops._dtypes import f32
@@ -277,3 +279,56 @@ def sigmoid_mul(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
         ``[num_tokens, d]`` in ``x.dtype``.
     """
     return (f32(x) * _sigmoid(f32(gate))).astype(x.dtype)
+
+
+def compose_gdn_decode(ops, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight, conv_states,
+                       ssm_states, cu_seqlens, seq_lens, state_indices, *, num_k_heads,
+                       num_v_heads, head_k_dim, head_v_dim, eps=1e-6):
+    """:func:`gated_delta_rule_decode` as the separate ops of ``ops`` (the references or a
+    backend's ``backend.ops``)."""
+    x = ops.causal_conv1d_update(qkv, conv_weight, None, conv_states, seq_lens, state_indices)
+    g, beta = ops.gdn_gating(ba, A_log, dt_bias)
+    core = ops.gated_delta_rule_recurrent(x, g, beta, ssm_states, cu_seqlens, seq_lens,
+                                          state_indices, num_k_heads=num_k_heads,
+                                          num_v_heads=num_v_heads, head_k_dim=head_k_dim,
+                                          head_v_dim=head_v_dim)
+    return ops.rms_norm_gated(core, z.reshape(*core.shape), norm_weight, eps)
+
+
+def gated_delta_rule_decode(qkv: np.ndarray, z: np.ndarray, ba: np.ndarray,
+                            conv_weight: np.ndarray, A_log: np.ndarray, dt_bias: np.ndarray,
+                            norm_weight: np.ndarray, conv_states: np.ndarray,
+                            ssm_states: np.ndarray, cu_seqlens: np.ndarray, seq_lens: np.ndarray,
+                            state_indices: np.ndarray, *, num_k_heads: int, num_v_heads: int,
+                            head_k_dim: int, head_v_dim: int, eps: float = 1e-6) -> np.ndarray:
+    """A Gated DeltaNet decode step between the input and output projections, as one op
+    (backends may fuse it): ``causal_conv1d_update`` (silu, no bias) of ``qkv``, ``gdn_gating``
+    of ``ba``, ``gated_delta_rule_recurrent`` (L2-normalised q/k, default scale), then
+    ``rms_norm_gated`` with gate ``z``; every intermediate rounded as those ops round it.
+
+    Args:
+        qkv: ``[num_seqs, 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim]``, one new
+            token per sequence (the projection before the conv).
+        z: ``[num_seqs, num_v_heads * head_v_dim]`` output gate projection.
+        ba: ``[num_seqs, 2 * num_v_heads]``.
+        conv_weight: ``[conv_dim, kernel_size]``.
+        A_log, dt_bias: ``[num_v_heads]``.
+        norm_weight: ``[head_v_dim]``.
+        conv_states, ssm_states: the layer's state pools, updated in place.
+        cu_seqlens: ``[num_seqs + 1]`` query offsets of a decode step (``0, 1, ..., num_seqs``).
+        seq_lens, state_indices: as :func:`causal_conv1d`.
+        num_k_heads, num_v_heads, head_k_dim, head_v_dim: as :func:`gated_delta_rule_recurrent`.
+        eps: epsilon of the gated norm.
+
+    Returns:
+        ``[num_seqs, num_v_heads, head_v_dim]`` in ``qkv.dtype``.
+    """
+    return compose_gdn_decode(_REFERENCE_OPS, qkv, z, ba, conv_weight, A_log, dt_bias,
+                              norm_weight, conv_states, ssm_states, cu_seqlens, seq_lens,
+                              state_indices, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
+                              head_k_dim=head_k_dim, head_v_dim=head_v_dim, eps=eps)
+
+
+_REFERENCE_OPS = SimpleNamespace(causal_conv1d_update=causal_conv1d_update, gdn_gating=gdn_gating,
+                                 gated_delta_rule_recurrent=gated_delta_rule_recurrent,
+                                 rms_norm_gated=rms_norm_gated)

@@ -53,8 +53,8 @@ def _check_stateful(backend, name, args, pool, kwargs, tol_scale=1.0):
 
 
 class GdnContract:
-    """causal_conv1d(_update), gated_delta_rule_(chunked|recurrent), gdn_gating, rms_norm_gated,
-    sigmoid_mul."""
+    """causal_conv1d(_update), gated_delta_rule_(chunked|recurrent|decode), gdn_gating,
+    rms_norm_gated, sigmoid_mul."""
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("bias,activation", [(True, "silu"), (False, None)])
@@ -105,6 +105,32 @@ class GdnContract:
         args = (randn(rng, (n, 2 * num_k * dk + num_v * dv), dtype), g, beta, POOL, cu, seq_lens,
                 slots)
         _check_stateful(backend, f"gated_delta_rule_{form}", args, pool, kwargs, RECURRENT_TOL_SCALE)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("heads", DELTA_HEADS + [(2, 4, 128, 128)])
+    def test_gated_delta_rule_decode(self, backend, dtype, heads):
+        rng = make_rng("gated_delta_rule_decode", dtype, heads)
+        num_k, num_v, dk, dv = heads
+        k, conv_dim = 4, 2 * num_k * dk + num_v * dv
+        cu, seq_lens, slots = _layout([1] * 4, [6, 0, 3, 1], [0, 5, -1, 3])
+        pools = [_pool(rng, (NUM_SLOTS, k - 1, conv_dim), seq_lens, [1] * 4, slots),
+                 _pool(rng, (NUM_SLOTS, num_v, dk, dv), seq_lens, [1] * 4, slots)]
+        args = [randn(rng, (4, conv_dim), dtype), randn(rng, (4, num_v * dv), dtype),
+                randn(rng, (4, 2 * num_v), dtype), randn(rng, (conv_dim, k), dtype, 0.5),
+                np.log(rng.uniform(0.5, 4, num_v)).astype(np.float32),
+                randn(rng, (num_v,)), randn(rng, (dv,), dtype)]
+        kwargs = dict(num_k_heads=num_k, num_v_heads=num_v, head_k_dim=dk, head_v_dim=dv)
+        dev_pools = [backend.from_host(p) for p in pools]
+        out = backend.ops.gated_delta_rule_decode(
+            *(to_device(backend, a) for a in args), *dev_pools,
+            *(to_device(backend, a) for a in (cu, seq_lens, slots)), **kwargs)
+        ref_pools = [p.copy() for p in pools]
+        want = ref.gated_delta_rule_decode(*args, *ref_pools, cu, seq_lens, slots, **kwargs)
+        assert_close(backend.to_host(out), want, "gated_delta_rule_decode output",
+                     RECURRENT_TOL_SCALE)
+        for name, dev, host in zip(("conv", "ssm"), dev_pools, ref_pools):
+            assert_close(backend.to_host(dev), host, f"gated_delta_rule_decode {name} pool",
+                         RECURRENT_TOL_SCALE)
 
     @pytest.mark.parametrize("dtype", DTYPES)
     def test_gdn_gating(self, backend, dtype):

@@ -100,6 +100,69 @@ __device__ void gated_delta_rule_impl(T* out, const T* qkv, const float* g, cons
   }
 }
 
+// Decode step, second half (gated_delta_rule_decode): one token per sequence, a block per
+// (value head, sequence) of Dv * lanes threads, so the gated RMSNorm over the head's Dv outputs
+// (rounded to T first, as the separate ops round them) stays in the block. qkv is the conv
+// output; dynamic shared memory (2 * Dk + 32) floats. PDL-launched.
+template <typename T>
+__device__ void gdn_decode_norm_impl(T* out, const T* qkv, const T* z, const float* g,
+                                     const float* beta, float* states, const int* seq_lens,
+                                     const int* state_indices, const T* norm_w, int num_k_heads,
+                                     int num_v_heads, int dk, int dv, float scale, int lanes,
+                                     float eps) {
+  extern __shared__ float smem[];  // q (dk), k (dk), block_sum scratch (32)
+  int b = blockIdx.y, h = blockIdx.x;
+  int r = threadIdx.x % lanes, j = threadIdx.x / lanes;
+  pdl_trigger();
+  pdl_wait();
+  int slot = state_indices[b];
+  bool has_state = slot >= 0 && seq_lens[b] > 1;
+  int kh = h / (num_v_heads / num_k_heads);
+  const T* row = qkv + (long long)b * (2LL * num_k_heads * dk + (long long)num_v_heads * dv);
+  load_qk(smem, row, kh * dk, num_k_heads * dk + kh * dk, dk);
+  float* sp = states + ((long long)(slot < 0 ? 0 : slot) * num_v_heads + h) * dk * dv + j;
+  float s[DR_ROWS];
+#pragma unroll
+  for (int m = 0; m < DR_ROWS; m++) {
+    int i = r + lanes * m;
+    s[m] = has_state && i < dk ? sp[(long long)i * dv] : 0.f;
+  }
+  float vj = to_f32(row[2 * num_k_heads * dk + h * dv + j]);
+  float decay = expf(g[(long long)b * num_v_heads + h]), bt = beta[(long long)b * num_v_heads + h];
+  __syncthreads();
+  const float* qs = smem;
+  const float* ks = smem + dk;
+  float qscale = scale * rsqrtf(warp_sumsq(qs, dk) + 1e-6f);
+  float kscale = rsqrtf(warp_sumsq(ks, dk) + 1e-6f);
+  float kv = 0.f;
+#pragma unroll
+  for (int m = 0; m < DR_ROWS; m++) {
+    int i = r + lanes * m;
+    if (i < dk) { s[m] *= decay; kv += s[m] * ks[i]; }
+  }
+  float delta = (vj - group_sum(kv, lanes) * kscale) * bt * kscale;
+  float o = 0.f;
+#pragma unroll
+  for (int m = 0; m < DR_ROWS; m++) {
+    int i = r + lanes * m;
+    if (i < dk) { s[m] += ks[i] * delta; o += s[m] * qs[i]; }
+  }
+  o = to_f32(from_f32<T>(group_sum(o, lanes) * qscale));
+  if (slot >= 0) {
+#pragma unroll
+    for (int m = 0; m < DR_ROWS; m++) {
+      int i = r + lanes * m;
+      if (i < dk) sp[(long long)i * dv] = s[m];
+    }
+  }
+  float inv = rsqrtf(block_sum(r == 0 ? o * o : 0.f, smem + 2 * dk) / dv + eps);
+  if (r == 0) {
+    long long oi = ((long long)b * num_v_heads + h) * dv + j;
+    float zv = to_f32(z[oi]);
+    out[oi] = from_f32<T>(o * inv * to_f32(norm_w[j]) * (zv / (1.f + expf(-zv))));
+  }
+}
+
 #define DELTA_RULE(T, S)                                                                       \
   extern "C" __global__ void __launch_bounds__(128) gated_delta_rule_##S(                      \
       T* out, const T* qkv, const float* g, const float* beta, float* states, const int* cu,  \
@@ -107,5 +170,12 @@ __device__ void gated_delta_rule_impl(T* out, const T* qkv, const float* g, cons
       int l2norm, int lanes) {                                                                 \
     gated_delta_rule_impl<T>(out, qkv, g, beta, states, cu, seq_lens, idx, hk, hv, dk, dv,     \
                              scale, l2norm, lanes);                                            \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(512) gdn_decode_norm_##S(                       \
+      T* out, const T* qkv, const T* z, const float* g, const float* beta, float* states,      \
+      const int* seq_lens, const int* idx, const T* norm_w, int hk, int hv, int dk, int dv,    \
+      float scale, int lanes, float eps) {                                                     \
+    gdn_decode_norm_impl<T>(out, qkv, z, g, beta, states, seq_lens, idx, norm_w, hk, hv, dk,   \
+                            dv, scale, lanes, eps);                                            \
   }
 INSTANTIATE(DELTA_RULE)

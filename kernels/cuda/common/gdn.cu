@@ -83,6 +83,31 @@ __device__ void causal_conv1d_update_impl(T* out, const T* x, const T* w, const 
     if (i < k - 1) st[(long long)i * dim] = xs[i + 1];
 }
 
+// Decode step of a GDN layer, first half (gated_delta_rule_decode): causal_conv1d_update of
+// qkv (silu, no bias) in blocks 0 .. gridDim.x - 2, gdn_gating of ba in the last block.
+// Grid (ceil(dim / blockDim) + 1, num_seqs); A_log and dt_bias float32. PDL-launched.
+template <typename T>
+__device__ void gdn_conv_gating_impl(T* out, float* g, float* beta, const T* x, const T* w,
+                                     float* states, const int* seq_lens, const int* state_indices,
+                                     int dim, int k, const T* ba, const float* a_log,
+                                     const float* dt_bias, int nv) {
+  pdl_trigger();
+  pdl_wait();
+  if (blockIdx.x + 1 < gridDim.x) {
+    causal_conv1d_update_impl<T>(out, x, w, (const T*)nullptr, states, seq_lens, state_indices,
+                                 dim, k, 1);
+    return;
+  }
+  long long b = blockIdx.y;
+  for (int h = threadIdx.x; h < nv; h += blockDim.x) {
+    float bv = to_f32(ba[b * 2 * nv + h]);
+    float av = to_f32(ba[b * 2 * nv + nv + h]) + dt_bias[h];
+    float sp = av > 20.f ? av : log1pf(expf(fminf(av, 20.f)));
+    beta[b * nv + h] = sigmoid_f(bv);
+    g[b * nv + h] = -expf(a_log[h]) * sp;
+  }
+}
+
 // beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); ba rows are [b (H), a (H)].
 template <typename T>
 __device__ void gdn_gating_impl(float* g, float* beta, const T* ba, const float* a_log,
@@ -137,6 +162,12 @@ __device__ void sigmoid_mul_impl(T* out, const T* x, const T* gate, int d, int g
       const T* bias, float* states, const int* seq_lens, const int* idx, int dim, int k,       \
       int silu) {                                                                              \
     causal_conv1d_update_impl<T>(out, x, w, bias, states, seq_lens, idx, dim, k, silu);        \
+  }                                                                                            \
+  extern "C" __global__ void gdn_conv_gating_##S(T* out, float* g, float* beta, const T* x,    \
+      const T* w, float* states, const int* seq_lens, const int* idx, int dim, int k,          \
+      const T* ba, const float* a_log, const float* dt_bias, int nv) {                         \
+    gdn_conv_gating_impl<T>(out, g, beta, x, w, states, seq_lens, idx, dim, k, ba, a_log,      \
+                            dt_bias, nv);                                                      \
   }                                                                                            \
   extern "C" __global__ void gdn_gating_##S(float* g, float* beta, const T* ba,                \
       const float* a_log, const float* dt_bias, int h, long long n) {                          \

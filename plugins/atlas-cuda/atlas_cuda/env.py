@@ -49,6 +49,13 @@ def moe_fused() -> bool:
     return _flag("ATLAS_CUDA_MOE_FUSED", "0")
 
 
+def gdn_fused() -> bool:
+    """``ATLAS_CUDA_GDN_FUSED``: ``1`` runs ``gated_delta_rule_decode`` as two kernels (conv
+    update + gating; recurrent step + gated norm); ``0`` (default until measured on a GPU) runs
+    ``causal_conv1d_update``, ``gdn_gating``, ``gated_delta_rule_recurrent``, ``rms_norm_gated``."""
+    return _flag("ATLAS_CUDA_GDN_FUSED", "0")
+
+
 def _flag(name: str, default: str) -> bool:
     return os.environ.get(name, default).strip().lower() not in ("0", "false", "no", "off")
 

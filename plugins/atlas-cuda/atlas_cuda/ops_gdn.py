@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from atlas_core.ops.gdn import compose_gdn_decode
+from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 
 #: Longest depthwise conv kernel the conv1d kernels keep in registers.
@@ -137,6 +139,48 @@ class GdnOps:
         return self._delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
                                 num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale,
                                 use_qk_l2norm)
+
+    def gated_delta_rule_decode(self, qkv: DeviceArray, z: DeviceArray, ba: DeviceArray,
+                                conv_weight: DeviceArray, A_log: DeviceArray,
+                                dt_bias: DeviceArray, norm_weight: DeviceArray,
+                                conv_states: DeviceArray, ssm_states: DeviceArray,
+                                cu_seqlens: DeviceArray, seq_lens: DeviceArray,
+                                state_indices: DeviceArray, *, num_k_heads: int,
+                                num_v_heads: int, head_k_dim: int, head_v_dim: int,
+                                eps: float = 1e-6) -> DeviceArray:
+        """Two kernels with ``ATLAS_CUDA_GDN_FUSED=1`` (``gdn_conv_gating``, then
+        ``gdn_decode_norm``: a block per whole value head, so the gated norm stays in it);
+        otherwise the four separate ops."""
+        heads = dict(num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
+                     head_v_dim=head_v_dim)
+        threads = head_v_dim * _lanes(head_k_dim)
+        same = all(a.dtype == qkv.dtype for a in (z, ba, conv_weight, norm_weight))
+        if not (cuda_env.gdn_fused() and same and threads % 32 == 0 and threads <= 512
+                and A_log.dtype == np.float32 and dt_bias.dtype == np.float32
+                and num_v_heads % num_k_heads == 0 and qkv.shape[0] == state_indices.shape[0]):
+            return compose_gdn_decode(self, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
+                                      conv_states, ssm_states, cu_seqlens, seq_lens,
+                                      state_indices, eps=eps, **heads)
+        dim, k = _conv_args("gated_delta_rule_decode", qkv, conv_weight, None, conv_states)
+        _need_f32_pool("gated_delta_rule_decode", ssm_states)
+        if dim != 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim:
+            raise ValueError(f"gated_delta_rule_decode: qkv rows have {dim} values, the heads "
+                             f"give {2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim}")
+        n = qkv.shape[0]
+        out = self._out((n, num_v_heads, head_v_dim), qkv.dtype)
+        if not n:
+            return out
+        x = self._out(qkv.shape, qkv.dtype)
+        g, beta = self._out((n, num_v_heads), np.float32), self._out((n, num_v_heads), np.float32)
+        launch = self.be.kernels.launch
+        launch(self._k("gdn", qkv.dtype, "gdn_conv_gating"), (-(-dim // 128) + 1, n), 128, x, g,
+               beta, qkv, conv_weight, conv_states, seq_lens, state_indices, dim, k, ba, A_log,
+               dt_bias, num_v_heads, pdl=self._pdl)
+        launch(self._k("delta_rule", qkv.dtype, "gdn_decode_norm"), (num_v_heads, n), threads,
+               out, x, z, g, beta, ssm_states, seq_lens, state_indices, norm_weight, num_k_heads,
+               num_v_heads, head_k_dim, head_v_dim, float(head_k_dim ** -0.5),
+               _lanes(head_k_dim), float(eps), shmem=4 * (2 * head_k_dim + 32), pdl=self._pdl)
+        return out
 
     def gdn_gating(self, ba: DeviceArray, A_log: DeviceArray, dt_bias: DeviceArray):
         num_heads = ba.shape[-1] // 2

@@ -73,8 +73,11 @@ def test_conv1d_prefill_then_updates(cuda_backend, dtype):
     assert_close(be.to_host(dev_pool), pool, "conv state")
 
 
-def test_decode_step_in_a_graph(cuda_backend):
-    """conv update + gating + delta rule + gated norm captured once, replayed on new inputs."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_step_in_a_graph(cuda_backend, monkeypatch, fused):
+    """conv update + gating + delta rule + gated norm captured once, replayed on new inputs
+    (as four ops, or as gated_delta_rule_decode's two fused kernels)."""
+    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", str(int(fused)))
     be, rng = cuda_backend, make_rng("gdn_graph")
     hk, hv, dk, dv = HEADS
     dim, k, num_seqs = 2 * hk * dk + hv * dv, 4, 3
@@ -90,6 +93,10 @@ def test_decode_step_in_a_graph(cuda_backend):
     heads = dict(num_k_heads=hk, num_v_heads=hv, head_k_dim=dk, head_v_dim=dv)
 
     def step():
+        if fused:
+            return be.ops.gated_delta_rule_decode(
+                qkv, z.reshape(num_seqs, hv * dv), ba, dev["w"], dev["a_log"], dev["dt"],
+                dev["norm"], dev["conv"], dev["ssm"], dev["cu"], dev["sl"], dev["idx"], **heads)
         x = be.ops.causal_conv1d_update(qkv, dev["w"], None, dev["conv"], dev["sl"], dev["idx"])
         g, beta = be.ops.gdn_gating(ba, dev["a_log"], dev["dt"])
         core = be.ops.gated_delta_rule_recurrent(x, g, beta, dev["ssm"], dev["cu"], dev["sl"],
@@ -175,6 +182,22 @@ def _teacher_forced_logits(path, backend, registry, dtype=None):
     rows = [runner.step([tokens[:29]], all_logits=True)[0]]
     rows += [runner.step([[t]])[0] for t in tokens[29:]]
     return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("fused", ["0", "1"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("heads", [HEADS, (1, 1, 32, 32), (2, 4, 16, 8)])
+def test_gated_delta_rule_decode_paths(cuda_backend, monkeypatch, fused, dtype, heads):
+    from atlas_core.testing.contracts_gdn import GdnContract
+    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", fused)
+    GdnContract().test_gated_delta_rule_decode(cuda_backend, dtype, heads)
+
+
+def test_hybrid_moe_bf16_logits_with_fused_decode(hybrid_paths, cuda_backend, monkeypatch):
+    """The fused decode kernels (moe_block, gated_delta_rule_decode) inside a whole model."""
+    monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
+    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", "1")
+    test_hybrid_bf16_logits_as_close_as_numpy(hybrid_paths, cuda_backend, "Qwen3_5MoeForCausalLM")
 
 
 @pytest.mark.parametrize("arch", ARCHS)

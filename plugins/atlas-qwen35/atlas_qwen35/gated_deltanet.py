@@ -26,9 +26,9 @@ class GatedDeltaNet(Module, TransformerLayer):
     reordered by :meth:`post_load`.
 
     Prefill (any batch with a multi-token sequence) runs ``causal_conv1d`` and
-    ``gated_delta_rule_chunked``; decode steps ``causal_conv1d_update`` and
-    ``gated_delta_rule_recurrent``. Per-sequence state lives in the slots ``meta.state_indices``
-    of the pools bound by :meth:`bind_state`.
+    ``gated_delta_rule_chunked``; decode steps ``gated_delta_rule_decode`` (conv update, gating,
+    recurrent step and gated norm as one op). Per-sequence state lives in the slots
+    ``meta.state_indices`` of the pools bound by :meth:`bind_state`.
 
     Args:
         hidden_size: model width.
@@ -120,22 +120,23 @@ class GatedDeltaNet(Module, TransformerLayer):
         conv_states, ssm_states = self.state["conv"], self.state["ssm"]
         qkv = ops.linear(hidden, self.w_qkv)
         z = ops.linear(hidden, self.w_z)
-        g, beta = ops.gdn_gating(ops.linear(hidden, p["in_proj_ba.weight"]), p["A_log"], p["dt_bias"])
+        ba = ops.linear(hidden, p["in_proj_ba.weight"])
         heads = dict(num_k_heads=self.num_k_heads, num_v_heads=self.num_v_heads,
                      head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
+        t = meta.num_tokens
         if meta.is_decode:
-            x = ops.causal_conv1d_update(qkv, p["conv1d.weight"], None, conv_states, meta.seq_lens,
-                                         meta.state_indices)
-            # core: [num_tokens, num_v_heads, head_v_dim]
-            core = ops.gated_delta_rule_recurrent(x, g, beta, ssm_states, meta.cu_seqlens_q,
-                                                  meta.seq_lens, meta.state_indices, **heads)
+            # core: [num_tokens, num_v_heads, head_v_dim], conv + gating + recurrence + norm
+            core = ops.gated_delta_rule_decode(qkv, z, ba, p["conv1d.weight"], p["A_log"],
+                                               p["dt_bias"], p["norm.weight"], conv_states,
+                                               ssm_states, meta.cu_seqlens_q, meta.seq_lens,
+                                               meta.state_indices, **heads, eps=self.eps)
         else:
+            g, beta = ops.gdn_gating(ba, p["A_log"], p["dt_bias"])
             x = ops.causal_conv1d(qkv, p["conv1d.weight"], None, conv_states, meta.cu_seqlens_q,
                                   meta.seq_lens, meta.state_indices)
             core = ops.gated_delta_rule_chunked(x, g, beta, ssm_states, meta.cu_seqlens_q,
                                                 meta.seq_lens, meta.state_indices,
                                                 chunk_size=self.chunk_size, **heads)
-        t = meta.num_tokens
-        core = ops.rms_norm_gated(core, z.reshape(t, self.num_v_heads, self.head_v_dim),
-                                  p["norm.weight"], self.eps)
+            core = ops.rms_norm_gated(core, z.reshape(t, self.num_v_heads, self.head_v_dim),
+                                      p["norm.weight"], self.eps)
         return ops.linear(core.reshape(t, self.value_dim), p["out_proj.weight"]), residual
