@@ -160,6 +160,7 @@ class ModelRunner:
         self.backend.reset_workspace()
         batch = len(sched.scheduled)
         bucket = next(b for b in self.buckets if b >= batch)
+        self._ensure_graph(bucket)
         self._fill_decode(sched, bucket, chained=prev is not None)
         self._upload(bucket, bucket, bucket)
         self.sampler.upload_params(rows, bucket, ahead=int(prev is not None))
@@ -291,15 +292,24 @@ class ModelRunner:
         batch = len(sched.scheduled)
         bucket = next(b for b in self.buckets if b >= batch)
         rows_of = {s.seq.seq_id: [r] for s, r in zip(sched.scheduled, rows)}
+        self._ensure_graph(bucket)
         self._fill(sched, rows_of, bucket)
         self._upload(bucket, bucket, bucket)
         self.sampler.upload_params(rows, bucket)
         return self._replay(bucket)[:batch]
 
+    def _ensure_graph(self, bucket: int) -> None:
+        # Captured over all-padding inputs: a backend may run the step while capturing (cuda
+        # does, to size the graph's workspace), and padding rows write no KV and no recurrent
+        # state, which would otherwise advance twice on that step.
+        if bucket not in self.graphs:
+            self._fill_decode(SchedulerOutput(), bucket)
+            self._upload(bucket, bucket, bucket)
+            self.sampler.upload_params([], bucket)
+            self.graphs[bucket] = self._capture(bucket)
+
     def _replay(self, bucket: int):
         # Backends without real graphs hand back an EagerGraph: the same code path, run eagerly.
-        if bucket not in self.graphs:
-            self.graphs[bucket] = self._capture(bucket)
         graph, holder = self.graphs[bucket]
         graph.replay()
         self.num_graph_replays += 1

@@ -17,9 +17,13 @@ A step runs synchronously (the chain drains first) when it cannot be planned bli
 - sequences waiting for admission (they need a prefill), a running set other than the step in
   flight's (batch rotation past ``max_batch_size``, prefill chunks), or a block shortage (the
   scheduler may have to preempt);
-- rows whose sampling needs the host's view of the output so far: guided decoding (the
-  grammar mask), penalties, logit bias, ``min_tokens`` still masking EOS, logprobs (read back
-  with the step), and thinking budgets (the host may replace the sampled token).
+- a row (any one makes the whole step synchronous) whose sampling needs the host's view of
+  the output so far: guided decoding (the grammar mask), penalties, logit bias, ``min_tokens``
+  still masking EOS, logprobs (read back with the step), and thinking budgets (the host may
+  replace the sampled token).
+
+A new request therefore joins one decode step later than it would synchronously (its prefill
+waits for the step in flight to be read).
 
 n > 1 siblings, seeded sampling (the step counter counts the pending token), abort (the
 sequence's tokens in flight are dropped) and hybrid models (the state slot is updated in

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+from atlas_core.interfaces import EagerGraph
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,3 +76,27 @@ def test_hybrid_mock_chained_steps_allocate_nothing_and_sync_once(checkpoints):
     engine.step()
     assert not engine.has_unfinished_requests()
     assert engine.state_cache.num_free_slots == engine.state_cache.num_slots
+
+
+class _RunsAtCapture(NumpyBackend):
+    """Numpy with graphs whose capture runs the step once, as cuda's does."""
+
+    name = "numpy-capture-runs"
+
+    @property
+    def supports_graphs(self) -> bool:
+        return True
+
+    def capture(self, fn):
+        fn()
+        return EagerGraph(fn)
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_capture_that_runs_the_step_leaves_state_alone(checkpoints, flag):
+    path = checkpoints["Qwen3_5ForCausalLM"]
+    args = dict(model=str(path), num_kv_blocks=64, max_num_seqs=4, block_size=8)
+    graphs = LLMEngine.from_args(EngineArgs(**args, async_scheduling=flag), backend=_RunsAtCapture())
+    eager = LLMEngine.from_args(EngineArgs(**args, backend="numpy"))
+    assert drive(graphs) == drive(eager)
+    assert graphs.runner.num_graph_replays > 0 and eager.runner.num_graph_replays == 0
