@@ -171,3 +171,28 @@ def test_mock_matches_sync(qwen3_dir):
         outs.append(streams(drive(engine, REQUESTS[:5])))
         assert_drained(engine)
     assert outs[0] == outs[1]
+
+
+def test_schedule_ahead_allocates_or_changes_nothing():
+    from atlas_core.engine.block_manager import BlockManager
+    from atlas_core.engine.scheduler import Scheduler
+    from atlas_core.engine.sequence import Sequence
+
+    bm = BlockManager(3, 4, enable_prefix_caching=False)
+    sch = Scheduler(bm, max_num_seqs=4, max_batch_size=4, max_prefill_tokens=64)
+    seqs = [Sequence(f"s{i}", 0, [1, 2, 3], SamplingParams(max_tokens=9), 0) for i in range(2)]
+    for seq in seqs:
+        sch.add(seq)
+    first = sch.schedule()
+    sch.complete_step(first)
+    for seq in seqs:
+        seq.output_token_ids.append(5)  # len 4: the next decode step fills block 0
+    step = sch.schedule()
+    assert [s.start for s in step.scheduled] == [3, 3]
+    ahead = sch.schedule_ahead(step, seqs)  # positions 4: one new block each, only one free
+    assert ahead is None and [len(s.block_table) for s in seqs] == [1, 1]
+    ahead = sch.schedule_ahead(step, seqs[:1])
+    assert [(s.start, s.num_tokens) for s in ahead.scheduled] == [(4, 1)]
+    assert len(seqs[0].block_table) == 2 and bm.num_free_blocks == 0
+    sch.add(Sequence("w", 0, [1], SamplingParams(), 0))
+    assert sch.schedule_ahead(step, seqs[:1]) is None  # a waiting request needs a sync step
