@@ -4,7 +4,8 @@
 //                     block to finish picks each token's top-k (a warp per token).
 //   moe_dec_gate_up:  act(gate) * up for every (token, slot) pair and each token's shared expert.
 //   moe_dec_down:     out = sum_j w_j * down_e(h_j) + sigmoid(gate) * shared_down(hs).
-// Weights are static, so each kernel asks for the rows it can name before griddepcontrol.wait.
+// Static weights (and, in moe_dec_down, the chosen experts' rows) are prefetched to L2 before
+// griddepcontrol.wait, so they stream while the previous kernel drains.
 #include "common.cuh"
 
 #define MOE_DEC_MAX_TOKENS 8
@@ -17,6 +18,11 @@ __device__ __forceinline__ float moe_act(float x, int gelu) {
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
+}
+__device__ __forceinline__ int load_cg(const int* p) {  // from L2: written by an earlier kernel
+  int v;
+  asm volatile("ld.global.cg.s32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
 }
 
 // Top-k of one token's logits (a warp): weights/ids in descending order, ties to the lower
@@ -124,7 +130,6 @@ __device__ void moe_dec_gate_up_impl(float* h, float* hs, const T* __restrict__ 
                                      int gelu) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
-  pdl_trigger();
   bool shared = p >= ntok * top_k;
   int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
   if (n >= inter) return;
@@ -137,6 +142,7 @@ __device__ void moe_dec_gate_up_impl(float* h, float* hs, const T* __restrict__ 
     }
   }
   pdl_wait();
+  pdl_trigger();  // after the wait: moe_dec_down may then read the router's ids before its own
   if (!shared) wg = w + ((long long)ids[p] * 2 * I + n) * H;
   const T* wu = wg + (long long)inter * H;
   const T* xr = x + (long long)t * H;
@@ -176,11 +182,18 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
                                   int top_k, int H, int I, int Is) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
-  pdl_trigger();
   if (n >= H) return;
+  // moe_dec_gate_up triggers only after its wait, so the router's ids are final here: fetch this
+  // warp's expert rows into L2 while gate_up finishes.
+  int lines = (I + 63) / 64;
+  for (int q = lane; q < top_k * lines; q += 32) {
+    int e = load_cg(ids + t * top_k + q / lines);
+    prefetch_l2(w + ((long long)e * H + n) * I + (q % lines) * 64);
+  }
   if (Is)
     for (int k = lane * 64; k < Is; k += 32 * 64) prefetch_l2(ws + (long long)n * Is + k);
   pdl_wait();
+  pdl_trigger();
   float total = 0.f;
   for (int k = lane * 8; k < I; k += 256) {
 #pragma unroll 8
