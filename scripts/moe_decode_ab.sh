@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Batch-1 decode of the MoE bench shapes, fused decode kernels against the separate ops, in one
+# device call (docs/benchmarks.md): install as gpu_check.sh does, the fused-path GPU tests,
+# scripts/moe_block_paths.py, then `atlas bench` per configuration (random weights on the device).
+#   scripts/moe_decode_ab.sh            env: TESTS=0 skips the tests, REPEAT=2 runs each bench twice
+# Logs go to $RAW; after every step they are packed into $OUT/moe_ab.tgz (one file comes back
+# from the device machine even if a later step runs out of time).
+set -uo pipefail
+OUT=${OUT:-$PWD/moe_ab_out}
+RAW=${RAW:-/tmp/moe_ab}
+mkdir -p "$OUT" "$RAW"
+export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
+t0=$SECONDS
+stamp() {
+  tar czf "$OUT/moe_ab.tgz" -C "$RAW" . 2>/dev/null
+  echo "== $1 at +$((SECONDS - t0)) s" | tee -a "$RAW/steps.txt"
+}
+OUT=$RAW/gpu_check scripts/gpu_check.sh install >"$RAW/install_step.txt" 2>&1 \
+  || { cat "$RAW/install_step.txt"; exit 1; }
+head -3 "$RAW/gpu_check/gpu.txt"
+if [[ "${TESTS:-1}" != 0 ]]; then
+  stamp tests
+  timeout -s INT ${TEST_TIMEOUT:-90} python3 -m pytest -q -p no:cacheprovider \
+    plugins/atlas-cuda/tests/test_moe_cuda.py plugins/atlas-cuda/tests/test_gdn_cuda.py \
+    plugins/atlas-cuda/tests/test_contract_cuda.py \
+    -k "moe_block or gated_delta_rule_decode or decode_step or fused or moe_experts or Moe" \
+    2>&1 | tee "$RAW/tests.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -12
+fi
+stamp moe_block_paths
+timeout -s INT 40 python3 scripts/moe_block_paths.py 2>&1 | tee "$RAW/moe_block_paths.log" | tail -6
+bench() {  # tag moe_fused gdn_fused model util
+  stamp "bench $1"
+  ATLAS_CUDA_MOE_FUSED=$2 ATLAS_CUDA_GDN_FUSED=$3 timeout -s ABRT ${BENCH_TIMEOUT:-45} \
+    python3 -m atlas_core bench --model "$4" --concurrency 1 --prompt-len 128 --decode-tokens 64 \
+    --copy-mb 2048 --gpu-memory-utilization "$5" --baseline none --json "$RAW/bench-$1.json" \
+    >"$RAW/bench-$1.log" 2>&1
+  echo "$1 (moe_fused=$2 gdn_fused=$3): $(grep -E '^ +1 \|' "$RAW/bench-$1.log" || tail -2 "$RAW/bench-$1.log")"
+}
+for r in $(seq ${REPEAT:-1}); do
+  bench "35b-old-$r" 0 0 qwen3.5-35b-a3b 0.6
+  bench "35b-new-$r" 1 1 qwen3.5-35b-a3b 0.6
+  bench "30b-old-$r" 0 0 qwen3-30b-a3b 0.85
+  bench "30b-new-$r" 1 1 qwen3-30b-a3b 0.85
+  bench "35b-moe-$r" 1 0 qwen3.5-35b-a3b 0.6
+done
+stamp done
