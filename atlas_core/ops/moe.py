@@ -117,8 +117,9 @@ def moe_block(x: np.ndarray, router_weight: np.ndarray, w_gate_up: np.ndarray,
     """
     if (shared_gate_up is None) != (shared_down is None):
         raise ValueError("moe_block: give shared_gate_up and shared_down together")
-    return compose_moe_block(_REFERENCE_OPS, x, router_weight, w_gate_up, w_down, top_k, renormalize,
-                             scoring, activation, shared_gate_up, shared_down, shared_gate)
+    return compose_moe_block(_REFERENCE_OPS, x, router_weight, w_gate_up, w_down, top_k,
+                             renormalize, scoring, activation, shared_gate_up, shared_down,
+                             shared_gate)
 
 
 _REFERENCE_OPS = SimpleNamespace(linear=linear, linear_act_and_mul=linear_act_and_mul, add=add,

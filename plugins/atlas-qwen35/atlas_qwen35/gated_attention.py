@@ -8,6 +8,7 @@ import numpy as np
 
 from atlas_core.model.layers.attention import Attention
 from atlas_core.model.metadata import StepMetadata
+from atlas_qwen35.projections import project_blocks
 
 
 class GatedAttention(Attention):
@@ -75,7 +76,12 @@ class GatedAttention(Attention):
             raise RuntimeError("attention layer has no KV cache; call model.bind_kv_caches() first")
         ops = self.ops
         k_cache, v_cache = self.state
-        qkv = ops.linear(hidden, self.w_qkv)
+        gate = None
+        if self.w_gate is None:
+            qkv = ops.linear(hidden, self.w_qkv)
+        else:
+            qkv, gate = project_blocks(ops, hidden, self.params["qkv_proj.weight"],
+                                       [self.qkv_size, self.w_gate.shape[0]])
         # q: [num_tokens, num_heads, head_dim]
         q = ops.qk_norm_rope_and_cache(
             qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
@@ -85,6 +91,6 @@ class GatedAttention(Attention):
         out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                   meta.cu_seqlens_q, self.scale)
         out = out.reshape(meta.num_tokens, self.num_heads * self.head_dim)
-        if self.w_gate is not None:
-            out = ops.sigmoid_mul(out, ops.linear(hidden, self.w_gate))
+        if gate is not None:
+            out = ops.sigmoid_mul(out, gate)
         return ops.linear(out, self.params["o_proj.weight"]), residual

@@ -9,6 +9,7 @@ import numpy as np
 from atlas_core.interfaces.layer import RecurrentStateSpec, TransformerLayer
 from atlas_core.model.metadata import StepMetadata
 from atlas_core.model.params import Module
+from atlas_qwen35.projections import project_blocks
 
 #: Checkpoint layouts of the input projections.
 LAYOUTS = ("qwen3_5", "qwen3_next")
@@ -79,10 +80,6 @@ class GatedDeltaNet(Module, TransformerLayer):
         self.declare("norm.weight", (self.head_v_dim,))
         self.declare("out_proj.weight", (hidden, self.value_dim))
 
-    def setup(self) -> None:
-        qkvz = self.params["in_proj_qkvz.weight"]
-        self.w_qkv, self.w_z = qkvz[:self.conv_dim], qkvz[self.conv_dim:]
-
     def post_load(self) -> None:
         """Reorder Qwen3-Next's per-key-head ``[q k v z]`` / ``[b a]`` rows into head-major blocks."""
         if self.layout != "qwen3_next":
@@ -118,8 +115,8 @@ class GatedDeltaNet(Module, TransformerLayer):
                                "model.bind_kv_caches() first")
         ops, p = self.ops, self.params
         conv_states, ssm_states = self.state["conv"], self.state["ssm"]
-        qkv = ops.linear(hidden, self.w_qkv)
-        z = ops.linear(hidden, self.w_z)
+        qkv, z = project_blocks(ops, hidden, p["in_proj_qkvz.weight"],
+                                [self.conv_dim, self.value_dim])
         ba = ops.linear(hidden, p["in_proj_ba.weight"])
         heads = dict(num_k_heads=self.num_k_heads, num_v_heads=self.num_v_heads,
                      head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
