@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Batch-1 decode of the MoE bench shapes, fused decode kernels against the separate ops, in one
 # device call (docs/benchmarks.md): install as gpu_check.sh does, the fused-path GPU tests,
-# scripts/moe_block_paths.py, then `atlas bench` per configuration (random weights on the device).
+# scripts/moe_block_paths.py, `atlas bench` per configuration (random weights on the device),
+# then scripts/decode_graph_time.py (device time of the decode graph alone) per configuration.
 #   scripts/moe_decode_ab.sh            env: TESTS=0 skips the tests, REPEAT=2 runs each bench twice
 # Logs go to $RAW; after every step they are packed into $OUT/moe_ab.tgz (one file comes back
 # from the device machine even if a later step runs out of time).
@@ -23,7 +24,7 @@ if [[ "${TESTS:-1}" != 0 ]]; then
   timeout -s INT ${TEST_TIMEOUT:-90} python3 -m pytest -q -p no:cacheprovider \
     plugins/atlas-cuda/tests/test_moe_cuda.py plugins/atlas-cuda/tests/test_gdn_cuda.py \
     plugins/atlas-cuda/tests/test_contract_cuda.py \
-    -k "moe_block or gated_delta_rule_decode or decode_step or fused or moe_experts or Moe" \
+    -k "moe_block or gated_delta_rule_decode or decode_step or fused" \
     2>&1 | tee "$RAW/tests.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -12
 fi
 stamp moe_block_paths
@@ -36,11 +37,21 @@ bench() {  # tag moe_fused gdn_fused model util
     >"$RAW/bench-$1.log" 2>&1
   echo "$1 (moe_fused=$2 gdn_fused=$3): $(grep -E '^ +1 \|' "$RAW/bench-$1.log" || tail -2 "$RAW/bench-$1.log")"
 }
+graph_time() {  # tag moe_fused gdn_fused model util
+  stamp "graph $1"
+  ATLAS_CUDA_MOE_FUSED=$2 ATLAS_CUDA_GDN_FUSED=$3 timeout -s ABRT ${GRAPH_TIMEOUT:-40} \
+    python3 scripts/decode_graph_time.py "$4" --gpu-memory-utilization "$5" >"$RAW/graph-$1.log" 2>&1
+  echo "$1 (moe_fused=$2 gdn_fused=$3): $(tail -1 "$RAW/graph-$1.log")"
+}
 for r in $(seq ${REPEAT:-1}); do
   bench "35b-old-$r" 0 0 qwen3.5-35b-a3b 0.6
   bench "35b-new-$r" 1 1 qwen3.5-35b-a3b 0.6
   bench "30b-old-$r" 0 0 qwen3-30b-a3b 0.85
   bench "30b-new-$r" 1 1 qwen3-30b-a3b 0.85
-  bench "35b-moe-$r" 1 0 qwen3.5-35b-a3b 0.6
 done
+graph_time 35b-old 0 0 qwen3.5-35b-a3b 0.6
+graph_time 35b-new 1 1 qwen3.5-35b-a3b 0.6
+graph_time 30b-old 0 0 qwen3-30b-a3b 0.85
+graph_time 30b-new 1 1 qwen3-30b-a3b 0.85
+bench 35b-moe-only 1 0 qwen3.5-35b-a3b 0.6
 stamp done

@@ -1,0 +1,51 @@
+"""Device time of one batch-1 decode step: the captured decode graph of a named bench shape,
+replayed alone and timed with events (no scheduling, sampling sync or other host work), to set
+beside ``atlas bench``'s wall-clock step time.
+
+    python scripts/decode_graph_time.py qwen3-30b-a3b [--gpu-memory-utilization 0.85]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--backend", default=None)
+    args = parser.parse_args()
+    from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+    from atlas_core.engine.loading import create_backend
+    backend, registry = create_backend(args.backend)
+    model = build_random_model(shape_config(args.model), backend, registry)
+    engine = LLMEngine(model, backend, EngineArgs(
+        model=None, max_num_seqs=1, max_prefill_tokens=128, max_seq_len=512,
+        enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization))
+    engine.add_request("r", list(range(1, 129)), SamplingParams(temperature=0, max_tokens=8,
+                                                                ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    graph = engine.runner.graphs[1][0]
+    for _ in range(5):
+        graph.replay()
+    backend.synchronize()
+    times = []
+    for _ in range(args.reps):
+        a = backend.event()
+        graph.replay()
+        b = backend.event()
+        times.append(backend.elapsed_ms(a, b))
+    layers = model.num_layers
+    ms = statistics.median(times)
+    print(f"{args.model}: decode graph replay {ms:.3f} ms (median of {args.reps}), "
+          f"{1e3 * ms / layers:.1f} us per layer over {layers} layers")
+
+
+if __name__ == "__main__":
+    main()
