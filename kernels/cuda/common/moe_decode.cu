@@ -9,7 +9,6 @@
 #include "common.cuh"
 
 #define MOE_DEC_MAX_TOKENS 8
-#define MOE_DEC_PER_LANE 32  // experts per lane in the top-k warp: E <= 1024
 
 __device__ __forceinline__ float moe_act(float x, int gelu) {
   return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
@@ -27,13 +26,15 @@ __device__ __forceinline__ int load_cg(const int* p) {  // from L2: written by a
 
 // Top-k of one token's logits (a warp): weights/ids in descending order, ties to the lower
 // expert, like atlas_core.ops.moe.moe_route.
+// PER_LANE experts per lane (E <= 32 * PER_LANE), kept in registers.
+template <int PER_LANE>
 __device__ void moe_topk_warp(float* weights, int* ids, const volatile float* lg, int E,
                               int top_k, int renorm, int sigmoid) {
   int lane = threadIdx.x & 31;
-  float s[MOE_DEC_PER_LANE];
+  float s[PER_LANE];
   float mx = NEG_INF;
 #pragma unroll
-  for (int i = 0; i < MOE_DEC_PER_LANE; i++) {
+  for (int i = 0; i < PER_LANE; i++) {
     int e = lane + 32 * i;
     s[i] = e < E ? lg[e] : NEG_INF;
     mx = fmaxf(mx, s[i]);
@@ -41,7 +42,7 @@ __device__ void moe_topk_warp(float* weights, int* ids, const volatile float* lg
   mx = warp_max(mx);
   float sum = 0.f;
 #pragma unroll
-  for (int i = 0; i < MOE_DEC_PER_LANE; i++) {
+  for (int i = 0; i < PER_LANE; i++) {
     int e = lane + 32 * i;
     if (e < E) s[i] = sigmoid ? 1.f / (1.f + expf(-s[i])) : expf(s[i] - mx);
     sum += e < E ? s[i] : 0.f;
@@ -53,12 +54,12 @@ __device__ void moe_topk_warp(float* weights, int* ids, const volatile float* lg
     float v = NEG_INF;
     int idx = 0x7fffffff;
 #pragma unroll
-    for (int i = 0; i < MOE_DEC_PER_LANE; i++) argmax_pair(v, idx, s[i], lane + 32 * i);
+    for (int i = 0; i < PER_LANE; i++) argmax_pair(v, idx, s[i], lane + 32 * i);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
       argmax_pair(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
 #pragma unroll
-    for (int i = 0; i < MOE_DEC_PER_LANE; i++)
+    for (int i = 0; i < PER_LANE; i++)
       if (lane + 32 * i == idx) s[i] = NEG_INF;
     if (lane == j) { my_w = v / sum; my_id = idx; }
   }
@@ -115,7 +116,11 @@ __device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float
   __threadfence();
   const volatile float* lg = logits;
   for (int t = warp; t < ntok; t += nw) {
-    moe_topk_warp(weights + t * top_k, ids + t * top_k, lg + t * rows, E, top_k, renorm, sigmoid);
+    float* wt = weights + t * top_k;
+    int* it = ids + t * top_k;
+    if (E <= 128) moe_topk_warp<4>(wt, it, lg + t * rows, E, top_k, renorm, sigmoid);
+    else if (E <= 256) moe_topk_warp<8>(wt, it, lg + t * rows, E, top_k, renorm, sigmoid);
+    else moe_topk_warp<32>(wt, it, lg + t * rows, E, top_k, renorm, sigmoid);
     if (wsg && lane == 0) shared_w[t] = 1.f / (1.f + expf(-lg[t * rows + E]));
   }
   if (threadIdx.x == 0) *counter = 0;
