@@ -1,5 +1,6 @@
-"""Time ``moe_block`` on the GPU, fused decode kernels (``ATLAS_CUDA_MOE_FUSED=1``) against
-the separate ops (``0``), at the MoE bench models' shapes with random weights.
+"""Time ``moe_block`` on the GPU: the separate ops (``ATLAS_CUDA_MOE_FUSED=0``) against the
+fused decode kernels, ``warp`` and ``split`` expert kernels (``ATLAS_CUDA_MOE_DECODE``), at the
+MoE bench models' shapes with random weights.
 
 Bytes counted: router, the distinct experts the tokens chose and the shared expert, read once."""
 
@@ -32,7 +33,7 @@ def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
     be = CudaBackend()
-    print("shape | tokens | experts touched | fused | ms (graph replay) | GB/s")
+    print("shape | tokens | experts touched | path | ms (graph replay) | GB/s")
     for name, (hidden, inter, experts, k, shared) in SHAPES.items():
         shapes = {"router_weight": (experts, hidden), "w_gate_up": (experts, 2 * inter, hidden),
                   "w_down": (experts, hidden, inter)}
@@ -49,12 +50,14 @@ def main() -> None:
             _, ids = be.ops.moe_route(be.ops.linear(x, w["router_weight"]), k, True)
             touched = len(np.unique(be.to_host(ids)))
             nbytes = 2 * hidden * (experts + 1 + 3 * (touched * inter + shared))
-            for fused in ("0", "1"):
-                os.environ["ATLAS_CUDA_MOE_FUSED"] = fused
+            for mode in ("unfused", "warp", "split"):
+                os.environ["ATLAS_CUDA_MOE_FUSED"] = "0" if mode == "unfused" else "1"
+                os.environ["ATLAS_CUDA_MOE_DECODE"] = "warp" if mode == "unfused" else mode
                 ms = time_ms(be, lambda: be.ops.moe_block(x, top_k=k, renormalize=True, **w))
-                print(f"{name} | {tokens} | {touched} | {fused} | {ms:.4f} | "
+                print(f"{name} | {tokens} | {touched} | {mode} | {ms:.4f} | "
                       f"{nbytes / ms / 1e6:,.0f}")
-    os.environ.pop("ATLAS_CUDA_MOE_FUSED", None)
+    for var in ("ATLAS_CUDA_MOE_FUSED", "ATLAS_CUDA_MOE_DECODE"):
+        os.environ.pop(var, None)
 
 
 if __name__ == "__main__":

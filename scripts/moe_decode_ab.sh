@@ -28,7 +28,12 @@ if [[ "${TESTS:-1}" != 0 ]]; then
     2>&1 | tee "$RAW/tests.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -12
 fi
 stamp moe_block_paths
-timeout -s INT 40 python3 scripts/moe_block_paths.py 2>&1 | tee "$RAW/moe_block_paths.log" | tail -6
+timeout -s INT 40 python3 scripts/moe_block_paths.py 2>&1 | tee "$RAW/moe_block_paths.log" | tail -13
+# The fused runs use the expert kernels that were faster above (one token, both shapes).
+MOE_KERNEL=$(awk -F' [|] ' '$2 == "1" && $4 == "warp" {w += $5} $2 == "1" && $4 == "split" {s += $5}
+  END {print (s > 0 && s < 0.95 * w) ? "split" : "warp"}' "$RAW/moe_block_paths.log")
+echo "fused runs use ATLAS_CUDA_MOE_DECODE=$MOE_KERNEL"
+export ATLAS_CUDA_MOE_DECODE=$MOE_KERNEL
 bench() {  # tag moe_fused gdn_fused model util
   stamp "bench $1"
   ATLAS_CUDA_MOE_FUSED=$2 ATLAS_CUDA_GDN_FUSED=$3 timeout -s ABRT ${BENCH_TIMEOUT:-45} \

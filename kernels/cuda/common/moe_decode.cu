@@ -227,6 +227,119 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   if (lane == 0) out[(long long)t * H + n] = from_f32<T>(total);
 }
 
+// Split variants (ATLAS_CUDA_MOE_DECODE=split): a block of 8 warps owns 8 output rows and its
+// warps split the reduction, so every lane issues all of its row loads at once (one round) and
+// the block sums the warps' partials in shared memory in a fixed order.
+// gate_up: grid as moe_dec_gate_up; warp w takes columns w * 256 + 2048 * i of the 16 rows.
+template <typename T>
+__device__ void moe_dec_gate_up_split_impl(float* h, float* hs, const T* __restrict__ x,
+                                           const T* __restrict__ w, const T* __restrict__ ws,
+                                           const int* ids, int ntok, int top_k, int H, int I,
+                                           int Is, int gelu) {
+  __shared__ float part[8][16];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * 8, p = blockIdx.y;
+  bool shared = p >= ntok * top_k;
+  int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
+  if (n0 >= inter) return;
+  pdl_wait();
+  pdl_trigger();
+  const T* base = shared ? ws : w + (long long)ids[p] * 2 * I * H;
+  const T* xr = x + (long long)t * H;
+  float acc[16];
+#pragma unroll
+  for (int r = 0; r < 16; r++) acc[r] = 0.f;
+  for (int k = warp * 256 + lane * 8; k < H; k += 8 * 256) {
+    Vec8<T> wv[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+      int row = min(n0 + (r & 7), inter - 1) + (r >> 3) * inter;
+      wv[r].load(base + (long long)row * H + k);
+    }
+    float xf[8];
+    Vec8<T> xv; xv.load(xr + k); xv.to_float(xf);
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+      float wf[8];
+      wv[r].to_float(wf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[r] += wf[i] * xf[i];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 16; r++) {
+    float v = warp_sum(acc[r]);
+    if (lane == 0) part[warp][r] = v;
+  }
+  __syncthreads();
+  int r = threadIdx.x;
+  if (r < 8 && n0 + r < inter) {
+    float g = 0.f, u = 0.f;
+    for (int q = 0; q < 8; q++) { g += part[q][r]; u += part[q][8 + r]; }
+    (shared ? hs + (long long)t * Is : h + (long long)p * I)[n0 + r] = moe_act(g, gelu) * u;
+  }
+}
+
+// down: grid as moe_dec_down; warp w takes slots w, w + 8, ... (slot top_k: the shared expert),
+// each lane 16-byte chunks of the 8 rows.
+template <typename T>
+__device__ void moe_dec_down_split_impl(T* out, const float* __restrict__ h,
+                                        const float* __restrict__ hs, const T* __restrict__ w,
+                                        const T* __restrict__ ws, const float* weights,
+                                        const int* ids, const float* shared_w, int top_k, int H,
+                                        int I, int Is) {
+  __shared__ float part[8][8];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n0 = blockIdx.x * 8, t = blockIdx.y;
+  int lines = (I + 63) / 64;  // as moe_dec_down: the router's ids are final before the wait
+  for (int j = warp; j < top_k; j += 8) {
+    int e = load_cg(ids + t * top_k + j);
+    for (int q = lane; q < 8 * lines; q += 32)
+      prefetch_l2(w + ((long long)e * H + min(n0 + q / lines, H - 1)) * I + (q % lines) * 64);
+  }
+  pdl_wait();
+  pdl_trigger();
+  float acc[8];
+#pragma unroll
+  for (int r = 0; r < 8; r++) acc[r] = 0.f;
+  for (int j = warp; j < top_k + (Is ? 1 : 0); j += 8) {
+    bool sh = j == top_k;
+    int inter = sh ? Is : I;
+    const T* base = sh ? ws : w + (long long)ids[t * top_k + j] * H * I;
+    const float* hr = sh ? hs + (long long)t * Is : h + (long long)(t * top_k + j) * I;
+    float scale = sh ? (shared_w ? shared_w[t] : 1.f) : weights[t * top_k + j];
+    float sum[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++) sum[r] = 0.f;
+    for (int k = lane * 8; k < inter; k += 256) {
+      Vec8<T> wv[8];
+#pragma unroll
+      for (int r = 0; r < 8; r++) wv[r].load(base + (long long)min(n0 + r, H - 1) * inter + k);
+      float hf[8];
+      Vec8<float> hv; hv.load(hr + k); hv.to_float(hf);
+#pragma unroll
+      for (int r = 0; r < 8; r++) {
+        float wf[8];
+        wv[r].to_float(wf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sum[r] += wf[i] * hf[i];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 8; r++) acc[r] += scale * sum[r];
+  }
+#pragma unroll
+  for (int r = 0; r < 8; r++) {
+    float v = warp_sum(acc[r]);
+    if (lane == 0) part[warp][r] = v;
+  }
+  __syncthreads();
+  int r = threadIdx.x;
+  if (r < 8 && n0 + r < H) {
+    float total = 0.f;
+    for (int q = 0; q < 8; q++) total += part[q][r];
+    out[(long long)t * H + n0 + r] = from_f32<T>(total);
+  }
+}
+
 #define MOE_DECODE(T, S)                                                                       \
   extern "C" __global__ void moe_router_##S(float* wts, int* ids, float* sw, float* logits,    \
       int* counter, const T* x, const T* wr, const T* wsg, int ntok, int E, int H, int k,      \
@@ -241,5 +354,15 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
       const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k, int H,\
       int I, int Is) {                                                                         \
     moe_dec_down_impl<T>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                        \
+  }                                                                                            \
+  extern "C" __global__ void moe_dec_gate_up_split_##S(float* h, float* hs, const T* x,        \
+      const T* w, const T* ws, const int* ids, int ntok, int k, int H, int I, int Is,          \
+      int gelu) {                                                                              \
+    moe_dec_gate_up_split_impl<T>(h, hs, x, w, ws, ids, ntok, k, H, I, Is, gelu);              \
+  }                                                                                            \
+  extern "C" __global__ void moe_dec_down_split_##S(T* out, const float* h, const float* hs,   \
+      const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k,       \
+      int H, int I, int Is) {                                                                  \
+    moe_dec_down_split_impl<T>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                  \
   }
 INSTANTIATE(MOE_DECODE)

@@ -7,6 +7,7 @@ import os
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
+MOE_DECODE_KERNELS = ("warp", "split")
 GEMV_CHUNKS = ("4", "8")
 
 
@@ -47,6 +48,12 @@ def moe_fused() -> bool:
     ``0`` (default until measured on a GPU) runs the router ``linear``, ``moe_route``,
     ``moe_experts`` and the shared expert's ops one by one."""
     return _flag("ATLAS_CUDA_MOE_FUSED", "0")
+
+
+def moe_decode_kernel() -> str:
+    """``ATLAS_CUDA_MOE_DECODE``: expert kernels of the fused ``moe_block``: ``warp`` (default:
+    a warp per output row) or ``split`` (a block per 8 rows, its warps splitting the reduction)."""
+    return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
 
 
 def gdn_fused() -> bool:

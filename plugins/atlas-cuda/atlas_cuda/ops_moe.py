@@ -100,10 +100,11 @@ class MoeOps:
         hs = self._out((t, s_inter), np.float32) if s_inter else None
         out = self._out(x.shape, x.dtype)
         launch, v = self.be.kernels.launch, variant_of(x.dtype)
-        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_gate_up_{v}"),
+        split = "_split" if cuda_env.moe_decode_kernel() == "split" else ""
+        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_gate_up{split}_{v}"),
                (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, x,
                w_gate_up, shared_gate_up, ids, t, k, hidden, inter, s_inter, gelu, pdl=self._pdl)
-        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_down_{v}"),
+        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_down{split}_{v}"),
                (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, weights, ids, shared_w,
                k, hidden, inter, s_inter, pdl=self._pdl)
         return out

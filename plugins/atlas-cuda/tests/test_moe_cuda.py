@@ -113,16 +113,18 @@ def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     return {name: a.astype(dtype) for name, a in arrays.items()}
 
 
-@pytest.mark.parametrize("fused", ["1", "0"])
+@pytest.mark.parametrize("mode", ["warp", "split", "unfused"])
 @pytest.mark.parametrize("dtype", [bfloat16, np.float16])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,scoring", [
     (1, 16, 8, 2048, 768, 0, "softmax"), (1, 16, 8, 2048, 512, 512, "softmax"),
     (5, 256, 8, 256, 64, 64, "softmax"), (8, 64, 4, 256, 96, 64, "sigmoid"),
     (2, 1024, 8, 64, 16, 16, "softmax"), (3, 16, 2, 128, 48, 0, "softmax"),
     (12, 16, 2, 128, 48, 32, "softmax")])
-def test_moe_block_paths(cuda_backend, monkeypatch, fused, dtype, t, e, k, hidden, inter,
+def test_moe_block_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden, inter,
                          shared, scoring):
+    fused = "0" if mode == "unfused" else "1"
     monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", fused)
+    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", "warp" if mode == "unfused" else mode)
     be = cuda_backend
     case = _block_case(t * e + k + shared, t, e, k, hidden, inter, shared, dtype)
     calls = be.ops._moe_calls
@@ -134,9 +136,11 @@ def test_moe_block_paths(cuda_backend, monkeypatch, fused, dtype, t, e, k, hidde
     assert (be.ops._moe_calls > calls) == (fused == "1" and t <= 8)
 
 
-def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch):
+@pytest.mark.parametrize("kernel", ["warp", "split"])
+def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, kernel):
     # The router's completion counter must return to zero: every replay routes afresh.
     monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
+    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", kernel)
     be = cuda_backend
     case = _block_case(5, 1, 256, 8, 256, 64, 64, bfloat16)
     dev = {name: be.from_host(a) for name, a in case.items()}
