@@ -1,6 +1,8 @@
 """The MoE expert paths on the GPU (per-pair GEMV and grouped tensor-core GEMM) against the
 NumPy reference, plus the device random fill used by random-weight benches."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -99,7 +101,9 @@ def test_backend_steps_from_another_thread(cuda_backend):
     np.testing.assert_array_equal(box["out"], 2 * a)
 
 
+@functools.lru_cache(maxsize=4)
 def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
+    """Inputs of one moe_block case (cached: every path of a case gets the same arrays)."""
     from atlas_core.testing.contracts_ops import separated_router
     rng = np.random.default_rng(seed)
     x, router = separated_router(rng, "float32", t, hidden, e, k)
