@@ -148,8 +148,8 @@ class GdnOps:
                                 state_indices: DeviceArray, *, num_k_heads: int,
                                 num_v_heads: int, head_k_dim: int, head_v_dim: int,
                                 eps: float = 1e-6) -> DeviceArray:
-        """Two kernels with ``ATLAS_CUDA_GDN_FUSED=1`` (``gdn_conv_gating``, then
-        ``gdn_decode_norm``: a block per whole value head, so the gated norm stays in it);
+        """Two kernels (``gdn_conv_gating``, then ``gdn_decode_norm``: a block per whole value
+        head, so the gated norm stays in it) where they apply, unless ``ATLAS_CUDA_GDN_FUSED=0``;
         otherwise the four separate ops."""
         heads = dict(num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
                      head_v_dim=head_v_dim)
