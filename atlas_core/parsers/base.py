@@ -83,6 +83,15 @@ def arguments_json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def through_close_tag(text: str, pos: int, close: str, final: bool) -> CallMatch:
+    """End a streamed call at the next ``close`` tag after ``pos`` (dropping what lies between);
+    with no tag yet the call is incomplete, or complete at the end of the text when ``final``."""
+    end = text.find(close, pos)
+    if end >= 0:
+        return CallMatch("complete", end + len(close))
+    return CallMatch("complete", len(text)) if final else CallMatch("incomplete")
+
+
 def random_call_id() -> str:
     """An OpenAI-style call id, ``call_`` and 24 hex digits."""
     return f"call_{uuid.uuid4().hex[:24]}"

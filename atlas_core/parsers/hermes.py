@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, arguments_json
+from atlas_core.parsers.base import (CallHead, CallMatch, ToolParser, arguments_json,
+                                      through_close_tag)
 from atlas_core.parsers.json_calls import json_call_head, skip_space
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -38,10 +39,7 @@ class HermesToolParser(ToolParser):
         return json_call_head(text, pos, final, end=end, stops=(CLOSE,))
 
     def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
-        close = text.find(CLOSE, pos)
-        if close >= 0:
-            return CallMatch("complete", close + len(CLOSE))
-        return CallMatch("complete", len(text)) if final else CallMatch("incomplete")
+        return through_close_tag(text, pos, CLOSE, final)
 
     def match_call(self, text: str, start: int, final: bool) -> CallMatch:
         close = text.find(CLOSE, start + len(OPEN))

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from atlas_core.parsers.base import CallHead, CallMatch, ToolParser
+from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, through_close_tag
 from atlas_core.parsers.json_calls import skip_space
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -140,10 +140,7 @@ class Qwen3CoderToolParser(ToolParser):
             return CallMatch("complete", pos + len(CLOSE))
         if text.startswith(FUNCTION, pos):
             return CallMatch("complete", pos, more=True)
-        close = text.find(CLOSE, pos)
-        if close >= 0:
-            return CallMatch("complete", close + len(CLOSE))
-        return CallMatch("complete", len(text)) if final else CallMatch("incomplete")
+        return through_close_tag(text, pos, CLOSE, final)
 
     def match_call(self, text: str, start: int, final: bool) -> CallMatch:
         close = text.find(CLOSE, start + len(OPEN))
