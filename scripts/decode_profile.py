@@ -1,0 +1,122 @@
+"""Where a batch-1 decode step's device time goes: build a named bench shape with random weights,
+capture its decode graph, time the replay with events, then replay it once between
+``cuProfilerStart``/``cuProfilerStop`` so ``ncu --profile-from-start off`` times every kernel node.
+
+    ncu --profile-from-start off --graph-profiling node --clock-control none \\
+        --cache-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \\
+        python scripts/decode_profile.py qwen3-8b > prof.csv
+    python scripts/decode_profile.py --summarize prof.csv --graph-ms 4.1 --layers 36
+
+The summary lists per kernel name: launches, summed duration and DRAM bytes, achieved GB/s; the
+sum of kernel durations beside the graph replay time is the time lost between kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from collections import defaultdict
+
+
+def run(model_name: str, reps: int, context: int) -> None:
+    from cuda.bindings import driver
+
+    from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+    from atlas_core.engine.loading import create_backend
+    backend, registry = create_backend("cuda")
+    model = build_random_model(shape_config(model_name), backend, registry)
+    engine = LLMEngine(model, backend, EngineArgs(
+        model=None, max_num_seqs=1, max_prefill_tokens=context, max_seq_len=context + 64,
+        enable_prefix_caching=False, gpu_memory_utilization=0.85))
+    engine.add_request("r", list(range(1, context + 1)),
+                       SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    graph = engine.runner.graphs[1][0]
+    for _ in range(5):
+        graph.replay()
+    backend.synchronize()
+    times = []
+    for _ in range(reps):
+        a = backend.event()
+        graph.replay()
+        b = backend.event()
+        times.append(backend.elapsed_ms(a, b))
+    ms = statistics.median(times)
+    print(f"# {model_name}: graph replay {ms:.3f} ms median of {reps}, {model.num_layers} layers",
+          file=sys.stderr)
+    driver.cuProfilerStart()
+    graph.replay()
+    backend.synchronize()
+    driver.cuProfilerStop()
+
+
+def summarize(path: str, graph_ms: float | None, layers: int | None, first: int) -> None:
+    rows = []
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]
+    for rec in csv.DictReader(lines):
+        rows.append(rec)
+    per_id: dict[str, dict] = defaultdict(dict)
+    order: list[str] = []
+    for rec in rows:
+        key = rec["ID"]
+        if key not in per_id:
+            order.append(key)
+        d = per_id[key]
+        d["name"] = rec["Kernel Name"].split("(")[0]
+        d["grid"] = rec.get("Grid Size", "")
+        unit, val = rec["Metric Unit"], float(rec["Metric Value"].replace(",", ""))
+        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "byte": 1.0, "Kbyte": 1e3,
+                 "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1.0)
+        d[rec["Metric Name"]] = val * scale
+    agg: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for key in order:
+        d = per_id[key]
+        a = agg[d["name"]]
+        a[0] += 1
+        a[1] += d.get("gpu__time_duration.sum", 0.0)
+        a[2] += d.get("dram__bytes_read.sum", 0.0)
+    total_us = sum(a[1] for a in agg.values())
+    total_b = sum(a[2] for a in agg.values())
+    print(f"{'kernel':44s} {'n':>5s} {'us':>9s} {'us/each':>8s} {'MB':>9s} {'GB/s':>7s} {'%time':>6s}")
+    for name, (n, us, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        gbs = b / (us * 1e3) if us else 0.0
+        print(f"{name[:44]:44s} {n:5d} {us:9.1f} {us / n:8.2f} {b / 1e6:9.1f} {gbs:7.0f} "
+              f"{100 * us / total_us:6.1f}")
+    print(f"kernels {len(order)}, summed duration {total_us / 1e3:.3f} ms, DRAM read "
+          f"{total_b / 1e9:.3f} GB ({total_b / (total_us * 1e3):.0f} GB/s over kernel time)")
+    if graph_ms:
+        print(f"graph replay {graph_ms:.3f} ms: {graph_ms - total_us / 1e3:+.3f} ms outside "
+              f"kernel durations ({1e3 * (graph_ms - total_us / 1e3) / len(order):.2f} us per node)")
+    if layers:
+        print(f"per layer: {len(order) / layers:.1f} kernels, {total_us / layers:.1f} us")
+    print(f"first {first} kernels in order:")
+    for key in order[:first]:
+        d = per_id[key]
+        print(f"  {d['name'][:50]:50s} grid {d['grid']:>14s} {d.get('gpu__time_duration.sum', 0):7.2f} us "
+              f"{d.get('dram__bytes_read.sum', 0) / 1e6:8.2f} MB")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model", nargs="?")
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--summarize")
+    p.add_argument("--graph-ms", type=float)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--first", type=int, default=30)
+    a = p.parse_args()
+    if a.summarize:
+        summarize(a.summarize, a.graph_ms, a.layers, a.first)
+    else:
+        run(a.model, a.reps, a.context)
+
+
+if __name__ == "__main__":
+    main()
