@@ -71,8 +71,8 @@ def summarize(path: str, graph_ms: float | None, layers: int | None, first: int)
         d["name"] = rec["Kernel Name"].split("(")[0]
         d["grid"] = rec.get("Grid Size", "")
         unit, val = rec["Metric Unit"], float(rec["Metric Value"].replace(",", ""))
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "byte": 1.0, "Kbyte": 1e3,
-                 "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1.0)
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+                 "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1.0)
         d[rec["Metric Name"]] = val * scale
     agg: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for key in order:
