@@ -132,6 +132,7 @@ def test_responses_items_to_messages():
     with pytest.raises(APIError) as info:
         input_messages([{"role": "user", "content": [{"type": "input_image"}]}])
     assert info.value.param == "input[0].content[0].type"
+    assert info.value.message.startswith("image inputs are not supported")
 
 
 def test_response_store_is_lru():

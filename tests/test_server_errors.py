@@ -66,6 +66,20 @@ def test_chat_invalid_body(server, body, param):
     still_serves(server)
 
 
+@pytest.mark.parametrize("part, media", [
+    ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "image"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio"),
+])
+def test_chat_media_parts_get_a_dedicated_message(server, part, media):
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it"},
+                                                      part]}]}
+    err = openai_error(server.post("/v1/chat/completions", json=body), 400,
+                       "messages[0].content[1].type")
+    assert err["message"].startswith(f"{media} inputs are not supported")
+    assert err["code"] == "unsupported_modality" and "vision tower" in err["message"]
+    still_serves(server)
+
+
 def test_bad_utf8(server):
     body = b'{"model": "fake", "messages": [{"role": "user", "content": "\xff\xfe"}]}'
     err = openai_error(post_raw(server, "/v1/chat/completions", body), 400)
@@ -128,7 +142,17 @@ def test_anthropic_shapes(server):
                           "invalid_request_error")
     assert "max_tokens" in err["message"]
     bad_block = {**MSG, "messages": [{"role": "user", "content": [{"type": "image"}]}]}
-    anthropic_error(server.post("/v1/messages", json=bad_block), 400, "invalid_request_error")
+    err = anthropic_error(server.post("/v1/messages", json=bad_block), 400,
+                          "invalid_request_error")
+    assert "image inputs are not supported" in err["message"]
+    image_result = {**MSG, "messages": [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "see"}, {"type": "image", "source": {}}]}]}]}
+    err = anthropic_error(server.post("/v1/messages", json=image_result), 400,
+                          "invalid_request_error")
+    assert "image inputs are not supported" in err["message"], "never dropped silently"
     anthropic_error(server.post("/v1/messages/count_tokens", json={}), 400,
                     "invalid_request_error")
 

@@ -55,6 +55,25 @@ class APIError(Exception):
         return ERROR_TYPES.get(self.status, "api_error")
 
 
+#: Content part / block types that carry media rather than text, in any of the three APIs.
+MEDIA_PARTS = {"image_url": "image", "input_image": "image", "image": "image",
+               "input_audio": "audio", "audio": "audio", "file": "file", "input_file": "file",
+               "document": "document", "video_url": "video", "video": "video"}
+
+
+def unsupported_part(kind: object, param: str, supported: str) -> APIError:
+    """The 400 for a content part this server can't take; media parts get their own message
+    (the text path of vision-language checkpoints is served, their vision tower is not loaded)."""
+    media = MEDIA_PARTS.get(kind) if isinstance(kind, str) else None
+    if media:
+        return APIError(400, f"{media} inputs are not supported: Atlas serves models text-only (the "
+                        f"vision tower of vision-language checkpoints is not loaded); remove the "
+                        f"`{kind}` part or describe it in text", param=param,
+                        code="unsupported_modality")
+    return APIError(400, f"content part type `{kind}` is not supported (this server takes "
+                    f"{supported})", param=param)
+
+
 def is_anthropic_path(path: str) -> bool:
     """Whether ``path`` belongs to the Anthropic Messages API (errors use its shape)."""
     return path.startswith("/v1/messages")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_core.server.errors import APIError
+from atlas_core.server.errors import APIError, unsupported_part
 from atlas_core.server.tools import template_tool_calls
 
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
@@ -21,8 +21,7 @@ def text_of_parts(content: Any, param: str) -> str | None:
     texts = []
     for i, part in enumerate(content):
         if part.type not in ("text", "input_text", "output_text") or part.text is None:
-            raise APIError(400, f"content part type `{part.type}` is not supported (this server "
-                           "takes text only)", param=f"{param}.content[{i}].type")
+            raise unsupported_part(part.type, f"{param}.content[{i}].type", "text only")
         texts.append(part.text)
     return "\n".join(texts)
 
@@ -45,10 +44,16 @@ def openai_messages(messages: list) -> list[dict]:
     return converted
 
 
-def _block_text(content: Any) -> str:
+def _block_text(content: Any, param: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    return "\n".join(b.get("text", "") for b in content if b.get("type") == "text")
+    texts = []
+    for i, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text":
+            raise unsupported_part(kind, f"{param}[{i}].type", "text blocks in a tool_result")
+        texts.append(block.get("text", ""))
+    return "\n".join(texts)
 
 
 def system_text(system: Any, param: str = "system") -> str | None:
@@ -57,8 +62,7 @@ def system_text(system: Any, param: str = "system") -> str | None:
         return system
     for i, block in enumerate(system):
         if block.type != "text":
-            raise APIError(400, f"system block type `{block.type}` is not supported; send text",
-                           param=f"{param}[{i}].type")
+            raise unsupported_part(block.type, f"{param}[{i}].type", "text blocks")
     return "\n".join(block.text or "" for block in system)
 
 
@@ -75,12 +79,11 @@ def _anthropic_turn(role: str, content: Any, param: str) -> list[dict]:
             tool_calls.append({"id": block.id, "type": "function",
                                "function": {"name": block.name, "arguments": block.input or {}}})
         elif block.type == "tool_result":
-            results.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                            "content": _block_text(block.content)})
+            text = _block_text(block.content, f"{param}.content[{i}].content")
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
         else:
-            raise APIError(400, f"content block type `{block.type}` is not supported (this "
-                           "server takes text, tool_use and tool_result blocks)",
-                           param=f"{param}.content[{i}].type")
+            raise unsupported_part(block.type, f"{param}.content[{i}].type",
+                                   "text, tool_use and tool_result blocks")
     turn: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
     if thinking:
         turn["reasoning_content"] = "\n".join(thinking)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from atlas_core.server.errors import APIError
+from atlas_core.server.errors import APIError, unsupported_part
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
@@ -28,8 +28,7 @@ def parts_text(content: Any, param: str) -> str:
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise APIError(400, f"content part type `{kind}` is not supported (this server takes "
-                           "input_text and output_text)", param=f"{param}[{i}].type")
+            raise unsupported_part(kind, f"{param}[{i}].type", "input_text and output_text")
         texts.append(part["text"])
     return "\n".join(texts)
 
