@@ -37,10 +37,13 @@ if has tests; then
 fi
 if has sanitize; then
   stamp sanitize
-  timeout -s INT ${SANITIZE_TIMEOUT:-120} compute-sanitizer --tool memcheck --error-exitcode 9 \
-    python3 -m pytest -q -x plugins/atlas-cuda/tests/test_fast_paths_cuda.py \
-    plugins/atlas-cuda/tests/test_ops_cuda.py -p no:cacheprovider >"$OUT/memcheck.log" 2>&1
-  echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
+  # the whole op contract on CUDA plus the fast-path and op tests, under memcheck
+  timeout -s INT ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python3 -m pytest -q plugins/atlas-cuda/tests/test_contract_cuda.py \
+    plugins/atlas-cuda/tests/test_fast_paths_cuda.py plugins/atlas-cuda/tests/test_ops_cuda.py \
+    ${SANITIZE_EXTRA:-} -p no:cacheprovider >"$OUT/memcheck.log" 2>&1
+  echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"
+  grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck.log" | tail -3
 fi
 bench() {  # name timeout args...
   local name=$1 limit=$2; shift 2
