@@ -47,6 +47,16 @@ class NumpyOps:
         y = (xf / np.sqrt(ms + np.float32(eps)) * w).astype(dtype, copy=False)
         return (y, x) if residual is not None else y
 
+    def rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None,
+                        zero_centered=False, activation=None):
+        if residual is None:
+            h, r = self.rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
+        else:
+            h, r = self.rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
+        if activation is None:
+            return self.linear(h, weight, bias), r
+        return self.linear_act_and_mul(h, weight, bias, activation), r
+
     def linear(self, x, weight, bias=None):
         y = linear_f32(to_f32(x), self._weight(weight))
         if bias is not None:

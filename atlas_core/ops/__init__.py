@@ -14,6 +14,7 @@ from atlas_core.ops import reference
 OP_NAMES = (
     "embedding",
     "rms_norm",
+    "rms_norm_linear",
     "linear",
     "add",
     "silu_and_mul",

@@ -1,4 +1,5 @@
-"""Reference elementwise ops: embedding, RMSNorm, linear, gated activations."""
+"""Reference elementwise ops: embedding, RMSNorm, linear (alone and after RMSNorm), gated
+activations."""
 
 from __future__ import annotations
 
@@ -45,6 +46,40 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, residual: np.ndarray
     y = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + eps) * w
     y = y.astype(dtype)
     return (y, x) if residual is not None else y
+
+
+def rms_norm_linear(x: np.ndarray, residual: np.ndarray | None, norm_weight: np.ndarray,
+                    eps: float, weight: np.ndarray, bias: np.ndarray | None = None,
+                    zero_centered: bool = False, activation: str | None = None):
+    """A pre-norm and the projection after it as one op (backends may fuse them into one pass
+    over ``weight``): ``linear(rms_norm(x, norm_weight, eps, residual), weight, bias)``.
+
+    Rounds exactly as the separate ops do: the residual sum and the normed activations are
+    stored in ``x.dtype`` before the projection reads them.
+
+    Args:
+        x: ``[..., in_features]``.
+        residual: optional ``[..., in_features]`` added to ``x`` before the norm.
+        norm_weight: ``[in_features]`` (stored as ``w - 1`` with ``zero_centered``).
+        eps: variance epsilon.
+        weight: ``[out_features, in_features]``.
+        bias: optional ``[out_features]``.
+        zero_centered: see :func:`rms_norm`.
+        activation: ``None`` (plain projection) or ``"silu"`` / ``"gelu_tanh"``: then ``weight``
+            is a gated MLP's ``[gate; up]`` and the op is :func:`linear_act_and_mul` of the normed
+            input, ``[..., out_features // 2]``.
+
+    Returns:
+        ``(y, residual_out)``: ``y`` ``[..., out_features]`` in ``x.dtype`` and the new residual
+        stream ``x + residual`` (``x`` itself when ``residual`` is ``None``).
+    """
+    if residual is None:
+        h, r = rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
+    else:
+        h, r = rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
+    if activation is None:
+        return linear(h, weight, bias), r
+    return linear_act_and_mul(h, weight, bias, activation), r
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:

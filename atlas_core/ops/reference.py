@@ -8,7 +8,8 @@ from atlas_core.ops.gdn import (causal_conv1d, causal_conv1d_update, gated_delta
 from atlas_core.ops.guided import apply_token_bitmask
 from atlas_core.ops.moe import moe_block, moe_experts, moe_route
 from atlas_core.ops.norm import (act_and_mul, add, embedding, gelu_tanh_and_mul, linear,
-                                 linear_act_and_mul, rms_norm, silu_and_mul)
+                                 linear_act_and_mul, rms_norm, rms_norm_linear,
+                                 silu_and_mul)
 from atlas_core.ops.rotary import rope_cos_sin_cache, rotary_embedding
 from atlas_core.ops.sampling import apply_penalties, argmax, log_softmax, sample, topk
 
@@ -17,6 +18,7 @@ __all__ = [
     "gelu_tanh_and_mul", "linear", "linear_act_and_mul", "log_softmax", "moe_block", "moe_experts",
     "moe_route", "paged_attention",
     "prefill_attention", "qk_norm_rope_and_cache", "reshape_and_cache", "rms_norm",
+    "rms_norm_linear",
     "rope_cos_sin_cache", "rotary_embedding", "sample", "silu_and_mul", "topk",
     "causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
     "gated_delta_rule_decode", "gated_delta_rule_recurrent", "gdn_gating", "rms_norm_gated",

@@ -142,6 +142,23 @@ class OpContract:
         b = randn(rng, (2 * d,), dtype) if bias else None
         check_op(backend, "linear_act_and_mul", randn(rng, x_shape, dtype), w, b, activation)
 
+    @pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+    @pytest.mark.parametrize("rows,k,n,bias", [(1, 64, 96, False), (3, 1032, 40, True),
+                                               (8, 512, 72, False), (13, 100, 37, True)])
+    @pytest.mark.parametrize("residual,zero_centered,activation",
+                             [(True, False, None), (False, False, None), (True, True, "silu"),
+                              (True, False, "gelu_tanh")])
+    def test_rms_norm_linear(self, backend, dtype, rows, k, n, bias, residual, zero_centered,
+                             activation):
+        rng = make_rng("rms_norm_linear", dtype, rows, k, n, bias, residual, zero_centered,
+                       activation)
+        n_w = 2 * n if activation else n
+        w = randn(rng, (n_w, k), dtype, k ** -0.5)
+        b = randn(rng, (n_w,), dtype) if bias else None
+        res = randn(rng, (rows, k), dtype) if residual else None
+        check_op(backend, "rms_norm_linear", randn(rng, (rows, k), dtype, 3.0), res,
+                 randn(rng, (k,), dtype, 0.5), 1e-6, w, b, zero_centered, activation)
+
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("shape", [(7, 33), (2, 3, 128)])
     def test_add(self, backend, dtype, shape):

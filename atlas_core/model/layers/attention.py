@@ -74,11 +74,28 @@ class Attention(Module, TransformerLayer):
         self.state = state
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+        self._check_state()
+        qkv = self.ops.linear(hidden, self.params["qkv_proj.weight"], self.param("qkv_proj.bias"))
+        return self._attend(qkv, meta), residual
+
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """The decoder's input norm folded into ``qkv_proj`` (``ops.rms_norm_linear``); see
+        :class:`~atlas_core.model.layers.decoder.DecoderLayer`."""
+        self._check_state()
+        qkv, residual = self.ops.rms_norm_linear(hidden, residual, norm_weight, eps,
+                                                 self.params["qkv_proj.weight"],
+                                                 self.param("qkv_proj.bias"), zero_centered)
+        return self._attend(qkv, meta), residual
+
+    def _check_state(self) -> None:
         if self.state is None:
             raise RuntimeError("attention layer has no KV cache; call model.bind_kv_caches() first")
+
+    def _attend(self, qkv: Any, meta: StepMetadata) -> Any:
+        """q/k norm, rotary and KV write, attention and ``o_proj`` of a projected ``qkv``."""
         ops = self.ops
         k_cache, v_cache = self.state
-        qkv = ops.linear(hidden, self.params["qkv_proj.weight"], self.param("qkv_proj.bias"))
         # q: [num_tokens, num_heads, head_dim]
         q = ops.qk_norm_rope_and_cache(
             qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
@@ -88,4 +105,4 @@ class Attention(Module, TransformerLayer):
         out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                   meta.cu_seqlens_q, self.scale)
         out = out.reshape(meta.num_tokens, self.num_heads * self.head_dim)
-        return ops.linear(out, self.params["o_proj.weight"], self.param("o_proj.bias")), residual
+        return ops.linear(out, self.params["o_proj.weight"], self.param("o_proj.bias"))

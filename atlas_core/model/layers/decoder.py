@@ -16,6 +16,14 @@ class DecoderLayer(Module, TransformerLayer):
     normed sum and the new residual), so the block returns the feed-forward output and the
     residual stream unsummed; the next block's first norm (or the model's final norm) adds them.
 
+    Pre-norm protocol: a mixer or feed-forward that defines
+    ``forward_prenorm(hidden, residual, norm_weight, eps, zero_centered, meta) -> (out, residual)``
+    is handed its norm instead of its normed input, so it can fold the norm (and the residual
+    add) into its first projection (``ops.rms_norm_linear``: one pass over the weight in
+    batch-1 decode). It must return what ``rms_norm`` then ``forward`` would: its output and the
+    new residual stream (``hidden + residual``, or ``hidden`` when ``residual`` is ``None``).
+    Layers without the method get the separate ``rms_norm`` and ``forward``.
+
     Args:
         mixer: token mixer (``attention``, or a recurrent kind from a plugin), under ``mixer_name``.
         ffn: feed-forward block (``mlp`` / ``moe``) under ``ffn_name``, or ``None`` for
@@ -43,12 +51,21 @@ class DecoderLayer(Module, TransformerLayer):
             return self.ops.rms_norm(hidden, weight, self.eps, zero_centered=self.zero_centered), hidden
         return self.ops.rms_norm(hidden, weight, self.eps, residual, zero_centered=self.zero_centered)
 
+    def _prenorm(self, layer: TransformerLayer, name: str, hidden: Any, residual: Any | None,
+                 meta: StepMetadata) -> tuple[Any, Any]:
+        fused = getattr(layer, "forward_prenorm", None)
+        if fused is not None:
+            return fused(hidden, residual, self.params[name], self.eps, self.zero_centered, meta)
+        hidden, residual = self._norm(name, hidden, residual)
+        hidden, _ = layer.forward(hidden, None, meta)
+        return hidden, residual
+
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        hidden, residual = self._norm("input_layernorm.weight", hidden, residual)
-        hidden, _ = self.mixer.forward(hidden, None, meta)
+        hidden, residual = self._prenorm(self.mixer, "input_layernorm.weight", hidden, residual,
+                                         meta)
         if self.ffn is not None:
-            hidden, residual = self._norm("post_attention_layernorm.weight", hidden, residual)
-            hidden, _ = self.ffn.forward(hidden, None, meta)
+            hidden, residual = self._prenorm(self.ffn, "post_attention_layernorm.weight", hidden,
+                                             residual, meta)
         return hidden, residual
 
     def state_spec(self) -> KVCacheSpec | RecurrentStateSpec | None:

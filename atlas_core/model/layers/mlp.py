@@ -47,7 +47,19 @@ class GatedMLP(Module, TransformerLayer):
             self.declare("down_proj.bias", (hidden_size,))
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        ops = self.ops
-        act = ops.linear_act_and_mul(hidden, self.params["gate_up_proj.weight"],
-                                     self.param("gate_up_proj.bias"), self.activation)
-        return ops.linear(act, self.params["down_proj.weight"], self.param("down_proj.bias")), residual
+        act = self.ops.linear_act_and_mul(hidden, self.params["gate_up_proj.weight"],
+                                          self.param("gate_up_proj.bias"), self.activation)
+        return self._down(act), residual
+
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """The decoder's post-attention norm folded into ``gate_up_proj``
+        (``ops.rms_norm_linear`` with the activation); see
+        :class:`~atlas_core.model.layers.decoder.DecoderLayer`."""
+        act, residual = self.ops.rms_norm_linear(
+            hidden, residual, norm_weight, eps, self.params["gate_up_proj.weight"],
+            self.param("gate_up_proj.bias"), zero_centered, self.activation)
+        return self._down(act), residual
+
+    def _down(self, act: Any) -> Any:
+        return self.ops.linear(act, self.params["down_proj.weight"], self.param("down_proj.bias"))

@@ -8,7 +8,7 @@ import numpy as np
 
 from atlas_core.model.layers.attention import Attention
 from atlas_core.model.metadata import StepMetadata
-from atlas_qwen35.projections import project_blocks
+from atlas_qwen35.projections import norm_project_blocks, project_blocks
 
 
 class GatedAttention(Attention):
@@ -72,16 +72,30 @@ class GatedAttention(Attention):
                 backend.copy_from_host(param, backend.to_host(param) + np.float32(1.0))
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        if self.state is None:
-            raise RuntimeError("attention layer has no KV cache; call model.bind_kv_caches() first")
+        self._check_state()
+        if self.w_gate is None:
+            return self._attend_gated(self.ops.linear(hidden, self.w_qkv), None, meta), residual
+        qkv, gate = project_blocks(self.ops, hidden, self.params["qkv_proj.weight"],
+                                   [self.qkv_size, self.w_gate.shape[0]])
+        return self._attend_gated(qkv, gate, meta), residual
+
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """The decoder's input norm folded into the q/k/v (+ gate) projection; see
+        :class:`~atlas_core.model.layers.decoder.DecoderLayer`."""
+        self._check_state()
+        if self.w_gate is None:
+            qkv, residual = self.ops.rms_norm_linear(hidden, residual, norm_weight, eps,
+                                                     self.w_qkv, None, zero_centered)
+            return self._attend_gated(qkv, None, meta), residual
+        (qkv, gate), residual = norm_project_blocks(
+            self.ops, hidden, residual, norm_weight, eps, zero_centered,
+            self.params["qkv_proj.weight"], [self.qkv_size, self.w_gate.shape[0]])
+        return self._attend_gated(qkv, gate, meta), residual
+
+    def _attend_gated(self, qkv: Any, gate: Any | None, meta: StepMetadata) -> Any:
         ops = self.ops
         k_cache, v_cache = self.state
-        gate = None
-        if self.w_gate is None:
-            qkv = ops.linear(hidden, self.w_qkv)
-        else:
-            qkv, gate = project_blocks(ops, hidden, self.params["qkv_proj.weight"],
-                                       [self.qkv_size, self.w_gate.shape[0]])
         # q: [num_tokens, num_heads, head_dim]
         q = ops.qk_norm_rope_and_cache(
             qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
@@ -93,4 +107,4 @@ class GatedAttention(Attention):
         out = out.reshape(meta.num_tokens, self.num_heads * self.head_dim)
         if gate is not None:
             out = ops.sigmoid_mul(out, gate)
-        return ops.linear(out, self.params["o_proj.weight"]), residual
+        return ops.linear(out, self.params["o_proj.weight"])

@@ -9,7 +9,7 @@ import numpy as np
 from atlas_core.interfaces.layer import RecurrentStateSpec, TransformerLayer
 from atlas_core.model.metadata import StepMetadata
 from atlas_core.model.params import Module
-from atlas_qwen35.projections import project_blocks
+from atlas_qwen35.projections import norm_project_blocks, project_blocks
 
 #: Checkpoint layouts of the input projections.
 LAYOUTS = ("qwen3_5", "qwen3_next")
@@ -110,14 +110,36 @@ class GatedDeltaNet(Module, TransformerLayer):
         self.state = dict(state) if isinstance(state, dict) else dict(zip(("conv", "ssm"), state))
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+        self._check_state()
+        p = self.params
+        qkv, z = project_blocks(self.ops, hidden, p["in_proj_qkvz.weight"],
+                                [self.conv_dim, self.value_dim])
+        ba = self.ops.linear(hidden, p["in_proj_ba.weight"])
+        return self._mix(qkv, z, ba, meta), residual
+
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """The decoder's input norm folded into ``in_proj_qkvz`` and ``in_proj_ba`` (the second
+        normalises the summed stream again: the same values); see
+        :class:`~atlas_core.model.layers.decoder.DecoderLayer`."""
+        self._check_state()
+        p = self.params
+        (qkv, z), residual = norm_project_blocks(
+            self.ops, hidden, residual, norm_weight, eps, zero_centered,
+            p["in_proj_qkvz.weight"], [self.conv_dim, self.value_dim])
+        ba, _ = self.ops.rms_norm_linear(residual, None, norm_weight, eps, p["in_proj_ba.weight"],
+                                         None, zero_centered)
+        return self._mix(qkv, z, ba, meta), residual
+
+    def _check_state(self) -> None:
         if self.state is None:
             raise RuntimeError("gated_deltanet layer has no state pools; call "
                                "model.bind_kv_caches() first")
+
+    def _mix(self, qkv: Any, z: Any, ba: Any, meta: StepMetadata) -> Any:
+        """Conv, gated delta rule, gated norm and ``out_proj`` of the projected inputs."""
         ops, p = self.ops, self.params
         conv_states, ssm_states = self.state["conv"], self.state["ssm"]
-        qkv, z = project_blocks(ops, hidden, p["in_proj_qkvz.weight"],
-                                [self.conv_dim, self.value_dim])
-        ba = ops.linear(hidden, p["in_proj_ba.weight"])
         heads = dict(num_k_heads=self.num_k_heads, num_v_heads=self.num_v_heads,
                      head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
         t = meta.num_tokens
@@ -136,4 +158,4 @@ class GatedDeltaNet(Module, TransformerLayer):
                                                 chunk_size=self.chunk_size, **heads)
             core = ops.rms_norm_gated(core, z.reshape(t, self.num_v_heads, self.head_v_dim),
                                       p["norm.weight"], self.eps)
-        return ops.linear(core.reshape(t, self.value_dim), p["out_proj.weight"]), residual
+        return ops.linear(core.reshape(t, self.value_dim), p["out_proj.weight"])

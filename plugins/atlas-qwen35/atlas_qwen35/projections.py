@@ -30,3 +30,33 @@ def project_blocks(ops: Any, hidden: Any, weight: Any, sizes: list[int]) -> list
         return [ops.linear(hidden, weight[a:b]) for a, b in zip(bounds, bounds[1:])]
     row = ops.linear(hidden, weight).reshape(bounds[-1])
     return [row[a:b].reshape(1, b - a) for a, b in zip(bounds, bounds[1:])]
+
+
+def norm_project_blocks(ops: Any, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, weight: Any, sizes: list[int]) -> tuple[list[Any], Any]:
+    """:func:`project_blocks` of ``rms_norm(hidden + residual)``, the norm folded into the
+    projections (``ops.rms_norm_linear``): the pre-norm protocol of
+    :class:`~atlas_core.model.layers.decoder.DecoderLayer`.
+
+    One token: a single ``rms_norm_linear`` over the whole ``weight``. More: one per block, the
+    first adding the residual, the others normalising the summed stream again (the same values).
+
+    Returns:
+        ``(blocks, residual_out)``: one ``[num_tokens, sizes[i]]`` array per block and the new
+        residual stream (``hidden`` itself when ``residual`` is ``None``).
+    """
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    if hidden.shape[0] == 1:
+        row, residual = ops.rms_norm_linear(hidden, residual, norm_weight, eps, weight, None,
+                                            zero_centered)
+        row = row.reshape(bounds[-1])
+        return [row[a:b].reshape(1, b - a) for a, b in zip(bounds, bounds[1:])], residual
+    blocks = []
+    for a, b in zip(bounds, bounds[1:]):
+        out, stream = ops.rms_norm_linear(hidden, residual, norm_weight, eps, weight[a:b], None,
+                                          zero_centered)
+        hidden, residual = stream, None
+        blocks.append(out)
+    return blocks, hidden
