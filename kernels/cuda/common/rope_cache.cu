@@ -1,5 +1,5 @@
 // Attention prologue: per-head RMSNorm of q/k, rotary embedding, KV-cache write.
-// One block per token; each warp handles one head at a time through a shared scratch row.
+// Grid (token, head group); each warp handles one head at a time through a shared scratch row.
 #include "common.cuh"
 
 struct RopeArgs {
@@ -46,13 +46,13 @@ __device__ void rope_qkv_impl(T* q_out, C* k_out, C* v_out, const T* q, const T*
                               const int* positions, const float* cos_sin, const int* slots,
                               const N* q_norm, const N* k_norm, RopeArgs a) {
   extern __shared__ float rope_scratch[];
-  int t = blockIdx.x, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  int t = blockIdx.x, warp = threadIdx.x >> 5, nwarps = (blockDim.x >> 5) * gridDim.y;
   int H = a.num_heads, KH = a.num_kv_heads, D = a.head_dim;
   const float* cs = cos_sin + (long long)positions[t] * a.rotary_dim;
   long long slot = slots ? slots[t] : t;
   float* scratch = rope_scratch + warp * D;
   int total = H + KH + (v ? KH : 0);
-  for (int h = warp; h < total; h += nwarps) {
+  for (int h = blockIdx.y * (blockDim.x >> 5) + warp; h < total; h += nwarps) {
     if (h < H) {
       rope_head<T, T, N>(q_out + ((long long)t * H + h) * D, q + t * q_stride + h * D, q_norm, cs,
                       scratch, a, true, 1.f);

@@ -1,6 +1,7 @@
 // Logits -> tokens on the device: argmax, log-softmax, top-k, penalties and seeded sampling.
-// One block per row; logits are float32. The sampler's random stream is the splitmix64 hash
-// of (seed, step, index) used by the NumPy reference, so seeded choices match it.
+// One block per row (argmax and sampling also split a row over blocks); logits are float32.
+// The sampler's random stream is the splitmix64 hash of (seed, step, index) used by the NumPy
+// reference, so seeded choices match it.
 #include "common.cuh"
 
 __device__ __forceinline__ double uniform(u64 seed, u64 step, u64 i) {
@@ -84,6 +85,24 @@ extern "C" __global__ void apply_penalties_f32(float* out, int* counts, const fl
   }
 }
 
+// Largest (double value, index) over the block, lowest index on ties; valid in thread 0.
+__device__ void block_argmax_d(double& best, int& idx) {
+  __shared__ double sb[32];
+  __shared__ int sbi[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    double ob = __shfl_xor_sync(0xffffffffu, best, o);
+    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) { sb[warp] = best; sbi[warp] = idx; }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < nw; w++)
+      if (sb[w] > best || (sb[w] == best && sbi[w] < idx)) { best = sb[w]; idx = sbi[w]; }
+}
+
 // Smallest float v (searched over its bits) with pred(v) true, for a monotone pred.
 // mode 0: count(p >= v) < k  -> threshold just above the k-th largest
 // mode 1: sum(p > v) < target -> top-p cut
@@ -100,21 +119,9 @@ __device__ float bisect(const float* p, int V, int mode, float target, float* sc
   return __uint_as_float(lo);
 }
 
-extern "C" __global__ void sample_f32(int* out, float* probs, const float* logits, int V,
-                                      const float* temperature, const int* top_k,
-                                      const float* top_p, const float* min_p, const u64* seeds,
-                                      const long long* steps) {
-  __shared__ float scratch[32];
-  __shared__ int si[32];
-  long long row = blockIdx.x;
-  const float* x = logits + row * V;
-  float* p = probs + row * V;
-  float t = temperature[row];
-  if (t <= 1e-5f) {
-    int idx = row_argmax(x, V, scratch, si);
-    if (threadIdx.x == 0) out[row] = idx;
-    return;
-  }
+// Filter (top-k, top-p, min-p) and draw one row's token with one block; thread 0's result.
+__device__ int sample_row(float* p, const float* x, int V, float t, int k, float tp, float mp,
+                          u64 seed, u64 step, float* scratch) {
   float m = NEG_INF;
   for (int i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, x[i] / t);
   m = block_max(m, scratch);
@@ -123,7 +130,6 @@ extern "C" __global__ void sample_f32(int* out, float* probs, const float* logit
   s = block_sum(s, scratch);
   for (int i = threadIdx.x; i < V; i += blockDim.x) p[i] /= s;
   __syncthreads();
-  int k = top_k[row];
   if (k > 0 && k < V) {
     float kth = bisect(p, V, 0, (float)k, scratch);   // smallest v with count(p >= v) < k
     float hi = NEG_INF;                               // the k-th largest value is below kth
@@ -132,7 +138,6 @@ extern "C" __global__ void sample_f32(int* out, float* probs, const float* logit
     for (int i = threadIdx.x; i < V; i += blockDim.x) if (p[i] < hi) p[i] = 0.f;
     __syncthreads();
   }
-  float tp = top_p[row];
   if (tp < 1.f) {
     float total = 0.f;
     for (int i = threadIdx.x; i < V; i += blockDim.x) total += p[i];
@@ -141,7 +146,6 @@ extern "C" __global__ void sample_f32(int* out, float* probs, const float* logit
     for (int i = threadIdx.x; i < V; i += blockDim.x) if (p[i] < v0) p[i] = 0.f;
     __syncthreads();
   }
-  float mp = min_p[row];
   if (mp > 0.f) {
     float mx = 0.f;
     for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, p[i]);
@@ -149,26 +153,103 @@ extern "C" __global__ void sample_f32(int* out, float* probs, const float* logit
     for (int i = threadIdx.x; i < V; i += blockDim.x) if (p[i] < mp * mx) p[i] = 0.f;
     __syncthreads();
   }
-  u64 seed = seeds[row], step = (u64)steps[row];
   double best = -1.0; int idx = 0x7fffffff;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
     double r = (double)p[i] / -log(uniform(seed, step, (u64)i));
     if (r > best) { best = r; idx = i; }
   }
-  float bv = (float)best;
-  // Ties at float precision are vanishingly rare; compare in double within each warp first.
-  for (int o = 16; o > 0; o >>= 1) {
-    double ob = __shfl_xor_sync(0xffffffffu, best, o);
-    int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
-  }
-  __shared__ double sb[32];
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) { sb[warp] = best; si[warp] = idx; }
+  block_argmax_d(best, idx);
+  return idx;
+}
+
+extern "C" __global__ void sample_f32(int* out, float* probs, const float* logits, int V,
+                                      const float* temperature, const int* top_k,
+                                      const float* top_p, const float* min_p, const u64* seeds,
+                                      const long long* steps) {
+  __shared__ float scratch[32];
+  __shared__ int si[32];
+  long long row = blockIdx.x;
+  const float* x = logits + row * V;
+  float t = temperature[row];
+  int idx = t <= 1e-5f ? row_argmax(x, V, scratch, si)
+                       : sample_row(probs + row * V, x, V, t, top_k[row], top_p[row], min_p[row],
+                                    seeds[row], (u64)steps[row], scratch);
+  if (threadIdx.x == 0) out[row] = idx;
+}
+
+// True in every thread of the last of `n` blocks to pass (its counter is reset to zero).
+__device__ bool last_block(int* counter, int n) {
+  __shared__ int last;
+  __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < nw; w++) if (sb[w] > best || (sb[w] == best && si[w] < idx)) { best = sb[w]; idx = si[w]; }
-    out[row] = idx;
+    last = atomicAdd(counter, 1) == n - 1;
+    if (last) atomicExch(counter, 0);
   }
-  (void)bv;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+// Multi-block row argmax: grid (blocks, rows), each block `chunk` columns; the last block of a
+// row writes out[row] and row_max[row]. part_v/part_i: [rows, blocks] scratch.
+extern "C" __global__ void argmax_split_f32(int* out, float* row_max, float* part_v, int* part_i,
+                                            int* counters, const float* logits, int V,
+                                            int chunk) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  int row = blockIdx.y, nb = gridDim.x, lo = blockIdx.x * chunk, hi = min(lo + chunk, V);
+  const float* x = logits + (long long)row * V;
+  float v = NEG_INF; int idx = 0x7fffffff;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) argmax_pair(v, idx, x[i], i);
+  block_argmax(v, idx, sv, si);
+  if (threadIdx.x == 0) { part_v[row * nb + blockIdx.x] = v; part_i[row * nb + blockIdx.x] = idx; }
+  if (!last_block(counters + row, nb)) return;
+  v = NEG_INF; idx = 0x7fffffff;
+  for (int b = threadIdx.x; b < nb; b += blockDim.x)
+    argmax_pair(v, idx, __ldcg(part_v + row * nb + b), __ldcg(part_i + row * nb + b));
+  block_argmax(v, idx, sv, si);
+  if (threadIdx.x == 0) { out[row] = idx; if (row_max) row_max[row] = v; }
+}
+
+// Multi-block draw after argmax_split_f32 (greedy rows are done). Unfiltered rows race
+// exp(x/t - max) / -log(u) over all blocks (the reference's p = e / sum differs only by that
+// positive factor); rows with top-k/top-p/min-p run sample_row in their first block.
+extern "C" __global__ void sample_split_f32(int* out, float* probs, double* part_v, int* part_i,
+                                            int* counters, const float* logits,
+                                            const float* row_max, int V, int chunk,
+                                            const float* temperature, const int* top_k,
+                                            const float* top_p, const float* min_p,
+                                            const u64* seeds, const long long* steps) {
+  __shared__ float scratch[32];
+  int row = blockIdx.y, nb = gridDim.x, k = top_k[row];
+  float t = temperature[row];
+  if (t <= 1e-5f) return;
+  const float* x = logits + (long long)row * V;
+  u64 seed = seeds[row], step = (u64)steps[row];
+  if ((k > 0 && k < V) || top_p[row] < 1.f || min_p[row] > 0.f) {
+    if (blockIdx.x) return;
+    int idx = sample_row(probs + (long long)row * V, x, V, t, k, top_p[row], min_p[row], seed,
+                         step, scratch);
+    if (threadIdx.x == 0) out[row] = idx;
+    return;
+  }
+  float m = row_max[row] / t;
+  int lo = blockIdx.x * chunk, hi = min(lo + chunk, V);
+  double best = -1.0; int idx = 0x7fffffff;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    double r = (double)expf(x[i] / t - m) / -log(uniform(seed, step, (u64)i));
+    if (r > best) { best = r; idx = i; }
+  }
+  block_argmax_d(best, idx);
+  if (threadIdx.x == 0) { part_v[row * nb + blockIdx.x] = best; part_i[row * nb + blockIdx.x] = idx; }
+  if (!last_block(counters + row, nb)) return;
+  best = -1.0; idx = 0x7fffffff;
+  for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+    double r = __ldcg(part_v + row * nb + b);
+    int j = __ldcg(part_i + row * nb + b);
+    if (r > best || (r == best && j < idx)) { best = r; idx = j; }
+  }
+  block_argmax_d(best, idx);
+  if (threadIdx.x == 0) out[row] = idx;
 }

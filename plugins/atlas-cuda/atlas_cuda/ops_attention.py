@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,16 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 FP8_HEAD_DIMS = (64, 128, 256)
 FLASH_HEAD_DIMS = (64, 128)
 FLASH_BM = FLASH_BN = 64
+#: Completion counters per kernel kind (attention: token x head chunk; sampling: row).
+COUNTERS = 4096
+#: Floats of split partials one block merges (shared scratch of the decode kernel).
+COMBINE_FLOATS = 16384
 
 
 class AttentionOps:
     """Mixed into :class:`atlas_cuda.ops.CudaOps`."""
+
+    _counters: DeviceArray | None = None
 
     def _rope(self, q_out, k_out, v_out, q, k, v, strides, positions, cos_sin_cache, slots,
               q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale) -> None:
@@ -27,14 +34,18 @@ class AttentionOps:
         t = positions.shape[0]
         if not t:
             return
-        warps = min(8, num_heads + 2 * num_kv_heads)
+        rows = num_heads + (2 if v is not None else 1) * num_kv_heads
+        warps = min(4, rows)
+        groups = -(-rows // warps)
+        if _decode_old():
+            warps, groups = min(8, num_heads + 2 * num_kv_heads), 1
         norm_dtype = q_norm.dtype if q_norm is not None else q.dtype
         if norm_dtype not in (q.dtype, np.float32):
             raise TypeError(f"qk_norm_rope_and_cache: q/k norm weights in {norm_dtype}; use "
                             f"{q.dtype} or float32")
         name = "rope_qkv" + _cache_suffix(k_out, q) + ("" if norm_dtype == q.dtype else "_nf32")
         kern = self._k("rope_cache", q.dtype, name)
-        self._launch(kern, t, 32 * warps, q_out, k_out, v_out, q, k, v,
+        self._launch(kern, (t, groups), 32 * warps, q_out, k_out, v_out, q, k, v,
                      *(np.int64(s) for s in strides), positions, cos_sin_cache, slots, q_norm,
                      k_norm, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
                      int(is_neox), float(eps), float(1.0 / kv_scale), shmem=warps * head_dim * 4)
@@ -95,6 +106,33 @@ class AttentionOps:
             self._flash(out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
                         block_size, scale)
             return out
+        var = variant_of(q.dtype)
+        fp8 = _cache_suffix(k, q)
+        if fp8 and d not in FP8_HEAD_DIMS:
+            raise ValueError(f"attention: a float8_e4m3fn KV cache needs head_dim in "
+                             f"{FP8_HEAD_DIMS} on cuda (got {d})")
+        max_blocks = block_tables.shape[1] if block_tables is not None else 0
+        args = (q, k, v, block_tables, seq_lens, cu_seqlens, h, num_kv_heads, block_size,
+                max_blocks, num_seqs)
+        if _decode_old():
+            self._attention_v1(out, args, fp8, var, max_ctx, scale, kv_scale)
+            return out
+        hb, splits = self._decode_plan(t, h, num_kv_heads, d, max_ctx)
+        part_acc = part_ml = None
+        if splits > 1:
+            part_acc = self._out((t * h * splits * d,), np.float32)
+            part_ml = self._out((t * h * splits * 2,), np.float32)
+        kern = self.be.kernels.kernel("attention_decode", var, f"attn_dec{fp8}_{var}_d{d}_h{hb}")
+        self._launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
+                     part_acc, part_ml, self._sync_counters(), *args, splits,
+                     float(scale * LOG2E), float(kv_scale))
+        return out
+
+    def _attention_v1(self, out, args, fp8, var, max_ctx, scale, kv_scale) -> None:
+        """The previous decode kernel and its separate combine (``ATLAS_CUDA_ATTN_DECODE=old``,
+        kept for A/B timing)."""
+        q, num_kv_heads = args[0], args[7]
+        t, h, d = q.shape
         group = h // num_kv_heads
         hb = next(b for b in (8, 4, 2, 1) if group % b == 0)
         base = t * num_kv_heads * (group // hb)
@@ -103,21 +141,43 @@ class AttentionOps:
         if splits > 1:
             part_acc = self._out((t * h * splits * d,), np.float32)
             part_ml = self._out((t * h * splits * 2,), np.float32)
-        var = variant_of(q.dtype)
-        fp8 = _cache_suffix(k, q)
-        if fp8 and d not in FP8_HEAD_DIMS:
-            raise ValueError(f"attention: a float8_e4m3fn KV cache needs head_dim in "
-                             f"{FP8_HEAD_DIMS} on cuda (got {d})")
         kern = self.be.kernels.kernel("attention", var, f"attn{fp8}_{var}_d{d}_h{hb}")
-        max_blocks = block_tables.shape[1] if block_tables is not None else 0
         self._launch(kern, (t, num_kv_heads * (group // hb), splits), 128, out, part_acc,
-                     part_ml, q, k, v, block_tables, seq_lens, cu_seqlens, h, num_kv_heads,
-                     block_size, max_blocks, num_seqs, splits, float(scale * LOG2E),
-                     float(kv_scale))
+                     part_ml, *args, splits, float(scale * LOG2E), float(kv_scale))
         if splits > 1:
             self._launch(self._k("attention", q.dtype, "attn_combine"), (t, h), min(d, 128),
                          out, part_acc, part_ml, d, splits, float(kv_scale))
-        return out
+
+    def _decode_plan(self, t: int, h: int, kh: int, d: int, max_ctx: int) -> tuple[int, int]:
+        """``(heads per block, splits)``: about two blocks per SM, each split at least one
+        round of keys, the in-kernel combine's partials (splits x heads x d floats) <= 64 KiB;
+        fewer heads per block only where that gains a quarter more blocks."""
+        group, target = h // kh, 2 * self.be.num_sms
+        per_round = {16: 256, 32: 128, 64: 64, 128: 32, 256: 16}[d]
+        best = (0, 1, 1)
+        for hb in (8, 4, 2, 1):
+            if group % hb:
+                continue
+            base = t * kh * (group // hb)
+            rounds = per_round // (2 if hb == 8 else 1)
+            splits = max(1, min(-(-target // base), COMBINE_FLOATS // (hb * d),
+                                -(-max_ctx // rounds)))
+            if base > COUNTERS:
+                splits = 1
+            score = min(base * splits, target)
+            if score > 1.25 * best[0]:
+                best = (score, hb, splits)
+        return best[1], best[2]
+
+    def _sync_counters(self) -> DeviceArray:
+        """Zeroed int32 completion counters shared by the last-block-done kernels (each kernel
+        leaves them at zero); allocated once, outside graph capture."""
+        if self._counters is None:
+            if self.be._capturing:
+                raise RuntimeError("attention/sample: first call inside a graph capture; run it "
+                                   "once eagerly first (CudaBackend.capture does)")
+            self._counters = self.be.zeros((2 * COUNTERS,), np.int32)
+        return self._counters
 
     def _use_flash(self, q: DeviceArray, k: DeviceArray, num_seqs: int) -> bool:
         """Tensor-core kernel for multi-token batches (>= 4 query tokens per sequence on
@@ -158,3 +218,9 @@ class AttentionOps:
 def _cache_suffix(cache: DeviceArray | None, act: DeviceArray) -> str:
     """``"_fp8"`` for a float8_e4m3fn KV cache (kernel name suffix), else ``""``."""
     return "_fp8" if cache is not None and cache.dtype == float8_e4m3fn and act.dtype != cache.dtype else ""
+
+
+def _decode_old() -> bool:
+    """``ATLAS_CUDA_ATTN_DECODE=old``: the previous decode attention (split kernel + combine),
+    one-block-per-token rope and one-block-per-row sampling, kept for A/B timing."""
+    return os.environ.get("ATLAS_CUDA_ATTN_DECODE", "").strip().lower() == "old"

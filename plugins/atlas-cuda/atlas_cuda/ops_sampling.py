@@ -5,13 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_cuda.array import DeviceArray
+from atlas_cuda.ops_attention import COUNTERS, _decode_old
 
 THREADS = 1024
+#: Columns per block of the multi-block argmax / draw (151,936-token vocab: 38 blocks a row).
+SPLIT_COLUMNS = 4096
 
 
 class SamplingOps:
-    """Mixed into :class:`atlas_cuda.ops.CudaOps`; one block per logits row (float32; narrower
-    logits are widened first)."""
+    """Mixed into :class:`atlas_cuda.ops.CudaOps`; float32 logits rows (narrower logits are
+    widened first). ``argmax`` and ``sample`` split each row over blocks (the last block of a
+    row merges, through the completion counters of ``_sync_counters``); the rest run one block
+    per row."""
 
     def _f32(self, x: DeviceArray) -> DeviceArray:
         if x.dtype == np.float32:
@@ -27,8 +32,28 @@ class SamplingOps:
         n, vocab = logits.shape[0], logits.shape[-1]
         out = self._out((n,), np.int32)
         if n:
-            self._launch(self._k("sampling", None, "argmax_f32"), n, THREADS, out, logits, vocab)
+            if _decode_old():
+                self._launch(self._k("sampling", None, "argmax_f32"), n, THREADS, out, logits,
+                             vocab)
+            else:
+                self._argmax_split(out, None, logits)
         return out
+
+    def _argmax_split(self, out: DeviceArray, row_max: DeviceArray | None,
+                      logits: DeviceArray) -> tuple[int, int]:
+        """Row argmax into ``out`` (and the row maxima into ``row_max``); returns the
+        ``(blocks per row, columns per block)`` split."""
+        n, vocab = logits.shape[0], logits.shape[-1]
+        if n > COUNTERS:
+            raise ValueError(f"argmax/sample: {n} rows; the cuda backend takes at most "
+                             f"{COUNTERS} per call (split the batch)")
+        blocks = max(1, min(64, -(-vocab // SPLIT_COLUMNS)))
+        chunk = -(-vocab // blocks)
+        part_v, part_i = self._out((n * blocks,), np.float64), self._out((n * blocks,), np.int32)
+        self._launch(self._k("sampling", None, "argmax_split_f32"), (blocks, n), THREADS, out,
+                     row_max, part_v, part_i, self._sync_counters()[COUNTERS:], logits, vocab,
+                     chunk)
+        return blocks, chunk
 
     def log_softmax(self, logits: DeviceArray) -> DeviceArray:
         logits = self._f32(logits)
@@ -69,7 +94,17 @@ class SamplingOps:
         n, vocab = logits.shape[0], logits.shape[-1]
         out = self._out((n,), np.int32)
         probs = self._out((n, vocab), np.float32)
-        if n:
+        if not n:
+            return out
+        sampling = (temperature, top_k, top_p, min_p, seeds, steps)
+        if _decode_old():
             self._launch(self._k("sampling", None, "sample_f32"), n, THREADS, out, probs, logits,
-                         vocab, temperature, top_k, top_p, min_p, seeds, steps)
+                         vocab, *sampling)
+            return out
+        row_max = self._out((n,), np.float32)
+        blocks, chunk = self._argmax_split(out, row_max, logits)
+        part_v, part_i = self._out((n * blocks,), np.float64), self._out((n * blocks,), np.int32)
+        self._launch(self._k("sampling", None, "sample_split_f32"), (blocks, n), THREADS, out,
+                     probs, part_v, part_i, self._sync_counters()[COUNTERS:], logits, row_max,
+                     vocab, chunk, *sampling)
         return out

@@ -1,0 +1,137 @@
+"""Split decode attention with the in-kernel combine, the rope prologue and multi-block sampling
+against the NumPy references: batch 1..8, GQA groups 1..8, bf16 and fp8 KV, CUDA graph replay
+with changing context lengths, and the old kernels (``ATLAS_CUDA_ATTN_DECODE=old``)."""
+
+import numpy as np
+import pytest
+
+from atlas_core.ops import reference as ref
+from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
+
+from cuda_probe import HAS_GPU
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")]
+rng = np.random.default_rng(7)
+BS = 16
+
+
+def rand(*shape, dtype=bfloat16, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def rel(be, dev, want):
+    got = be.to_host(dev).astype(np.float64)
+    want = np.asarray(want, np.float64)
+    assert np.all(np.isfinite(got))
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12)
+
+
+def paged(batch, h, kh, d, max_ctx, cache_dtype=bfloat16):
+    """Random q, KV cache and block tables wide enough for ``max_ctx`` tokens per sequence."""
+    width = -(-max_ctx // BS)
+    blocks = batch * width + 4
+    kc, vc = rand(blocks, BS, kh, d).astype(cache_dtype), rand(blocks, BS, kh, d).astype(cache_dtype)
+    tables = rng.permutation(blocks)[:batch * width].reshape(batch, width).astype(np.int32)
+    q = rand(batch, h, d)
+    cu = np.arange(batch + 1, dtype=np.int32)
+    return q, kc, vc, tables, cu
+
+
+@pytest.mark.parametrize("h,kh,d", [(32, 8, 128), (32, 4, 128), (16, 2, 256), (8, 8, 64),
+                                    (16, 8, 128), (8, 1, 256), (4, 2, 16)])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_decode_matches_reference(cuda_backend, h, kh, d, batch):
+    be = cuda_backend
+    q, kc, vc, bt, cu = paged(batch, h, kh, d, 1200)
+    sl = rng.integers(1, 1200, batch).astype(np.int32)
+    sl[0] = 1
+    got = be.ops.paged_attention(*(be.from_host(a) for a in (q, kc, vc, bt, sl, cu)), d ** -0.5)
+    assert rel(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5)) < 1e-2
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_decode_fp8_cache(cuda_backend, d):
+    be = cuda_backend
+    q, kc, vc, bt, cu = paged(2, 16, 2, d, 700, float8_e4m3fn)
+    sl = np.array([700, 33], np.int32)
+    got = be.ops.paged_attention(*(be.from_host(a) for a in (q, kc, vc, bt, sl, cu)), d ** -0.5,
+                                 kv_scale=0.5)
+    want = ref.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5, kv_scale=0.5)
+    assert rel(be, got, want) < 1e-2
+
+
+@pytest.mark.parametrize("h,kh,d,batch", [(32, 8, 128, 1), (16, 2, 256, 1), (32, 4, 128, 4)])
+def test_graph_replay_with_changing_lengths(cuda_backend, h, kh, d, batch):
+    be = cuda_backend
+    q, kc, vc, bt, cu = paged(batch, h, kh, d, 4096)
+    dev = [be.from_host(a) for a in (q, kc, vc, bt)]
+    sl = be.from_host(np.ones(batch, np.int32))
+    dcu = be.from_host(cu)
+    graph = be.capture(lambda: be.ops.paged_attention(*dev, sl, dcu, d ** -0.5))
+    for lens in ([1], [17], [130], [4096], [999], [2], [3000]):
+        lens = np.resize(np.array(lens, np.int32), batch) - np.arange(batch, dtype=np.int32)
+        lens = np.maximum(lens, 1).astype(np.int32)
+        be.copy_from_host(sl, lens)
+        for _ in range(2):
+            graph.replay()
+        want = ref.paged_attention(q, kc, vc, bt, lens, cu, d ** -0.5)
+        assert rel(be, graph.output, want) < 1e-2, lens
+
+
+def test_chunked_prefill_and_old_path(cuda_backend, monkeypatch):
+    be = cuda_backend
+    h, kh, d = 16, 4, 128
+    _, kc, vc, bt, _ = paged(2, h, kh, d, 600)
+    q, sl = rand(5, h, d), np.array([600, 40], np.int32)
+    cu = np.array([0, 3, 5], np.int32)
+    want = ref.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5)
+    for mode in ("new", "old"):
+        monkeypatch.setenv("ATLAS_CUDA_ATTN_DECODE", mode)
+        got = be.ops.paged_attention(*(be.from_host(a) for a in (q, kc, vc, bt, sl, cu)),
+                                     d ** -0.5)
+        assert rel(be, got, want) < 1e-2, mode
+
+
+@pytest.mark.parametrize("mode", ["new", "old"])
+def test_rope_prologue(cuda_backend, monkeypatch, mode):
+    monkeypatch.setenv("ATLAS_CUDA_ATTN_DECODE", mode)
+    be = cuda_backend
+    h, kh, d, t = 32, 8, 128, 3
+    qkv = rand(t, (h + 2 * kh) * d)
+    pos = np.array([5, 130, 4000], np.int32)
+    ang = np.arange(4096)[:, None] / (1e6 ** (np.arange(0, d, 2) / d))[None]
+    cs = np.concatenate([np.cos(ang), np.sin(ang)], -1).astype(np.float32)
+    qn, kn = rand(d, scale=0.1) + 1, rand(d, scale=0.1) + 1
+    kc, vc = np.zeros((8, BS, kh, d), bfloat16), np.zeros((8, BS, kh, d), bfloat16)
+    slots = np.array([3, 40, 77], np.int32)
+    dk, dv = be.from_host(kc), be.from_host(vc)
+    got = be.ops.qk_norm_rope_and_cache(be.from_host(qkv), be.from_host(pos), be.from_host(cs),
+                                        dk, dv, be.from_host(slots), num_heads=h,
+                                        num_kv_heads=kh, head_dim=d, q_norm=be.from_host(qn),
+                                        k_norm=be.from_host(kn))
+    want = ref.qk_norm_rope_and_cache(qkv, pos, cs, kc, vc, slots, num_heads=h,
+                                      num_kv_heads=kh, head_dim=d, q_norm=qn, k_norm=kn)
+    assert rel(be, got, want) < 1e-2
+    assert rel(be, dk, kc) < 1e-2 and rel(be, dv, vc) < 1e-2
+
+
+@pytest.mark.parametrize("mode", ["new", "old"])
+def test_sampling_matches_reference(cuda_backend, monkeypatch, mode):
+    monkeypatch.setenv("ATLAS_CUDA_ATTN_DECODE", mode)
+    be, ops = cuda_backend, cuda_backend.ops
+    n, vocab = 6, 151936
+    logits = rng.standard_normal((n, vocab)).astype(np.float32) * 3
+    logits[1, 150000] = 40.0
+    logits[2, 7] = logits[2].max() + 1
+    dl = be.from_host(logits)
+    np.testing.assert_array_equal(be.to_host(ops.argmax(dl)), ref.argmax(logits))
+    temp = np.array([0.0, 1.0, 0.7, 1.3, 1.0, 0.5], np.float32)
+    top_k = np.array([0, 0, 0, 0, 10, 0], np.int32)
+    top_p = np.array([1.0, 1.0, 1.0, 0.9, 1.0, 1.0], np.float32)
+    min_p = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.05], np.float32)
+    seeds = rng.integers(0, 2**63, n).astype(np.uint64)
+    for step in (0, 1, 2):
+        steps = np.full(n, step, np.int64)
+        args = (temp, top_k, top_p, min_p, seeds, steps)
+        got = be.to_host(ops.sample(dl, *(be.from_host(a) for a in args)))
+        np.testing.assert_array_equal(got, ref.sample(logits, *args))

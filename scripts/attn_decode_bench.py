@@ -1,0 +1,133 @@
+"""A/B microseconds per op of decode attention, the rope prologue and sampling on the GPU: the
+old kernels (``ATLAS_CUDA_ATTN_DECODE=old``) against the current ones, each op captured
+``REPS`` times in one CUDA graph (in-graph time, launch gaps included) and event-timed.
+
+Attention bytes: K and V of every context token once (q and out are negligible); the floor is
+those bytes at 4.2 TB/s. Block tables are as wide as the context (as in the profiled engine).
+
+    python scripts/attn_decode_bench.py [--precompile]
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import numpy as np
+
+#: name: (query heads, kv heads, head_dim)
+HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-30b-a3b": (32, 4, 128), "qwen3.5-35b-a3b": (16, 2, 256)}
+CASES = [(1, c) for c in (128, 512, 1024, 4096, 32768)] + [(4, 1024), (8, 1024), (8, 4096)]
+REPS, REPLAYS, BLOCK, FLOOR_BPS = 20, 30, 16, 4.2e12
+
+
+def per_op_us(be, fn, mode: str) -> float:
+    """Median in-graph microseconds of one ``fn()`` under ``ATLAS_CUDA_ATTN_DECODE=mode``."""
+    os.environ["ATLAS_CUDA_ATTN_DECODE"] = mode
+    be.reset_workspace()
+    graph = be.capture(lambda: [fn() for _ in range(REPS)])
+    graph.replay()
+    be.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        a = be.event()
+        graph.replay()
+        b = be.event()
+        times.append(be.elapsed_ms(a, b))
+    return statistics.median(times) * 1e3 / REPS
+
+
+def ab(be, fn) -> tuple[float, float]:
+    return per_op_us(be, fn, "old"), per_op_us(be, fn, "new")
+
+
+def attention(be, bf16) -> None:
+    print("attention | heads q/kv/d | batch | ctx | KV MB | floor us | old us | new us | new GB/s")
+    for name, (h, kh, d) in HEADS.items():
+        for batch, ctx in CASES:
+            width = -(-ctx // BLOCK)
+            kc = be.empty((batch * width, BLOCK, kh, d), bf16)
+            vc = be.empty((batch * width, BLOCK, kh, d), bf16)
+            be.fill_random(kc, 1, 1.0)
+            be.fill_random(vc, 2, 1.0)
+            q = be.empty((batch, h, d), bf16)
+            be.fill_random(q, 3, 1.0)
+            bt = be.from_host(np.arange(batch * width, dtype=np.int32).reshape(batch, width))
+            sl = be.from_host(np.full(batch, ctx, np.int32))
+            cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
+            nbytes = 2 * batch * ctx * kh * d * 2
+            old, new = ab(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5))
+            print(f"{name} | {h}/{kh}/{d} | {batch} | {ctx} | {nbytes / 1e6:.1f} | "
+                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | {old:.2f} | {new:.2f} | "
+                  f"{nbytes / new / 1e3:,.0f}")
+            del kc, vc
+
+
+def rope(be, bf16) -> None:
+    print("rope prologue | heads q/kv/d | tokens | old us | new us")
+    for name, (h, kh, d) in HEADS.items():
+        for t in (1, 8):
+            qkv = be.empty((t, (h + 2 * kh) * d), bf16)
+            be.fill_random(qkv, 4, 1.0)
+            kc, vc = be.zeros((64, BLOCK, kh, d), bf16), be.zeros((64, BLOCK, kh, d), bf16)
+            cs = be.from_host(np.random.default_rng(0).uniform(-1, 1, (4096, d)).astype(np.float32))
+            pos = be.from_host(np.arange(100, 100 + t, dtype=np.int32))
+            slots = be.from_host(np.arange(t, dtype=np.int32))
+            norm_dtype = np.float32 if d == 256 else bf16
+            qn, kn = be.zeros((d,), norm_dtype), be.zeros((d,), norm_dtype)
+            rot = 64 if d == 256 else d
+            old, new = ab(be, lambda: be.ops.qk_norm_rope_and_cache(
+                qkv, pos, cs, kc, vc, slots, num_heads=h, num_kv_heads=kh, head_dim=d,
+                q_norm=qn, k_norm=kn, rotary_dim=rot))
+            print(f"{name} | {h}/{kh}/{d} | {t} | {old:.2f} | {new:.2f}")
+
+
+def sampling(be) -> None:
+    print("sample (vocab 151936) | rows | temperature | old us | new us")
+    vocab = 151936
+    for n in (1, 8):
+        logits = be.empty((n, vocab), np.float32)
+        be.fill_random(logits, 5, 3.0)
+        for temp in (0.0, 1.0):
+            args = [be.from_host(a) for a in (
+                np.full(n, temp, np.float32), np.zeros(n, np.int32), np.ones(n, np.float32),
+                np.zeros(n, np.float32), np.arange(n, dtype=np.uint64), np.zeros(n, np.int64))]
+            old, new = ab(be, lambda: be.ops.sample(logits, *args))
+            print(f"sample | {n} | {temp} | {old:.2f} | {new:.2f}")
+
+
+def precompile() -> None:
+    """Build every kernel module for sm_90a into the disk cache, in parallel."""
+    from concurrent.futures import ProcessPoolExecutor
+    from atlas_cuda import compiler
+    from atlas_core.env import cache_dir
+    from atlas_cuda.targets import generic_kernel_dir
+    sources = compiler.KernelSources([generic_kernel_dir() / "common"])
+    jobs = [(m, v) for m in sources.modules() for v in sources.variants(m)]
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        list(pool.map(_build, [(sources, m, v, cache_dir()) for m, v in jobs]))
+    print(f"precompiled {len(jobs)} module builds")
+
+
+def _build(job) -> int:
+    from atlas_cuda import compiler
+    sources, module, variant, cache = job
+    return len(compiler.compile_module(sources, module, variant, "sm_90a", cache))
+
+
+def main() -> None:
+    if "--precompile" in sys.argv:
+        precompile()
+        return
+    from atlas_core.ops._dtypes import bfloat16
+    from atlas_cuda.backend import CudaBackend
+    be = CudaBackend()
+    attention(be, bfloat16)
+    rope(be, bfloat16)
+    sampling(be)
+    os.environ.pop("ATLAS_CUDA_ATTN_DECODE", None)
+
+
+if __name__ == "__main__":
+    main()
