@@ -10,6 +10,7 @@ MOE_MODES = ("auto", "grouped", "gemv")
 MOE_DECODE_KERNELS = ("warp", "split")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
+GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:
@@ -64,6 +65,13 @@ def gdn_fused() -> bool:
     ``0`` runs ``causal_conv1d_update``, ``gdn_gating``, ``gated_delta_rule_recurrent``,
     ``rms_norm_gated``."""
     return _flag("ATLAS_CUDA_GDN_FUSED", "1")
+
+
+def gdn_prefill() -> str:
+    """``ATLAS_CUDA_GDN_PREFILL``: ``gated_delta_rule_chunked`` kernels: ``auto`` (default: the
+    chunked WY kernels of ``gdn_chunked.cu`` once a step has ``GDN_CHUNKED_MIN_TOKENS`` tokens,
+    else the token-sequential kernel), ``chunked`` or ``sequential`` (``delta_rule.cu``)."""
+    return _choice("ATLAS_CUDA_GDN_PREFILL", GDN_PREFILL_MODES)
 
 
 def _flag(name: str, default: str) -> bool:

@@ -1,4 +1,5 @@
-"""Gated DeltaNet ops of the cuda backend (``kernels/cuda/common/gdn.cu`` and ``delta_rule.cu``).
+"""Gated DeltaNet ops of the cuda backend (``kernels/cuda/common/gdn.cu``, ``delta_rule.cu`` and
+``gdn_chunked.cu``).
 
 Same signatures and semantics as :mod:`atlas_core.ops.gdn`: state pools are float32, updated in
 place; ``state_indices[b] < 0`` marks a padding row whose state is neither read nor written; a
@@ -12,6 +13,7 @@ import numpy as np
 from atlas_core.ops.gdn import compose_gdn_decode
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
+from atlas_cuda.driver import DeviceAllocation
 
 #: Longest depthwise conv kernel the conv1d kernels keep in registers.
 CONV_KMAX = 8
@@ -19,6 +21,13 @@ CONV_KMAX = 8
 CONV_CHANNELS = 64
 #: Threads per block of the delta-rule kernel and state rows each thread keeps in registers.
 DELTA_THREADS, DELTA_ROWS = 128, 32
+#: Chunk length, key head size, threads and state columns per block of gdn_chunked.cu.
+GC_CHUNK, GC_DK, GC_THREADS, GC_COLS = 64, 128, 256, 16
+#: Tokens from which ``ATLAS_CUDA_GDN_PREFILL=auto`` takes the chunked kernels.
+GDN_CHUNKED_MIN_TOKENS = 64
+_PREP_SHMEM = 4 * (2 * GC_CHUNK * (GC_DK + 1) + GC_CHUNK * (GC_CHUNK + 1) + 2 * GC_CHUNK)
+_SCAN_SHMEM = 4 * (2 * GC_CHUNK * (GC_DK + 4) + GC_CHUNK * (GC_CHUNK + 4) + GC_DK * GC_COLS
+                   + GC_CHUNK * GC_COLS)
 
 
 def _need_f32_pool(name: str, pool: DeviceArray) -> None:
@@ -118,6 +127,54 @@ class GdnOps:
                      float(scale), int(use_qk_l2norm), lanes, shmem=16 * head_k_dim)
         return out
 
+    def _chunked_delta_rule(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                            num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale,
+                            use_qk_l2norm) -> DeviceArray | None:
+        """Launch gdn_chunk_prep then gdn_chunk_scan; None where they do not apply."""
+        width = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+        if (head_k_dim != GC_DK or head_v_dim % GC_COLS or head_v_dim > GC_DK
+                or ssm_states.dtype != np.float32 or num_v_heads % num_k_heads
+                or qkv.shape[-1] != width):
+            return None
+        num_tokens, num_seqs = qkv.shape[0], state_indices.shape[0]
+        scratch = self._gdn_scratch(num_tokens, num_v_heads, head_v_dim)
+        if scratch is None or not num_tokens or not num_seqs:
+            return None
+        out = self._out((num_tokens, num_v_heads, head_v_dim), qkv.dtype)
+        scale = head_k_dim ** -0.5 if scale is None else scale
+        g, beta = self._f32(g), self._f32(beta)
+        prep = self._k("gdn_chunked", qkv.dtype, "gdn_chunk_prep", _PREP_SHMEM)
+        self._launch(prep, (num_tokens // GC_CHUNK + num_seqs, num_v_heads), GC_THREADS,
+                     *scratch, qkv, g, beta, cu_seqlens, num_seqs, num_k_heads, num_v_heads,
+                     head_v_dim, float(scale), int(use_qk_l2norm), shmem=_PREP_SHMEM)
+        scan = self._k("gdn_chunked", qkv.dtype, "gdn_chunk_scan", _SCAN_SHMEM)
+        self._launch(scan, (head_v_dim // GC_COLS, num_v_heads, num_seqs), GC_THREADS, out,
+                     *scratch, ssm_states, cu_seqlens, seq_lens, state_indices, num_v_heads,
+                     head_v_dim, shmem=_SCAN_SHMEM)
+        return out
+
+    def _gdn_scratch(self, num_tokens: int, num_v_heads: int,
+                     head_v_dim: int) -> list[DeviceArray] | None:
+        """Float32 W, U, G Q, (G_C / G) K, decayed Q K^T rows and gamma of the chunked kernels,
+        ``[num_tokens, num_v_heads, width]`` each, in one allocation kept across calls (stream
+        order makes reuse safe); None when it must grow inside a graph capture."""
+        widths = (GC_DK, head_v_dim, GC_DK, GC_DK, GC_CHUNK, 1)
+        sizes = [-(-num_tokens * num_v_heads * w * 4 // 256) * 256 for w in widths]
+        buf = getattr(self, "_gdn_buf", None)
+        if buf is None or buf.nbytes < sum(sizes):
+            if self.be._capturing:
+                return None
+            if buf is not None:
+                self.be.synchronize()  # earlier layers' kernels may still read the old one
+            self._gdn_buf = buf = None
+            buf = self._gdn_buf = DeviceAllocation(sum(sizes))
+        views, offset = [], 0
+        for w, size in zip(widths, sizes):
+            views.append(DeviceArray(buf.ptr + offset, (num_tokens, num_v_heads, w), np.float32,
+                                     buf))
+            offset += size
+        return views
+
     def gated_delta_rule_recurrent(self, qkv: DeviceArray, g: DeviceArray, beta: DeviceArray,
                                    ssm_states: DeviceArray, cu_seqlens: DeviceArray,
                                    seq_lens: DeviceArray, state_indices: DeviceArray, *,
@@ -134,8 +191,17 @@ class GdnOps:
                                  num_k_heads: int, num_v_heads: int, head_k_dim: int,
                                  head_v_dim: int, scale: float | None = None,
                                  use_qk_l2norm: bool = True, chunk_size: int = 64) -> DeviceArray:
-        # Token-sequential for now (exact, chunk_size only changes the reference's rounding);
-        # a chunked WY kernel for long prefills is issue 6 follow-up work.
+        """The chunked WY kernels (``gdn_chunked.cu``, 64-token chunks whatever ``chunk_size``)
+        where ``ATLAS_CUDA_GDN_PREFILL`` picks them and the heads fit (``head_k_dim`` 128,
+        ``head_v_dim`` a multiple of 16 up to 128), else the token-sequential kernel."""
+        mode = cuda_env.gdn_prefill()
+        if mode != "sequential" and (mode == "chunked"
+                                     or qkv.shape[0] >= GDN_CHUNKED_MIN_TOKENS):
+            out = self._chunked_delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
+                                           state_indices, num_k_heads, num_v_heads, head_k_dim,
+                                           head_v_dim, scale, use_qk_l2norm)
+            if out is not None:
+                return out
         return self._delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
                                 num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale,
                                 use_qk_l2norm)
