@@ -10,6 +10,7 @@ MOE_MODES = ("auto", "grouped", "gemv")
 MOE_DECODE_KERNELS = ("warp", "split")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
+GDN_DECODE_KERNELS = ("cluster", "head")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
 
 
@@ -72,6 +73,13 @@ def gdn_prefill() -> str:
     chunked WY kernels of ``gdn_chunked.cu`` once a step has ``GDN_CHUNKED_MIN_TOKENS`` tokens,
     else the token-sequential kernel), ``chunked`` or ``sequential`` (``delta_rule.cu``)."""
     return _choice("ATLAS_CUDA_GDN_PREFILL", GDN_PREFILL_MODES)
+
+
+def gdn_decode_kernel() -> str:
+    """``ATLAS_CUDA_GDN_DECODE``: kernels of the fused ``gated_delta_rule_decode`` on sm_90+:
+    ``cluster`` (default: one kernel, thread block clusters, a block per 32 value columns) or
+    ``head`` (``gdn_conv_gating`` then ``gdn_decode_norm``, a block per value head)."""
+    return _choice("ATLAS_CUDA_GDN_DECODE", GDN_DECODE_KERNELS)
 
 
 def _flag(name: str, default: str) -> bool:
