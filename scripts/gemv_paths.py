@@ -1,22 +1,30 @@
 """Time the batch-1 decode GEMVs of the qwen3-8b shape on the GPU, inside a replayed CUDA graph
-(what decode runs), for every setting of ``ATLAS_CUDA_GEMV_CHUNKS`` / ``ATLAS_CUDA_FUSE_GATE_UP``.
+(what decode runs): ``linear`` on every ``ATLAS_CUDA_GEMV_TILE`` (``old`` is ``linear.cu``) and
+``rms_norm_linear`` fused (``ATLAS_CUDA_NORM_GEMV=1``, per tile) against ``rms_norm`` then
+``linear`` (then ``silu_and_mul`` for gate_up) as before.
 
 Each graph runs one op over enough distinct weight copies that L2 (50 MB on an H200) cannot
 hold them, so every launch streams its weight from HBM; the time per launch includes the gap
-between graph nodes, as in a real step. GB/s = weight bytes / time per launch."""
+between graph nodes, as in a real step. GB/s = weight bytes / time per launch.
+
+    python scripts/gemv_paths.py [--quick]
+"""
 
 from __future__ import annotations
 
 import os
 import statistics
+import sys
 
 HIDDEN, INTER, QKV, VOCAB = 4096, 12288, 6144, 151936
 #: name -> (rows N, K) of the weight.
 SHAPES = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN),
           "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}
+TILES = ["old", "g1s1", "g2s1", "g4s1", "g1s2", "g2s2", "g1s4", "auto"]
+NORM_TILES = ["g1s1", "g2s1", "g1s2", "g2s2", "auto"]
 
 
-def per_launch_us(be, fn, launches: int, reps: int = 5) -> float:
+def per_launch_us(be, fn, launches: int, reps: int = 7) -> float:
     be.reset_workspace()
     graph = be.capture(fn)
     graph.replay()
@@ -29,41 +37,58 @@ def per_launch_us(be, fn, launches: int, reps: int = 5) -> float:
     return statistics.median(times)
 
 
+def weights(be, n: int, k: int):
+    from atlas_core.ops._dtypes import bfloat16
+    nbytes = n * k * 2
+    copies = max(2, -(-400_000_000 // nbytes))
+    ws = [be.empty((n, k), bfloat16) for _ in range(copies)]
+    for i, w in enumerate(ws):
+        be.fill_random(w, 100 + i, k ** -0.5)
+    return ws, copies * max(1, 32 // copies)
+
+
+def run(be, label: str, env: dict, fn, launches: int, name: str, n: int, k: int) -> None:
+    os.environ.update(env)
+    try:
+        us = per_launch_us(be, fn, launches)
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
+    nbytes = n * k * 2
+    print(f"{name} | {n} x {k} | {nbytes / 1e6:,.1f} | {label} | {us:.2f} | "
+          f"{nbytes / us / 1e3:,.0f}", flush=True)
+
+
 def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
+    quick = "--quick" in sys.argv
     be = CudaBackend()
     ops = be.ops
     xs = {k: be.empty((1, k), bfloat16) for k in (HIDDEN, INTER)}
     for k, x in xs.items():
         be.fill_random(x, k, 1.0)
+    res, nw = be.empty((1, HIDDEN), bfloat16), be.empty((HIDDEN,), bfloat16)
+    be.fill_random(res, 7, 1.0)
+    be.fill_random(nw, 8, 0.1)
     print("op | N x K | MB | setting | us per launch | GB/s")
     for name, (n, k) in SHAPES.items():
-        nbytes = n * k * 2
-        copies = max(2, -(-400_000_000 // nbytes))
-        ws = [be.empty((n, k), bfloat16) for _ in range(copies)]
-        for i, w in enumerate(ws):
-            be.fill_random(w, 100 + i, k ** -0.5)
-        launches = copies * max(1, 32 // copies)
-        settings = [("chunks=4", {"ATLAS_CUDA_GEMV_CHUNKS": "4"}),
-                    ("chunks=8", {"ATLAS_CUDA_GEMV_CHUNKS": "8"})]
-        if name == "gate_up":
-            settings += [("linear+silu", {"ATLAS_CUDA_GEMV_CHUNKS": "4", "ATLAS_CUDA_FUSE_GATE_UP": "0"}),
-                         ("fused act", {"ATLAS_CUDA_FUSE_GATE_UP": "1"})]
-        for label, env in settings:
-            os.environ.update(env)
-            if label in ("linear+silu", "fused act"):
-                fn = lambda: [ops.linear_act_and_mul(xs[k], ws[i % copies]) for i in range(launches)]
-            else:
-                fn = lambda: [ops.linear(xs[k], ws[i % copies]) for i in range(launches)]
-            us = per_launch_us(be, fn, launches)
-            print(f"{name} | {n} x {k} | {nbytes / 1e6:,.1f} | {label} | {us:.2f} | "
-                  f"{nbytes / us / 1e3:,.0f}", flush=True)
-            for key in env:
-                os.environ.pop(key, None)
+        ws, launches = weights(be, n, k)
+        x, c = xs[k], len(ws)
+        for tile in (["old", "auto"] if quick else TILES):
+            run(be, f"linear {tile}", {"ATLAS_CUDA_GEMV_TILE": tile},
+                lambda: [ops.linear(x, ws[i % c]) for i in range(launches)], launches, name, n, k)
+        if name in ("qkv", "gate_up"):
+            act = "silu" if name == "gate_up" else None
+            norm = lambda: [ops.rms_norm_linear(x, res, nw, 1e-6, ws[i % c], None, False, act)
+                            for i in range(launches)]
+            run(be, "norm+linear old", {"ATLAS_CUDA_NORM_GEMV": "0", "ATLAS_CUDA_GEMV_TILE": "old"},
+                norm, launches, name, n, k)
+            for tile in (["auto"] if quick else NORM_TILES):
+                run(be, f"norm fused {tile}", {"ATLAS_CUDA_GEMV_TILE": tile}, norm, launches,
+                    name, n, k)
         del ws
         be.synchronize()
-    print("copy bandwidth reference: see the bench's copy probe in the same run")
 
 
 if __name__ == "__main__":

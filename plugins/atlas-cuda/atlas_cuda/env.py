@@ -7,7 +7,7 @@ import os
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
-MOE_DECODE_KERNELS = ("warp", "split")
+MOE_DECODE_KERNELS = ("stream", "warp", "split")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
 GDN_DECODE_KERNELS = ("cluster", "head")
@@ -55,8 +55,11 @@ def moe_fused() -> str:
 
 
 def moe_decode_kernel() -> str:
-    """``ATLAS_CUDA_MOE_DECODE``: expert kernels of the fused ``moe_block``: ``warp`` (default:
-    a warp per output row) or ``split`` (a block per 8 rows, its warps splitting the reduction)."""
+    """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: ``stream`` (default: router
+    GEMV, then one persistent kernel per block: top-k in every block, gate_up rows and down tiles
+    of the chosen experts streamed back to back, ``moe_stream.cu``), or the three-kernel path of
+    ``moe_decode.cu`` with ``warp`` (a warp per output row) or ``split`` (a block per 8 rows, its
+    warps splitting the reduction) expert kernels."""
     return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
 
 
@@ -98,3 +101,24 @@ def gemv_chunks() -> int:
     with at most 8 rows: ``4`` (default, ``linear.cu``) or ``8`` (``gemv_fused.cu``; 3-9% slower
     on the qwen3-8b GEMVs on an H200)."""
     return int(_choice("ATLAS_CUDA_GEMV_CHUNKS", GEMV_CHUNKS))
+
+
+def norm_gemv() -> bool:
+    """``ATLAS_CUDA_NORM_GEMV``: ``1`` (default) runs ``rms_norm_linear`` with at most 8 rows as
+    one GEMV whose blocks each normalise the rows in a prologue (``gemv_norm.cu``); ``0`` runs
+    ``rms_norm`` then ``linear`` / ``linear_act_and_mul`` (the kernels of before)."""
+    return _flag("ATLAS_CUDA_NORM_GEMV", "1")
+
+
+def gemv_tile() -> str:
+    """``ATLAS_CUDA_GEMV_TILE``: the ``gemv_norm.cu`` GEMV of ``linear`` with at most 8 rows:
+    ``auto`` (default: columns per warp and K splits per shape), ``old`` (``linear.cu`` /
+    ``ATLAS_CUDA_GEMV_CHUNKS``) or ``g<G>s<S>`` (G columns per warp, 1/2/4; S warps splitting
+    K, 1/2/4/8), e.g. ``g2s1``; the fused norm GEMVs take the same ``g<G>s<S>`` (G 1/2)."""
+    value = os.environ.get("ATLAS_CUDA_GEMV_TILE", "auto").strip().lower() or "auto"
+    ok = value in ("auto", "old") or (len(value) == 4 and value[0] == "g" and value[2] == "s"
+                                       and value[1] in "124" and value[3] in "1248")
+    if not ok:
+        raise ValueError(f"ATLAS_CUDA_GEMV_TILE={value!r} is not valid; use auto, old or "
+                         "g<1|2|4>s<1|2|4|8> (e.g. g2s1)")
+    return value

@@ -1,5 +1,6 @@
-"""Decode GEMVs of the cuda backend (at most 8 rows of ``x``): ``linear``'s small-M path and the
-fused ``linear_act_and_mul`` (``kernels/cuda/common/linear.cu``, ``gemv_fused.cu``)."""
+"""Decode GEMVs of the cuda backend (at most 8 rows of ``x``): ``linear``'s small-M path, the
+fused ``linear_act_and_mul`` and ``rms_norm_linear`` (``kernels/cuda/common/linear.cu``,
+``gemv_fused.cu``, ``gemv_norm.cu``)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,39 @@ from atlas_cuda.kernels_loader import variant_of
 GEMV_MAX_M = 8
 #: Output columns per 256-thread GEMV block (a warp per column).
 _COLS_PER_BLOCK = 8
+#: Dynamic shared memory of the fused norm GEMV (the normed rows, ``rows * K`` elements).
+NORM_GEMV_SHMEM = 64 << 10
+#: Blocks ``auto`` aims for at least (about one per SM of an H200), splitting K below it.
+_MIN_BLOCKS = 128
 
 
 def _row_tiles(M: int):
     """``(m0, rows kernel variant)`` for each tile of at most :data:`GEMV_MAX_M` rows."""
     for m0 in range(0, M, GEMV_MAX_M):
         yield m0, next(t for t in (1, 2, 4, 8) if t >= min(M - m0, GEMV_MAX_M))
+
+
+def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> tuple[int, int]:
+    """``(G, S)`` of a ``gemv_norm.cu`` launch: G output columns per warp, S warps splitting K
+    (``ATLAS_CUDA_GEMV_TILE``). ``auto``, from the qwen3-8b shapes on an H200
+    (docs/benchmarks.md): ``linear`` takes four columns per warp for N in 2048..4096 (o_proj), four
+    K splits for K >= 8192 (down), else two (qkv, gate_up, lm_head); the fused norm GEMV reads
+    two weight rows per warp (two columns, or the gate and up row of one), no split. Small grids
+    split K further until they have :data:`_MIN_BLOCKS` blocks."""
+    tile = cuda_env.gemv_tile()
+    if tile not in ("auto", "old"):
+        return min(int(tile[1]), 2 if fused_norm else 4), int(tile[3])
+    if fused_norm:
+        g, s = (1 if pair else 2), 1
+    elif K >= 8192:
+        g, s = 1, 4
+    elif 2048 <= N <= 4096:
+        g, s = 4, 1
+    else:
+        g, s = 1, 2
+    while s < 8 and -(-N // (8 // s * g)) < _MIN_BLOCKS and K >= 512 * s:
+        s *= 2
+    return g, s
 
 
 class GemvOps:
@@ -29,6 +57,13 @@ class GemvOps:
         """``y = x @ weight.T + bias`` for 16-byte aligned operands, K a multiple of 8: a warp
         per output column; ``ATLAS_CUDA_GEMV_CHUNKS`` picks 4 or 8 loads in flight per lane."""
         v = variant_of(x.dtype)
+        if cuda_env.gemv_tile() != "old":
+            g, s = gemv_tile(N, K)
+            for m0, mt in _row_tiles(M):
+                k = self.be.kernels.kernel("gemv_norm", v, f"gemvn_{v}_m{mt}_g{g}")
+                self.be.kernels.launch(k, -(-N // (8 // s * g)), 256, y, x, weight, bias, M, N,
+                                       K, m0, s, pdl=self._pdl)
+            return
         module, name = ("gemv_fused", "gemv8") if cuda_env.gemv_chunks() == 8 else ("linear", "gemv")
         for m0, mt in _row_tiles(M):
             k = self.be.kernels.kernel(module, v, f"{name}_{v}_m{mt}")
@@ -65,3 +100,49 @@ class GemvOps:
             self.be.kernels.launch(k, -(-d // _COLS_PER_BLOCK), 32 * _COLS_PER_BLOCK, y, x,
                                    weight, bias, M, d, K, m0, gelu, pdl=self._pdl)
         return y
+
+    def rms_norm_linear(self, x: DeviceArray, residual: DeviceArray | None,
+                        norm_weight: DeviceArray, eps: float, weight: DeviceArray,
+                        bias: DeviceArray | None = None, zero_centered: bool = False,
+                        activation: str | None = None):
+        """``linear(rms_norm(x, norm_weight, eps, residual), weight, bias)`` (with
+        ``activation``: ``linear_act_and_mul`` of the normed rows); see
+        :func:`atlas_core.ops.norm.rms_norm_linear`. Returns ``(y, residual_out)``.
+
+        At most 8 rows (``ATLAS_CUDA_NORM_GEMV=1``, 16-byte aligned, K a multiple of 8): one
+        ``gemv_norm.cu`` kernel whose every block normalises the rows itself while its first
+        weight loads are in flight; otherwise ``rms_norm`` then the projection."""
+        if activation not in (None, "silu", "gelu_tanh", "gelu_pytorch_tanh"):
+            raise ValueError(f"rms_norm_linear: unsupported activation {activation!r}; "
+                             "use None, silu or gelu_tanh")
+        K, rows_w = x.shape[-1], weight.shape[0]
+        M = x.size // K if K else 0
+        if activation is not None and rows_w % 2:
+            raise ValueError(f"rms_norm_linear: weight has {rows_w} rows; gate and up need an "
+                             "even count")
+        fused = (cuda_env.norm_gemv() and 0 < M <= GEMV_MAX_M and K % 8 == 0
+                 and min(M, GEMV_MAX_M) * K * x.dtype.itemsize <= NORM_GEMV_SHMEM
+                 and weight.dtype == x.dtype and norm_weight.dtype == x.dtype
+                 and all(a is None or a.ptr % 16 == 0 for a in (x, residual, norm_weight, weight)))
+        if not fused:
+            if residual is None:
+                h, r = self.rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
+            else:
+                h, r = self.rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
+            if activation is None:
+                return self.linear(h, weight, bias), r
+            return self.linear_act_and_mul(h, weight, bias, activation), r
+        n = rows_w // 2 if activation else rows_w
+        y = self._out((*x.shape[:-1], n), x.dtype)
+        r = self._out(x.shape, x.dtype) if residual is not None else None
+        v = variant_of(x.dtype)
+        g, s = gemv_tile(n, K, fused_norm=True, pair=activation is not None)
+        name = "gemvn_norm_act" if activation else "gemvn_norm"
+        extra = (int(activation != "silu"),) if activation else ()
+        for m0, mt in _row_tiles(M):
+            shmem = mt * K * x.dtype.itemsize
+            k = self.be.kernels.kernel("gemv_norm", v, f"{name}_{v}_m{mt}_g{g}", NORM_GEMV_SHMEM)
+            self.be.kernels.launch(k, -(-n // (8 // s * g)), 256, y, r, x, residual, norm_weight,
+                                   float(eps), int(zero_centered), weight, bias, M, n, K, m0, s,
+                                   *extra, shmem=shmem, pdl=self._pdl)
+        return y, (r if residual is not None else x)

@@ -1,0 +1,191 @@
+// Decode GEMVs (M <= 8 rows of x) with an optional RMSNorm prologue:
+//   gemvn_*_m{MT}_g{G}           y = x @ W^T (+ bias)
+//   gemvn_norm_*_m{MT}_g{G}      y = rms_norm(x (+ residual)) @ W^T (+ bias)   (rms_norm_linear)
+//   gemvn_norm_act_*_m{MT}_g{G}  y = act(h @ Wg^T + bg) * (h @ Wu^T + bu), h the normed rows, for
+//                                W = [Wg; Wu] (the gated MLP's gate_up after its pre-norm)
+// 256 threads = 8 warps. S (runtime: 1, 2, 4 or 8) warps share a group of G output columns,
+// splitting K chunk by chunk (chunk = 256 elements, a lane's 16 bytes each) and summing through
+// shared memory; a block covers 8 / S * G columns. Each lane keeps a group of chunks of every row
+// it reads in flight and loads the next group before using the current one.
+// The first weight group is loaded before griddepcontrol.wait (weights never depend on the
+// previous kernel), so it overlaps the previous kernel's tail and, with the norm, the prologue:
+// every block normalises the M rows itself (x and residual come from L2) into shared memory,
+// rounded to T exactly as rms_norm stores them; block 0 writes the summed residual stream.
+#include "common.cuh"
+
+__device__ __forceinline__ float gemvn_act(float x, int gelu) {
+  return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
+              : x / (1.f + __expf(-x));
+}
+
+template <typename T, int R, int CH>
+__device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const (&rows)[R],
+                                           int chunk, int S, int K) {
+  int lane8 = (threadIdx.x & 31) * 8;
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    int k = (chunk + c * S) * 256 + lane8;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      if (k < K) wv[r][c].load(rows[r] + k);
+      else wv[r][c] = Vec8<T>();
+    }
+  }
+}
+
+// Normalise rows m0 .. m0 + MT - 1 (those below M) into xs[MT][K] (T, as rms_norm stores them).
+template <typename T, int MT>
+__device__ void gemvn_norm_rows(T* xs, T* r_out, const T* x, const T* residual, const T* nw,
+                                float eps, int zc, int M, int K, int m0) {
+  __shared__ float scratch[32];
+  for (int m = 0; m < MT && m0 + m < M; m++) {
+    long long row = (long long)(m0 + m) * K;
+    float ss = 0.f;
+    for (int i = threadIdx.x * 8; i < K; i += blockDim.x * 8) {
+      float v[8]; Vec8<T> a; a.load(x + row + i); a.to_float(v);
+      if (residual) {
+        float b[8]; Vec8<T> bv; bv.load(residual + row + i); bv.to_float(b);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = to_f32(from_f32<T>(v[j] + b[j]));
+        Vec8<T> o; o.from_float(v);
+        if (blockIdx.x == 0) o.store(r_out + row + i);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+      Vec8<T> o; o.from_float(v); o.store(xs + m * K + i);
+    }
+    float inv = rsqrtf(block_sum(ss, scratch) / K + eps);
+    for (int i = threadIdx.x * 8; i < K; i += blockDim.x * 8) {
+      float v[8], wf[8]; Vec8<T> a, wv; a.load(xs + m * K + i); a.to_float(v);
+      wv.load(nw + i); wv.to_float(wf);
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (zc ? wf[j] + 1.f : wf[j]);
+      a.from_float(v); a.store(xs + m * K + i);
+    }
+  }
+  __syncthreads();
+}
+
+template <typename T, int MT, int G, bool PAIR, bool NORM>
+__device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* residual,
+                           const T* nw, float eps, int zc, const T* __restrict__ w,
+                           const T* __restrict__ bias, int M, int N, int K, int m0, int S,
+                           int gelu) {
+  constexpr int R = PAIR ? 2 * G : G, CH = R >= 4 ? 2 : 4;
+  extern __shared__ __align__(16) unsigned char gemvn_smem[];
+  __shared__ float red[8 * R * MT];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int part = warp % S, n0 = (blockIdx.x * (8 / S) + warp / S) * G;
+  const T* rows[R];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    int n = min(n0 + g, N - 1);
+    rows[g] = w + (long long)n * K;
+    if (PAIR) rows[G + g] = w + (long long)(N + n) * K;
+  }
+  Vec8<T> cur[R][CH], nxt[R][CH];
+  gemvn_load<T, R, CH>(cur, rows, part, S, K);
+  pdl_trigger();
+  pdl_wait();
+  const T* xb = x + (long long)m0 * K;
+  if (NORM) {
+    T* xs = reinterpret_cast<T*>(gemvn_smem);
+    gemvn_norm_rows<T, MT>(xs, r_out, x, residual, nw, eps, zc, M, K, m0);
+    xb = xs;
+  }
+  float acc[R][MT];
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < MT; m++) acc[r][m] = 0.f;
+  for (int chunk = part;;) {
+    int next = chunk + CH * S;
+    bool more = next * 256 < K;
+    if (more) gemvn_load<T, R, CH>(nxt, rows, next, S, K);
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+      int k = (chunk + c * S) * 256 + lane * 8;
+      if (k < K) {
+        float wf[R][8];
+#pragma unroll
+        for (int r = 0; r < R; r++) cur[r][c].to_float(wf[r]);
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+          if (m0 + m < M) {
+            float xf[8]; Vec8<T> xv; xv.load(xb + (long long)m * K + k); xv.to_float(xf);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+              for (int j = 0; j < 8; j++) acc[r][m] += wf[r][j] * xf[j];
+          }
+        }
+      }
+    }
+    if (!more) break;
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+#pragma unroll
+      for (int r = 0; r < R; r++) cur[r][c] = nxt[r][c];
+    chunk = next;
+  }
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < MT; m++) acc[r][m] = warp_sum(acc[r][m]);
+  if (S > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) red[(warp * R + r) * MT + m] = acc[r][m];
+    __syncthreads();
+    if (part) return;
+    for (int p = 1; p < S; p++)
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) acc[r][m] += red[((warp + p) * R + r) * MT + m];
+  }
+  if (lane) return;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    int n = n0 + g;
+    if (n >= N) break;
+    float b = bias ? to_f32(bias[n]) : 0.f;
+    float bu = PAIR && bias ? to_f32(bias[N + n]) : 0.f;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      if (m0 + m >= M) break;
+      float v = acc[g][m] + b;
+      if (PAIR) {
+        float u = to_f32(from_f32<T>(acc[G + g][m] + bu));
+        v = gemvn_act(to_f32(from_f32<T>(v)), gelu) * u;
+      }
+      y[(long long)(m0 + m) * N + n] = from_f32<T>(v);
+    }
+  }
+}
+
+#define GEMVN(T, S, MT, G)                                                                    \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_##S##_m##MT##_g##G(                \
+      T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0, int s) {      \
+    gemvn_impl<T, MT, G, false, false>(y, nullptr, x, nullptr, nullptr, 0.f, 0, w, bias, M,  \
+                                       N, K, m0, s, 0);                                       \
+  }
+#define GEMVN_NORM(T, S, MT, G)                                                               \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_norm_##S##_m##MT##_g##G(           \
+      T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
+      const T* bias, int M, int N, int K, int m0, int s) {                                    \
+    gemvn_impl<T, MT, G, false, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, 0); \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_norm_act_##S##_m##MT##_g##G(       \
+      T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
+      const T* bias, int M, int N, int K, int m0, int s, int gelu) {                          \
+    gemvn_impl<T, MT, G, true, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s,     \
+                                     gelu);                                                   \
+  }
+#define GEMVN_MT(T, S, MT)                                                                    \
+  GEMVN(T, S, MT, 1) GEMVN(T, S, MT, 2) GEMVN(T, S, MT, 4)                                    \
+  GEMVN_NORM(T, S, MT, 1) GEMVN_NORM(T, S, MT, 2)
+#define GEMVNS(T, S) GEMVN_MT(T, S, 1) GEMVN_MT(T, S, 2) GEMVN_MT(T, S, 4) GEMVN_MT(T, S, 8)
+INSTANTIATE(GEMVNS)
