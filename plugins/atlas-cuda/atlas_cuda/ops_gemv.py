@@ -121,7 +121,7 @@ class GemvOps:
             raise ValueError(f"rms_norm_linear: weight has {rows_w} rows; gate and up need an "
                              "even count")
         fused = (cuda_env.norm_gemv() and 0 < M <= GEMV_MAX_M and K % 8 == 0
-                 and min(M, GEMV_MAX_M) * K * x.dtype.itemsize <= NORM_GEMV_SHMEM
+                 and next(_row_tiles(M))[1] * K * x.dtype.itemsize <= NORM_GEMV_SHMEM
                  and weight.dtype == x.dtype and norm_weight.dtype == x.dtype
                  and all(a is None or a.ptr % 16 == 0 for a in (x, residual, norm_weight, weight)))
         if not fused:
