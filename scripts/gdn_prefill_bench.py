@@ -49,6 +49,18 @@ def _run(be, mode, dev, pool):
     return be.ops.gated_delta_rule_chunked(qkv, g, beta, pool, cu, seq_lens, slots, **HEADS)
 
 
+def _prep_only(be, dev):
+    """Launch gdn_chunk_prep alone (the parallel half of the chunked path)."""
+    from atlas_cuda import ops_gdn
+    qkv, g, beta, cu = dev[:4]
+    n = qkv.shape[0]
+    scratch = be.ops._gdn_scratch(n, 32, 128)
+    shmem = ops_gdn._PREP_SHMEM
+    be.ops._launch(be.ops._k("gdn_chunked", qkv.dtype, "gdn_chunk_prep", shmem),
+                   (n // ops_gdn.GC_CHUNK + 1, 32), ops_gdn.GC_THREADS, *scratch, qkv, g, beta,
+                   cu, 1, 16, 32, 128, 128 ** -0.5, 1, shmem=shmem)
+
+
 def main() -> None:
     from atlas_core.ops import reference as ref
     from atlas_core.testing.contracts_ops import rel_error
@@ -61,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     be, rng = CudaBackend(), np.random.default_rng(0)
     print("tokens | sequential ms | chunked ms | speedup | chunked GB/s (floor bytes) | "
-          "rel err vs sequential | rel err vs numpy")
+          "rel err vs sequential | rel err vs numpy | prep kernel ms")
     for n in (int(x) for x in args.lengths.split(",")):
         qkv, g, beta = _inputs(rng, n)
         host = (qkv, g, beta, np.array([0, n], np.int32), np.array([n], np.int32),
@@ -74,6 +86,7 @@ def main() -> None:
             be.copy_from_host(pool, np.zeros((1, 32, 128, 128), np.float32))
             outs[mode] = be.to_host(_run(be, mode, dev, pool)).astype(np.float32)
             times[mode] = time_ms(be, lambda m=mode: _run(be, m, dev, pool), args.reps)
+        prep_ms = time_ms(be, lambda: _prep_only(be, dev), args.reps)
         nbytes = qkv.nbytes + n * 32 * 128 * 2
         err_ref = "-"
         if n <= args.check_max:
@@ -83,7 +96,8 @@ def main() -> None:
         print(f"{n} | {times['sequential']:.3f} | {times['chunked']:.3f} | "
               f"{times['sequential'] / times['chunked']:.1f}x | "
               f"{nbytes / times['chunked'] / 1e6:,.0f} | "
-              f"{rel_error(outs['chunked'], outs['sequential']):.2e} | {err_ref}", flush=True)
+              f"{rel_error(outs['chunked'], outs['sequential']):.2e} | {err_ref} | {prep_ms:.3f}",
+              flush=True)
     os.environ.pop("ATLAS_CUDA_GDN_PREFILL", None)
 
 

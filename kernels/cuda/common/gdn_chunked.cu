@@ -176,46 +176,47 @@ __device__ __forceinline__ void gc_stage(float* dst, int ld, const float* src, i
   }
 }
 
-// acc[e] += sum_k tile[i][k] * hs[k][jq + e] over the 128 state rows.
-__device__ __forceinline__ void gc_rows_times_state(float* acc, const float* tile, const float* hs,
-                                                   int i, int jq) {
-#pragma unroll 4
+// wq[e] += sum_k W[i][k] hs[k][jq + e] and qs[e] += sum_k (G Q)[i][k] hs[k][jq + e] over the
+// 128 state rows, sharing the state reads.
+__device__ __forceinline__ void gc_rows_times_state(float* wq, float* qs, const float* wt,
+                                                   const float* qt, const float* hs, int i,
+                                                   int jq) {
+#pragma unroll 2
   for (int k = 0; k < GC_DK; k += 4) {
-    float4 a = *reinterpret_cast<const float4*>(tile + i * GC_LDB + k);
-    float av[4] = {a.x, a.y, a.z, a.w};
+    float4 a = *reinterpret_cast<const float4*>(wt + i * GC_LDB + k);
+    float4 b = *reinterpret_cast<const float4*>(qt + i * GC_LDB + k);
+    float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
       float4 h4 = *reinterpret_cast<const float4*>(hs + (k + kk) * GC_COLS + jq);
-      acc[0] += av[kk] * h4.x;
-      acc[1] += av[kk] * h4.y;
-      acc[2] += av[kk] * h4.z;
-      acc[3] += av[kk] * h4.w;
+      wq[0] += av[kk] * h4.x; wq[1] += av[kk] * h4.y; wq[2] += av[kk] * h4.z;
+      wq[3] += av[kk] * h4.w;
+      qs[0] += bv[kk] * h4.x; qs[1] += bv[kk] * h4.y; qs[2] += bv[kk] * h4.z;
+      qs[3] += bv[kk] * h4.w;
     }
   }
 }
 
-// V' = U - W S0 for this block's columns (thread: row tid / 4, columns 4 (tid % 4) + 0..3).
-__device__ __forceinline__ void gc_new_values(float* vn, const float* wt, const float* hs,
-                                              const float* u, int t0, int n, int h, int hv,
-                                              int dv, int col0) {
+// V' = U - W S0 into shared memory and acc = (G Q) S0 for this block's columns (thread: row
+// tid / 4, columns 4 (tid % 4) + 0..3).
+__device__ __forceinline__ void gc_new_values(float* vn, float* acc, const float* wt,
+                                              const float* qt, const float* hs, const float* u,
+                                              int t0, int n, int h, int hv, int dv, int col0) {
   int i = threadIdx.x / 4, jq = (threadIdx.x % 4) * 4;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  gc_rows_times_state(acc, wt, hs, i, jq);
+  float w[4] = {0.f, 0.f, 0.f, 0.f};
+  gc_rows_times_state(w, acc, wt, qt, hs, i, jq);
   float4 uv = make_float4(0.f, 0.f, 0.f, 0.f);
   if (i < n) uv = *reinterpret_cast<const float4*>(u + ((long long)(t0 + i) * hv + h) * dv +
                                                    col0 + jq);
   *reinterpret_cast<float4*>(vn + i * GC_COLS + jq) =
-      make_float4(uv.x - acc[0], uv.y - acc[1], uv.z - acc[2], uv.w - acc[3]);
+      make_float4(uv.x - w[0], uv.y - w[1], uv.z - w[2], uv.w - w[3]);
 }
 
-// O = (G Q) S0 + tril(decayed Q K^T) V' for this block's columns.
+// O = acc + tril(decayed Q K^T) V' for this block's columns.
 template <typename T>
-__device__ __forceinline__ void gc_output(T* out, const float* qt, const float* at,
-                                          const float* hs, const float* vn, int t0, int n, int h,
-                                          int hv, int dv, int col0) {
+__device__ __forceinline__ void gc_output(T* out, float* acc, const float* at, const float* vn,
+                                          int t0, int n, int h, int hv, int dv, int col0) {
   int i = threadIdx.x / 4, jq = (threadIdx.x % 4) * 4;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  gc_rows_times_state(acc, qt, hs, i, jq);
 #pragma unroll 8
   for (int m = 0; m < GC_C; m++) {
     float a = at[i * GC_LDT + m];
@@ -282,11 +283,12 @@ __device__ void gdn_chunk_scan_impl(T* out, GdnScratch s, float* states, const i
     n = min(GC_C, end - t0);
     asm volatile("cp.async.wait_group 0;\n");
     __syncthreads();
-    gc_new_values(vn, ta, hs, s.u, t0, n, h, hv, dv, col0);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    gc_new_values(vn, acc, ta, tb, hs, s.u, t0, n, h, hv, dv, col0);
     __syncthreads();
     gc_stage(ta, GC_LDB, ksrc, GC_DK, t0, n, hv);
     asm volatile("cp.async.commit_group;\n");
-    gc_output(out, tb, at, hs, vn, t0, n, h, hv, dv, col0);
+    gc_output(out, acc, at, vn, t0, n, h, hv, dv, col0);
     asm volatile("cp.async.wait_group 0;\n");
     __syncthreads();
     int next = t0 + GC_C, nn = min(GC_C, end - next);
