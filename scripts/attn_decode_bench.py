@@ -64,6 +64,32 @@ def attention(be, bf16) -> None:
             del kc, vc
 
 
+def sweep(be, bf16) -> None:
+    """New kernel only, under other ``COMBINE_FLOATS`` caps (heads per block / splits plan)."""
+    from atlas_cuda import ops_attention
+    default = ops_attention.COMBINE_FLOATS
+    print("sweep | heads q/kv/d | batch | ctx | combine floats | plan | new us")
+    for name, (h, kh, d) in HEADS.items():
+        for batch, ctx in ((1, 4096), (1, 32768), (8, 4096)):
+            width = -(-ctx // BLOCK)
+            kc = be.empty((batch * width, BLOCK, kh, d), bf16)
+            vc = be.empty((batch * width, BLOCK, kh, d), bf16)
+            q = be.empty((batch, h, d), bf16)
+            for a in (kc, vc, q):
+                be.fill_random(a, 1, 1.0)
+            bt = be.from_host(np.arange(batch * width, dtype=np.int32).reshape(batch, width))
+            sl = be.from_host(np.full(batch, ctx, np.int32))
+            cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
+            for cap in (8192, 16384, 32768, 65536):
+                ops_attention.COMBINE_FLOATS = cap
+                plan = be.ops._decode_plan(batch, h, kh, d, ctx)
+                us = per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu,
+                                                                  d ** -0.5), "new")
+                print(f"{name} | {h}/{kh}/{d} | {batch} | {ctx} | {cap} | {plan} | {us:.2f}")
+            del kc, vc
+    ops_attention.COMBINE_FLOATS = default
+
+
 def rope(be, bf16) -> None:
     print("rope prologue | heads q/kv/d | tokens | old us | new us")
     for name, (h, kh, d) in HEADS.items():
@@ -124,6 +150,7 @@ def main() -> None:
     from atlas_cuda.backend import CudaBackend
     be = CudaBackend()
     attention(be, bfloat16)
+    sweep(be, bfloat16)
     rope(be, bfloat16)
     sampling(be)
     os.environ.pop("ATLAS_CUDA_ATTN_DECODE", None)

@@ -1,9 +1,10 @@
 // Paged decode / chunked-prefill attention with the split combine done in-kernel.
 // Grid (query token, kv head x head chunk, split); a block scores one span of a query's keys
-// for HB query heads sharing one KV head. Each lane group of D/8 lanes keeps U keys in flight
-// (their block-table entries fetched one round ahead). The span length is a multiple of the
-// keys per round, so short contexts use few splits; the last split block of a
-// (token, head chunk) to finish merges the partials and resets its counter to zero.
+// for HB <= 4 query heads sharing one KV head. A lane group of D/8 lanes scores U keys a round
+// while the next round's K/V loads are in flight (block-table entries one round further
+// ahead). The span length is a multiple of the keys per round, so short contexts use few
+// splits; the last split block of a (token, head chunk) to finish merges the partials and
+// resets its counter to zero.
 #include "common.cuh"
 
 struct DecArgs {
@@ -29,36 +30,43 @@ __device__ __forceinline__ long long dec_row(const int* bt_row, int base_row, in
 }
 
 // Merge the n_act partials of HB heads (last block only); part_* rows are [th, num_splits].
+// Each thread owns four outputs and folds the splits in online, B partials in flight at once.
 template <typename T, int D, int HB>
-__device__ void dec_combine(T* out, const float* part_acc, const float* part_ml, float* sw,
-                            float* sL, long long th0, int S, int n_act, float kv_scale) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  for (int hh = warp; hh < HB; hh += nw) {
-    const float* ml = part_ml + (th0 + hh) * S * 2;
-    float mx = NEG_INF;
-    for (int s = lane; s < n_act; s += 32) mx = fmaxf(mx, __ldcg(ml + 2 * s));
-    mx = warp_max(mx);
-    float L = 0.f;
-    for (int s = lane; s < n_act; s += 32) {
-      float ms = __ldcg(ml + 2 * s), w = ms == NEG_INF ? 0.f : exp2f(ms - mx);
-      sw[s * HB + hh] = w;
-      L += w * __ldcg(ml + 2 * s + 1);
-    }
-    L = warp_sum(L);
-    if (lane == 0) sL[hh] = L;
-  }
-  __syncthreads();
+__device__ void dec_combine(T* out, const float* part_acc, const float* part_ml, long long th0,
+                            int S, int n_act, float kv_scale) {
+  constexpr int B = 16;
   for (int idx = threadIdx.x; idx < HB * D / 4; idx += blockDim.x) {
     int hh = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const float* ml = part_ml + (th0 + hh) * S * 2;
     const float* pa = part_acc + (th0 + hh) * S * D + d;
+    float mx = NEG_INF, L = 0.f;
     float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-    for (int s = 0; s < n_act; s++) {
-      float4 v = __ldcg(reinterpret_cast<const float4*>(pa + (long long)s * D));
-      float w = sw[s * HB + hh];
-      A.x += w * v.x; A.y += w * v.y; A.z += w * v.z; A.w += w * v.w;
+    for (int s0 = 0; s0 < n_act; s0 += B) {
+      float2 m2[B];
+      float4 v[B];
+#pragma unroll
+      for (int j = 0; j < B; j++) {
+        bool in = s0 + j < n_act;
+        m2[j] = in ? __ldcg(reinterpret_cast<const float2*>(ml + 2 * (s0 + j)))
+                   : make_float2(NEG_INF, 0.f);
+        v[j] = in ? __ldcg(reinterpret_cast<const float4*>(pa + (long long)(s0 + j) * D))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float mb = mx;
+#pragma unroll
+      for (int j = 0; j < B; j++) mb = fmaxf(mb, m2[j].x);
+      if (mb == NEG_INF) continue;
+      float c = exp2f(mx - mb);
+      L *= c; A.x *= c; A.y *= c; A.z *= c; A.w *= c;
+#pragma unroll
+      for (int j = 0; j < B; j++) {
+        float w = m2[j].x == NEG_INF ? 0.f : exp2f(m2[j].x - mb);
+        L += w * m2[j].y;
+        A.x += w * v[j].x; A.y += w * v[j].y; A.z += w * v[j].z; A.w += w * v[j].w;
+      }
+      mx = mb;
     }
-    float L = sL[hh], f = L > 0.f ? kv_scale / L : 0.f;
+    float f = L > 0.f ? kv_scale / L : 0.f;
     T* o = out + (th0 + hh) * D + d;
     o[0] = from_f32<T>(A.x * f); o[1] = from_f32<T>(A.y * f);
     o[2] = from_f32<T>(A.z * f); o[3] = from_f32<T>(A.w * f);
@@ -70,7 +78,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
                               const T* q, const C* kb, const C* vb, const int* block_tables,
                               const int* seq_lens, const int* cu_q, DecArgs a) {
   constexpr int LPK = D / 8, KPW = 32 / LPK, NW = 4, NG = NW * KPW;
-  constexpr int U = HB >= 8 ? 2 : 4, R = NG * U;
+  constexpr int U = 4, R = NG * U;
   __shared__ float sm_acc[NG][HB][D];
   __shared__ float sm_m[NG][HB], sm_l[NG][HB];
   __shared__ int sm_last;
@@ -99,20 +107,28 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     m[hh] = NEG_INF; l[hh] = 0.f;
   }
   int base_row = block_tables ? 0 : cu_q[b];
-  long long row[U];
+  long long row[U], nrow[U];
+  Vec8<C> kv[U] = {}, vv[U] = {};
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    row[u] = dec_row(bt_row, base_row, start + u * NG + g, end, a.block_size, KH, kh);
+    if (row[u] >= 0) { kv[u].load(kb + row[u] * D + dl * 8); vv[u].load(vb + row[u] * D + dl * 8); }
+  }
 #pragma unroll
   for (int u = 0; u < U; u++)
-    row[u] = dec_row(bt_row, base_row, start + u * NG + g, end, a.block_size, KH, kh);
+    nrow[u] = dec_row(bt_row, base_row, start + R + u * NG + g, end, a.block_size, KH, kh);
   for (int base = start; base < end; base += R) {
-    Vec8<C> kv[U] = {}, vv[U] = {};
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      if (row[u] >= 0) { kv[u].load(kb + row[u] * D + dl * 8); vv[u].load(vb + row[u] * D + dl * 8); }
+    Vec8<C> kn[U] = {}, vn[U] = {};
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       valid[u] = row[u] >= 0;
-      row[u] = dec_row(bt_row, base_row, base + R + u * NG + g, end, a.block_size, KH, kh);
+      if (nrow[u] >= 0) { kn[u].load(kb + nrow[u] * D + dl * 8); vn[u].load(vb + nrow[u] * D + dl * 8); }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      row[u] = nrow[u];
+      nrow[u] = dec_row(bt_row, base_row, base + 2 * R + u * NG + g, end, a.block_size, KH, kh);
     }
     float s[U][HB];
 #pragma unroll
@@ -151,6 +167,8 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
         for (int e = 0; e < 8; e++) acc[hh][e] += p * vf[e];
       }
     }
+#pragma unroll
+    for (int u = 0; u < U; u++) { kv[u] = kn[u]; vv[u] = vn[u]; }
   }
 #pragma unroll
   for (int hh = 0; hh < HB; hh++) {
@@ -194,12 +212,10 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   __syncthreads();
   if (!sm_last) return;
   __threadfence();
-  dec_combine<T, D, HB>(out, part_acc, part_ml, &sm_acc[0][0][0], &sm_m[0][0], th0,
-                        a.num_splits, n_act, a.kv_scale);
+  dec_combine<T, D, HB>(out, part_acc, part_ml, th0, a.num_splits, n_act, a.kv_scale);
 }
 
 // attn_dec[_fp8]_<dtype>_d<D>_h<HB>: _fp8 reads a float8_e4m3fn paged cache (head dims 64-256).
-// num_splits * HB <= NG * HB * D / HB floats of shared scratch: the host keeps it <= 1024.
 #define DEC_ONE(T, S, D, HB, C, CS)                                                           \
   extern "C" __global__ void __launch_bounds__(128) attn_dec##CS##_##S##_d##D##_h##HB(     \
       T* out, float* pa, float* pm, int* cnt, const T* q, const C* k, const C* v,             \
@@ -209,8 +225,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     attn_dec_impl<T, C, D, HB>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);                     \
   }
 #define DEC_HB(T, S, D, C, CS)                                                                \
-  DEC_ONE(T, S, D, 1, C, CS) DEC_ONE(T, S, D, 2, C, CS) DEC_ONE(T, S, D, 4, C, CS)            \
-  DEC_ONE(T, S, D, 8, C, CS)
+  DEC_ONE(T, S, D, 1, C, CS) DEC_ONE(T, S, D, 2, C, CS) DEC_ONE(T, S, D, 4, C, CS)
 #define DEC(T, S)                                                                             \
   DEC_HB(T, S, 16, T, ) DEC_HB(T, S, 32, T, ) DEC_HB(T, S, 64, T, )                           \
   DEC_HB(T, S, 128, T, ) DEC_HB(T, S, 256, T, )                                               \

@@ -19,8 +19,10 @@ FLASH_HEAD_DIMS = (64, 128)
 FLASH_BM = FLASH_BN = 64
 #: Completion counters per kernel kind (attention: token x head chunk; sampling: row).
 COUNTERS = 4096
-#: Floats of split partials one block merges (shared scratch of the decode kernel).
+#: Most floats of split partials the last block of the decode kernel merges.
 COMBINE_FLOATS = 16384
+#: Resident decode-attention blocks per SM (128 threads, ~210 registers).
+BLOCKS_PER_SM = 2
 
 
 class AttentionOps:
@@ -149,19 +151,18 @@ class AttentionOps:
                          out, part_acc, part_ml, d, splits, float(kv_scale))
 
     def _decode_plan(self, t: int, h: int, kh: int, d: int, max_ctx: int) -> tuple[int, int]:
-        """``(heads per block, splits)``: about two blocks per SM, each split at least one
+        """``(heads per block, splits)``: one wave of blocks (two per SM), each split at least one
         round of keys, the in-kernel combine's partials (splits x heads x d floats) <= 64 KiB;
         fewer heads per block only where that gains a quarter more blocks."""
-        group, target = h // kh, 2 * self.be.num_sms
+        group, target = h // kh, BLOCKS_PER_SM * self.be.num_sms
         per_round = {16: 256, 32: 128, 64: 64, 128: 32, 256: 16}[d]
         best = (0, 1, 1)
-        for hb in (8, 4, 2, 1):
+        for hb in (4, 2, 1):
             if group % hb:
                 continue
             base = t * kh * (group // hb)
-            rounds = per_round // (2 if hb == 8 else 1)
-            splits = max(1, min(-(-target // base), COMBINE_FLOATS // (hb * d),
-                                -(-max_ctx // rounds)))
+            splits = max(1, min(target // base, COMBINE_FLOATS // (hb * d),
+                                -(-max_ctx // per_round)))
             if base > COUNTERS:
                 splits = 1
             score = min(base * splits, target)
