@@ -1,6 +1,7 @@
 """Time ``moe_block`` on the GPU: the separate ops (``ATLAS_CUDA_MOE_FUSED=0``) against the
-fused decode kernels, ``warp`` and ``split`` expert kernels (``ATLAS_CUDA_MOE_DECODE``), at the
-MoE bench models' shapes with random weights.
+fused decode kernels (``ATLAS_CUDA_MOE_DECODE``: ``stream``, the persistent kernel of
+``moe_stream.cu``, and the three-kernel ``warp`` / ``split`` paths of ``moe_decode.cu``), at the
+MoE bench models' shapes with random weights. ``python3 scripts/moe_block_paths.py [modes]``.
 
 Bytes counted: router, the distinct experts the tokens chose and the shared expert, read once."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 
 import numpy as np
 
@@ -33,6 +35,7 @@ def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
     be = CudaBackend()
+    modes = sys.argv[1:] or ["unfused", "warp", "stream"]
     print("shape | tokens | experts touched | path | ms (graph replay) | GB/s")
     for name, (hidden, inter, experts, k, shared) in SHAPES.items():
         shapes = {"router_weight": (experts, hidden), "w_gate_up": (experts, 2 * inter, hidden),
@@ -43,14 +46,14 @@ def main() -> None:
         w = {n: be.empty(s, bfloat16) for n, s in shapes.items()}
         for i, (n, a) in enumerate(w.items()):
             be.fill_random(a, i + 1, a.shape[-1] ** -0.5)
-        for tokens in (1, 8):
+        for tokens in (1, 2, 8):
             x = be.empty((tokens, hidden), bfloat16)
             be.fill_random(x, 9, 1.0)
             be.reset_workspace()
             _, ids = be.ops.moe_route(be.ops.linear(x, w["router_weight"]), k, True)
             touched = len(np.unique(be.to_host(ids)))
             nbytes = 2 * hidden * (experts + 1 + 3 * (touched * inter + shared))
-            for mode in ("unfused", "warp", "split"):
+            for mode in modes:
                 os.environ["ATLAS_CUDA_MOE_FUSED"] = "0" if mode == "unfused" else "1"
                 os.environ["ATLAS_CUDA_MOE_DECODE"] = "warp" if mode == "unfused" else mode
                 ms = time_ms(be, lambda: be.ops.moe_block(x, top_k=k, renormalize=True, **w))

@@ -7,6 +7,7 @@
 // Static weights (and, in moe_dec_down, the chosen experts' rows) are prefetched to L2 before
 // griddepcontrol.wait, so they stream while the previous kernel drains.
 #include "common.cuh"
+#include "moe_topk.cuh"
 
 #define MOE_DEC_MAX_TOKENS 8
 
@@ -24,52 +25,6 @@ __device__ __forceinline__ int load_cg(const int* p) {  // from L2: written by a
   return v;
 }
 
-// Top-k of one token's logits (a warp): weights/ids in descending order, ties to the lower
-// expert, like atlas_core.ops.moe.moe_route.
-// PER_LANE experts per lane (E <= 32 * PER_LANE), kept in registers.
-template <int PER_LANE>
-__device__ void moe_topk_warp(float* weights, int* ids, const volatile float* lg, int E,
-                              int top_k, int renorm, int sigmoid) {
-  int lane = threadIdx.x & 31;
-  float s[PER_LANE];
-  float mx = NEG_INF;
-#pragma unroll
-  for (int i = 0; i < PER_LANE; i++) {
-    int e = lane + 32 * i;
-    s[i] = e < E ? lg[e] : NEG_INF;
-    mx = fmaxf(mx, s[i]);
-  }
-  mx = warp_max(mx);
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < PER_LANE; i++) {
-    int e = lane + 32 * i;
-    if (e < E) s[i] = sigmoid ? 1.f / (1.f + expf(-s[i])) : expf(s[i] - mx);
-    sum += e < E ? s[i] : 0.f;
-  }
-  sum = sigmoid ? 1.f : warp_sum(sum);
-  float my_w = 0.f;
-  int my_id = 0;
-  for (int j = 0; j < top_k; j++) {
-    float v = NEG_INF;
-    int idx = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < PER_LANE; i++) argmax_pair(v, idx, s[i], lane + 32 * i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-      argmax_pair(v, idx, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, idx, o));
-#pragma unroll
-    for (int i = 0; i < PER_LANE; i++)
-      if (lane + 32 * i == idx) s[i] = NEG_INF;
-    if (lane == j) { my_w = v / sum; my_id = idx; }
-  }
-  float chosen = warp_sum(lane < top_k ? my_w : 0.f);
-  if (lane < top_k) {
-    weights[lane] = renorm ? my_w / chosen : my_w;
-    ids[lane] = my_id;
-  }
-}
-
 // Grid ceil(rows / warps), rows = E (+1 with a shared gate): a warp per row, every token.
 template <typename T>
 __device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float* logits,
@@ -80,21 +35,30 @@ __device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   int rows = E + (wsg ? 1 : 0), r = blockIdx.x * nw + warp;
   const T* wrow = r < E ? wr + (long long)r * H : wsg;
+  // The row's first 2,048 weights go to registers before the wait: static, so their DRAM
+  // latency overlaps the previous kernel's tail.
+  Vec8<T> pre[8];
   if (r < rows)
-    for (int k = lane * 64; k < H; k += 32 * 64) prefetch_l2(wrow + k);
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+      if ((lane + 32 * c) * 8 < H) pre[c].load(wrow + (lane + 32 * c) * 8);
   pdl_trigger();
   pdl_wait();
   if (r < rows) {
     float acc[MOE_DEC_MAX_TOKENS];
 #pragma unroll
     for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) acc[m] = 0.f;
-#pragma unroll 4
-    for (int k = lane * 8; k < H; k += 256) {
-      float wf[8];
-      Vec8<T> wv; wv.load(wrow + k); wv.to_float(wf);
+    for (int k0 = 0; k0 < H; k0 += 2048) {
 #pragma unroll
-      for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) {
-        if (m < ntok) {
+      for (int c = 0; c < 8; c++) {
+        int k = k0 + (lane + 32 * c) * 8;
+        if (k >= H) continue;
+        if (k0) pre[c].load(wrow + k);
+        float wf[8];
+        pre[c].to_float(wf);
+#pragma unroll
+        for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) {
+          if (m >= ntok) continue;
           float xf[8];
           Vec8<T> xv; xv.load(x + (long long)m * H + k); xv.to_float(xf);
 #pragma unroll
@@ -118,9 +82,10 @@ __device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float
   for (int t = warp; t < ntok; t += nw) {
     float* wt = weights + t * top_k;
     int* it = ids + t * top_k;
-    if (E <= 128) moe_topk_warp<4>(wt, it, lg + t * rows, E, top_k, renorm, sigmoid);
-    else if (E <= 256) moe_topk_warp<8>(wt, it, lg + t * rows, E, top_k, renorm, sigmoid);
-    else moe_topk_warp<32>(wt, it, lg + t * rows, E, top_k, renorm, sigmoid);
+    const float* lt = (const float*)(lg + t * rows);
+    if (E <= 128) ms_topk<4>(wt, it, lt, E, top_k, renorm, sigmoid);
+    else if (E <= 256) ms_topk<8>(wt, it, lt, E, top_k, renorm, sigmoid);
+    else ms_topk<32>(wt, it, lt, E, top_k, renorm, sigmoid);
     if (wsg && lane == 0) shared_w[t] = 1.f / (1.f + expf(-lg[t * rows + E]));
   }
   if (threadIdx.x == 0) *counter = 0;

@@ -7,7 +7,7 @@ import os
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
-MOE_DECODE_KERNELS = ("stream", "warp", "split")
+MOE_DECODE_KERNELS = ("warp", "split", "stream")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
 GDN_DECODE_KERNELS = ("cluster", "head")
@@ -55,11 +55,11 @@ def moe_fused() -> str:
 
 
 def moe_decode_kernel() -> str:
-    """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: ``stream`` (default: router
-    GEMV, then one persistent kernel per block: top-k in every block, gate_up rows and down tiles
-    of the chosen experts streamed back to back, ``moe_stream.cu``), or the three-kernel path of
-    ``moe_decode.cu`` with ``warp`` (a warp per output row) or ``split`` (a block per 8 rows, its
-    warps splitting the reduction) expert kernels."""
+    """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: the three-kernel path of
+    ``moe_decode.cu`` with ``warp`` (default: a warp per output row) or ``split`` (a block per 8
+    rows, its warps splitting the reduction) expert kernels, or ``stream`` (router GEMV, then one
+    persistent block per SM streaming gate_up rows and down tiles, ``moe_stream.cu``; also fuses
+    blocks without a shared expert under ``auto``; slower on an H200 so far)."""
     return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
 
 
