@@ -122,3 +122,14 @@ def test_recurrent_only_models_get_a_bounded_block_count():
     model = Model([RecurrentStateSpec({"ssm": (4, 4)})] * 2)
     kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs(max_num_seqs=2))
     assert kv.num_blocks == 2 * 32768 // 16
+
+
+def test_recurrent_prefill_work_is_reserved_before_the_kv_pool():
+    state = {"conv": (3, 256), "ssm": (4, 32, 32)}
+    plain = [KVCacheSpec(8, 128), RecurrentStateSpec(state)]
+    heavy = [KVCacheSpec(8, 128), RecurrentStateSpec(state, prefill_bytes_per_token=256 << 10)]
+    args = EngineArgs(max_prefill_tokens=4096)
+    a = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(plain), args)
+    b = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(heavy), args)
+    # 4096 + batch rows x 256 KiB = at least 1 GiB less for the pool, rounded to whole blocks
+    assert (a.num_blocks - b.num_blocks) * b.bytes_per_block >= GIB

@@ -100,7 +100,10 @@ def _activation_reserve(model: Any, args: Any) -> int:
     num_tokens = args.max_prefill_tokens + args.max_batch_size
     hidden = int(getattr(model, "hidden_size", 0) or 0)
     vocab = int(getattr(model, "vocab_size", 0) or 0)
-    return num_tokens * hidden * 4 * 16 + args.max_batch_size * vocab * 4 * 4 + 64 * _MIB
+    specs = model.kv_cache_specs() if hasattr(model, "kv_cache_specs") else []
+    layer_work = max((getattr(s, "prefill_bytes_per_token", 0) for s in specs if s), default=0)
+    return (num_tokens * (hidden * 4 * 16 + layer_work) + args.max_batch_size * vocab * 4 * 4
+            + 64 * _MIB)
 
 
 def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:

@@ -27,10 +27,14 @@ class RecurrentStateSpec:
     Attributes:
         shapes: name -> per-sequence shape, e.g. ``{"conv": (3, 4096), "ssm": (32, 128, 128)}``.
         dtype: storage dtype name (``"float32"``, ``"bfloat16"``).
+        prefill_bytes_per_token: device work memory a prefill token of this layer may need
+            beyond its output (e.g. the float32 buffers of a chunked delta-rule kernel, shared
+            by all layers); added to the activation reserve when the KV cache is sized.
     """
 
     shapes: dict[str, tuple[int, ...]]
     dtype: str = "float32"
+    prefill_bytes_per_token: int = 0
 
 
 class TransformerLayer(ABC):

@@ -100,9 +100,13 @@ class GatedDeltaNet(Module, TransformerLayer):
         self.backend.copy_from_host(param, np.ascontiguousarray(np.concatenate(parts, axis=0)))
 
     def state_spec(self) -> RecurrentStateSpec:
+        # chunked prefill work per token and value head, float32: W, G Q and decayed K rows
+        # (3 x head_k_dim), U (head_v_dim), a 64-wide row of the chunk's Q K^T and the decay
+        per_token = self.num_v_heads * (3 * self.head_k_dim + self.head_v_dim + 64 + 1) * 4
         return RecurrentStateSpec(shapes={
             "conv": (self.kernel_size - 1, self.conv_dim),
-            "ssm": (self.num_v_heads, self.head_k_dim, self.head_v_dim)}, dtype="float32")
+            "ssm": (self.num_v_heads, self.head_k_dim, self.head_v_dim)}, dtype="float32",
+            prefill_bytes_per_token=per_token)
 
     def bind_state(self, state: Any) -> None:
         """Receive the pools ``{"conv": [num_slots, K - 1, conv_dim], "ssm": [num_slots, Hv, Dk, Dv]}``
