@@ -10,7 +10,7 @@ MOE_MODES = ("auto", "grouped", "gemv")
 MOE_DECODE_KERNELS = ("warp", "split", "stream")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
-GDN_DECODE_KERNELS = ("cluster", "head")
+GDN_DECODE_KERNELS = ("head", "cluster")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
 
 
@@ -79,9 +79,10 @@ def gdn_prefill() -> str:
 
 
 def gdn_decode_kernel() -> str:
-    """``ATLAS_CUDA_GDN_DECODE``: kernels of the fused ``gated_delta_rule_decode`` on sm_90+:
-    ``cluster`` (default: one kernel, thread block clusters, a block per 32 value columns) or
-    ``head`` (``gdn_conv_gating`` then ``gdn_decode_norm``, a block per value head)."""
+    """``ATLAS_CUDA_GDN_DECODE``: kernels of the fused ``gated_delta_rule_decode``: ``head``
+    (default: ``gdn_conv_gating`` then ``gdn_decode_norm``, a block per value head) or
+    ``cluster`` (sm_90+: one kernel, ``gdn_decode_step``, thread block clusters, a block per 32
+    value columns; on an H200 at the 35B heads no faster at batch 1, slower at batch 8)."""
     return _choice("ATLAS_CUDA_GDN_DECODE", GDN_DECODE_KERNELS)
 
 

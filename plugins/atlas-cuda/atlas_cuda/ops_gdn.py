@@ -231,10 +231,10 @@ class GdnOps:
                                 state_indices: DeviceArray, *, num_k_heads: int,
                                 num_v_heads: int, head_k_dim: int, head_v_dim: int,
                                 eps: float = 1e-6) -> DeviceArray:
-        """On sm_90+ one kernel (``gdn_decode_step``: thread block clusters, a block per 32
-        value columns of a head) where it applies, else (or with ``ATLAS_CUDA_GDN_DECODE=head``)
-        two (``gdn_conv_gating``, then ``gdn_decode_norm``: a block per whole value head, so the
-        gated norm stays in it); ``ATLAS_CUDA_GDN_FUSED=0``: the four separate ops."""
+        """Two kernels (``gdn_conv_gating``, then ``gdn_decode_norm``: a block per whole value
+        head, so the gated norm stays in it) where they apply; with ``ATLAS_CUDA_GDN_DECODE=
+        cluster`` on sm_90+ one (``gdn_decode_step``: thread block clusters, a block per 32 value
+        columns); ``ATLAS_CUDA_GDN_FUSED=0`` or shapes neither fits: the four separate ops."""
         heads = dict(num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
                      head_v_dim=head_v_dim)
         threads = head_v_dim * _lanes(head_k_dim)
