@@ -2,21 +2,7 @@
 // Grid (query token, kv head x head chunk, split); each block scores one span of keys for HB
 // query heads sharing one KV head (GQA: K/V read once per block). A key is handled by D/8 lanes
 // (16-byte loads); per-lane online softmax, merged across lanes, warps and splits.
-#include "common.cuh"
-
-struct AttnArgs {
-  int num_heads, num_kv_heads, block_size, max_blocks, num_seqs, num_splits;
-  float scale_log2, kv_scale;
-};
-
-__device__ __forceinline__ int find_seq(const int* cu, int n, int t) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
+#include "attention_common.cuh"
 
 template <typename T, typename C, int D, int HB>
 __device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, const C* kb,

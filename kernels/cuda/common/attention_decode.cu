@@ -5,21 +5,7 @@
 // ahead). The span length is a multiple of the keys per round, so short contexts use few
 // splits; the last split block of a (token, head chunk) to finish merges the partials and
 // resets its counter to zero.
-#include "common.cuh"
-
-struct DecArgs {
-  int num_heads, num_kv_heads, block_size, max_blocks, num_seqs, num_splits;
-  float scale_log2, kv_scale;
-};
-
-__device__ __forceinline__ int dec_find_seq(const int* cu, int n, int t) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    int mid = (lo + hi + 1) >> 1;
-    if (cu[mid] <= t) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
+#include "attention_common.cuh"
 
 // Cache row of key j (or -1 past the span end).
 __device__ __forceinline__ long long dec_row(const int* bt_row, int base_row, int j, int end,
@@ -76,7 +62,7 @@ __device__ void dec_combine(T* out, const float* part_acc, const float* part_ml,
 template <typename T, typename C, int D, int HB>
 __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* counters,
                               const T* q, const C* kb, const C* vb, const int* block_tables,
-                              const int* seq_lens, const int* cu_q, DecArgs a) {
+                              const int* seq_lens, const int* cu_q, AttnArgs a) {
   constexpr int LPK = D / 8, KPW = 32 / LPK, NW = 4, NG = NW * KPW;
   constexpr int U = 4, R = NG * U;
   __shared__ float sm_acc[NG][HB][D];
@@ -88,7 +74,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   int g = warp * KPW + lane / LPK;
   int H = a.num_heads, KH = a.num_kv_heads, G = H / KH, chunks = G / HB;
   int kh = blockIdx.y / chunks, h0 = kh * G + (blockIdx.y % chunks) * HB;
-  int b = dec_find_seq(cu_q, a.num_seqs, t);
+  int b = find_seq(cu_q, a.num_seqs, t);
   int n_q = cu_q[b + 1] - cu_q[b], i = t - cu_q[b];
   const int* bt_row = block_tables ? block_tables + (long long)b * a.max_blocks : 0;
   int len = (block_tables ? seq_lens[b] - n_q + i : i) + 1;
@@ -221,7 +207,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
       T* out, float* pa, float* pm, int* cnt, const T* q, const C* k, const C* v,             \
       const int* bt, const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns,     \
       int nsp, float sc, float kvs) {                                                         \
-    DecArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                               \
+    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                               \
     attn_dec_impl<T, C, D, HB>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);                     \
   }
 #define DEC_HB(T, S, D, C, CS)                                                                \
