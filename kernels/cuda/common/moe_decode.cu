@@ -44,34 +44,7 @@ __device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float
       if ((lane + 32 * c) * 8 < H) pre[c].load(wrow + (lane + 32 * c) * 8);
   pdl_trigger();
   pdl_wait();
-  if (r < rows) {
-    float acc[MOE_DEC_MAX_TOKENS];
-#pragma unroll
-    for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) acc[m] = 0.f;
-    for (int k0 = 0; k0 < H; k0 += 2048) {
-#pragma unroll
-      for (int c = 0; c < 8; c++) {
-        int k = k0 + (lane + 32 * c) * 8;
-        if (k >= H) continue;
-        if (k0) pre[c].load(wrow + k);
-        float wf[8];
-        pre[c].to_float(wf);
-#pragma unroll
-        for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) {
-          if (m >= ntok) continue;
-          float xf[8];
-          Vec8<T> xv; xv.load(x + (long long)m * H + k); xv.to_float(xf);
-#pragma unroll
-          for (int i = 0; i < 8; i++) acc[m] += wf[i] * xf[i];
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < MOE_DEC_MAX_TOKENS; m++) {
-      float v = warp_sum(acc[m]);
-      if (lane == 0 && m < ntok) logits[m * rows + r] = to_f32(from_f32<T>(v));
-    }
-  }
+  if (r < rows) moe_row_logits<T, 8, MOE_DEC_MAX_TOKENS>(logits, pre, wrow, x, ntok, H, rows, r);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)gridDim.x - 1;

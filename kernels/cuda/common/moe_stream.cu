@@ -51,32 +51,7 @@ __device__ void moe_logits_impl(float* logits, const T* __restrict__ x, const T*
     if (k < H) pre[c].load(wrow + k);
   }
   pdl_wait();
-  float acc[MS_MAX_TOKENS];
-#pragma unroll
-  for (int m = 0; m < MS_MAX_TOKENS; m++) acc[m] = 0.f;
-  for (int k0 = 0; k0 < H; k0 += 256 * MS_CH) {
-#pragma unroll
-    for (int c = 0; c < MS_CH; c++) {
-      int k = k0 + (lane + 32 * c) * 8;
-      if (k >= H) continue;
-      if (k0) pre[c].load(wrow + k);
-      float wf[8];
-      pre[c].to_float(wf);
-#pragma unroll
-      for (int m = 0; m < MS_MAX_TOKENS; m++) {
-        if (m >= ntok) continue;
-        float xf[8];
-        Vec8<T> xv; xv.load(x + (long long)m * H + k); xv.to_float(xf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[m] += wf[i] * xf[i];
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < MS_MAX_TOKENS; m++) {
-    float v = warp_sum(acc[m]);
-    if (lane == 0 && m < ntok) logits[m * rows + r] = to_f32(from_f32<T>(v));
-  }
+  moe_row_logits<T, MS_CH, MS_MAX_TOKENS>(logits, pre, wrow, x, ntok, H, rows, r);
 }
 
 struct MsSmem {

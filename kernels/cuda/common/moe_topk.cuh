@@ -1,4 +1,4 @@
-// Warp top-k of one token's router logits, shared by moe_decode.cu and moe_stream.cu.
+// Router logits and warp top-k of one token's logits, shared by moe_decode.cu and moe_stream.cu.
 #pragma once
 // Needs common.cuh included before it (the NVRTC inliner has no include guards).
 
@@ -72,5 +72,41 @@ __device__ void ms_topk(float* weights, int* ids, const float* lg, int E, int to
   if (lane < top_k) {
     weights[lane] = renorm ? my_w / chosen : my_w;
     ids[lane] = my_id;
+  }
+}
+
+// Router row r for every token: logits[m * rows + r] = x[m] . wrow (rounded to T like linear).
+// pre holds the row's first 256 * CH weights, loaded before the PDL wait (weights are static).
+template <typename T, int CH, int MAXT>
+__device__ __forceinline__ void moe_row_logits(float* logits, Vec8<T> (&pre)[CH],
+                                               const T* __restrict__ wrow,
+                                               const T* __restrict__ x, int ntok, int H, int rows,
+                                               int r) {
+  int lane = threadIdx.x & 31;
+  float acc[MAXT];
+#pragma unroll
+  for (int m = 0; m < MAXT; m++) acc[m] = 0.f;
+  for (int k0 = 0; k0 < H; k0 += 256 * CH) {
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+      int k = k0 + (lane + 32 * c) * 8;
+      if (k >= H) continue;
+      if (k0) pre[c].load(wrow + k);
+      float wf[8];
+      pre[c].to_float(wf);
+#pragma unroll
+      for (int m = 0; m < MAXT; m++) {
+        if (m >= ntok) continue;
+        float xf[8];
+        Vec8<T> xv; xv.load(x + (long long)m * H + k); xv.to_float(xf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[m] += wf[i] * xf[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MAXT; m++) {
+    float v = warp_sum(acc[m]);
+    if (lane == 0 && m < ntok) logits[m * rows + r] = to_f32(from_f32<T>(v));
   }
 }
