@@ -11,10 +11,10 @@ those bytes at 4.2 TB/s. Block tables are as wide as the context (as in the prof
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 import numpy as np
+from atlas_core.bench.graph_timing import graph_ms
 
 #: name: (query heads, kv heads, head_dim)
 HEADS = {"qwen3-8b": (32, 8, 128), "qwen3-30b-a3b": (32, 4, 128), "qwen3.5-35b-a3b": (16, 2, 256)}
@@ -26,16 +26,7 @@ def per_op_us(be, fn, mode: str) -> float:
     """Median in-graph microseconds of one ``fn()`` under ``ATLAS_CUDA_ATTN_DECODE=mode``."""
     os.environ["ATLAS_CUDA_ATTN_DECODE"] = mode
     be.reset_workspace()
-    graph = be.capture(lambda: [fn() for _ in range(REPS)])
-    graph.replay()
-    be.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        a = be.event()
-        graph.replay()
-        b = be.event()
-        times.append(be.elapsed_ms(a, b))
-    return statistics.median(times) * 1e3 / REPS
+    return graph_ms(be, lambda: [fn() for _ in range(REPS)], REPLAYS) * 1e3 / REPS
 
 
 def ab(be, fn) -> tuple[float, float]:

@@ -8,7 +8,6 @@ beside ``atlas bench``'s wall-clock step time.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 
 def main() -> None:
@@ -18,6 +17,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--backend", default=None)
     args = parser.parse_args()
+    from atlas_core.bench.graph_timing import replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
@@ -31,18 +31,8 @@ def main() -> None:
                                                                 ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    graph = engine.runner.graphs[1][0]
-    for _ in range(5):
-        graph.replay()
-    backend.synchronize()
-    times = []
-    for _ in range(args.reps):
-        a = backend.event()
-        graph.replay()
-        b = backend.event()
-        times.append(backend.elapsed_ms(a, b))
+    ms = replay_ms(backend, engine.runner.graphs[1][0], args.reps)
     layers = model.num_layers
-    ms = statistics.median(times)
     print(f"{args.model}: decode graph replay {ms:.3f} ms (median of {args.reps}), "
           f"{1e3 * ms / layers:.1f} us per layer over {layers} layers")
 

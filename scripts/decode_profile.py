@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import sys
 from collections import defaultdict
 
@@ -23,6 +22,7 @@ from collections import defaultdict
 def run(model_name: str, reps: int, context: int) -> None:
     from cuda.bindings import driver
 
+    from atlas_core.bench.graph_timing import replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
@@ -37,16 +37,7 @@ def run(model_name: str, reps: int, context: int) -> None:
     while engine.has_unfinished_requests():
         engine.step()
     graph = engine.runner.graphs[1][0]
-    for _ in range(5):
-        graph.replay()
-    backend.synchronize()
-    times = []
-    for _ in range(reps):
-        a = backend.event()
-        graph.replay()
-        b = backend.event()
-        times.append(backend.elapsed_ms(a, b))
-    ms = statistics.median(times)
+    ms = replay_ms(backend, graph, reps)
     print(f"# {model_name}: graph replay {ms:.3f} ms median of {reps}, {model.num_layers} layers",
           file=sys.stderr)
     driver.cuProfilerStart()

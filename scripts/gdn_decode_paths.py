@@ -23,7 +23,7 @@ batch 8: op 26.42 / 20.00 / 26.44; part 31.33 / 25.66 / 32.77. Floors 1.07 and 8
 from __future__ import annotations
 
 import os
-import statistics
+from atlas_core.bench.graph_timing import graph_ms
 
 HK, HV, DK, DV, HIDDEN, K, LAYERS = 16, 32, 128, 128, 2048, 4, 8
 DIM, VD = 2 * HK * DK + HV * DV, HV * DV
@@ -32,16 +32,7 @@ PATHS = {"unfused": ("0", "cluster"), "head": ("1", "head"), "cluster": ("1", "c
 
 def time_us(be, fn, reps: int = 200) -> float:
     """Median microseconds of ``reps`` event-timed replays of ``fn`` captured as a CUDA graph."""
-    graph = be.capture(fn)
-    graph.replay()
-    be.synchronize()
-    times = []
-    for _ in range(reps):
-        a = be.event()
-        graph.replay()
-        b = be.event()
-        times.append(be.elapsed_ms(a, b))
-    return 1e3 * statistics.median(times)
+    return 1e3 * graph_ms(be, fn, reps)
 
 
 def make_layer(be, n, seed):

@@ -11,25 +11,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 import numpy as np
+from atlas_core.bench.graph_timing import graph_ms
 
 HEADS = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
 
 
 def time_ms(be, fn, reps: int) -> float:
     """Median of ``reps`` event-timed replays of ``fn`` captured as a CUDA graph."""
-    graph = be.capture(fn)
-    graph.replay()
-    be.synchronize()
-    times = []
-    for _ in range(reps):
-        a = be.event()
-        graph.replay()
-        b = be.event()
-        times.append(be.elapsed_ms(a, b))
-    return statistics.median(times)
+    return graph_ms(be, fn, reps)
 
 
 def _inputs(rng, n):

@@ -13,8 +13,8 @@ between graph nodes, as in a real step. GB/s = weight bytes / time per launch.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
+from atlas_core.bench.graph_timing import graph_ms
 
 HIDDEN, INTER, QKV, VOCAB = 4096, 12288, 6144, 151936
 #: name -> (rows N, K) of the weight.
@@ -26,15 +26,7 @@ NORM_TILES = ["g1s1", "g2s1", "g1s2", "g2s2", "auto"]
 
 def per_launch_us(be, fn, launches: int, reps: int = 7) -> float:
     be.reset_workspace()
-    graph = be.capture(fn)
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        a = be.event()
-        graph.replay()
-        b = be.event()
-        times.append(be.elapsed_ms(a, b) * 1e3 / launches)
-    return statistics.median(times)
+    return graph_ms(be, fn, reps) * 1e3 / launches
 
 
 def weights(be, n: int, k: int):

@@ -8,10 +8,10 @@ Bytes counted: router, the distinct experts the tokens chose and the shared expe
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 
 import numpy as np
+from atlas_core.bench.graph_timing import graph_ms
 
 #: name: (hidden, expert intermediate, experts, top-k, shared intermediate)
 SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8, 0), "qwen3.5-35b-a3b": (2048, 512, 256, 8, 512)}
@@ -19,16 +19,7 @@ SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8, 0), "qwen3.5-35b-a3b": (2048, 512
 
 def time_ms(be, fn, reps: int = 200) -> float:
     """Median of ``reps`` event-timed replays of ``fn`` captured as a CUDA graph."""
-    graph = be.capture(fn)
-    graph.replay()
-    be.synchronize()
-    times = []
-    for _ in range(reps):
-        a = be.event()
-        graph.replay()
-        b = be.event()
-        times.append(be.elapsed_ms(a, b))
-    return statistics.median(times)
+    return graph_ms(be, fn, reps)
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from atlas_core.backends.numpy_gemm import linear_f32, matmul_nt
 from atlas_core.ops import OP_NAMES, reference
 from atlas_core.ops.gdn import compose_gdn_decode
 from atlas_core.ops.moe import compose_moe_block
-from atlas_core.ops.norm import ACTIVATIONS
+from atlas_core.ops.norm import ACTIVATIONS, compose_rms_norm_linear
 
 
 class NumpyOps:
@@ -49,13 +49,8 @@ class NumpyOps:
 
     def rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None,
                         zero_centered=False, activation=None):
-        if residual is None:
-            h, r = self.rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
-        else:
-            h, r = self.rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
-        if activation is None:
-            return self.linear(h, weight, bias), r
-        return self.linear_act_and_mul(h, weight, bias, activation), r
+        return compose_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias,
+                                       zero_centered, activation)
 
     def linear(self, x, weight, bias=None):
         y = linear_f32(to_f32(x), self._weight(weight))

@@ -3,6 +3,8 @@ activations."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from atlas_core.ops._dtypes import f32
@@ -73,13 +75,21 @@ def rms_norm_linear(x: np.ndarray, residual: np.ndarray | None, norm_weight: np.
         ``(y, residual_out)``: ``y`` ``[..., out_features]`` in ``x.dtype`` and the new residual
         stream ``x + residual`` (``x`` itself when ``residual`` is ``None``).
     """
+    return compose_rms_norm_linear(sys.modules[__name__], x, residual, norm_weight, eps, weight,
+                                   bias, zero_centered, activation)
+
+
+def compose_rms_norm_linear(ops, x, residual, norm_weight, eps, weight, bias=None,
+                            zero_centered=False, activation=None):
+    """:func:`rms_norm_linear` as the separate ops of ``ops`` (the references, or a backend's
+    ``backend.ops``): ``rms_norm`` then ``linear`` / ``linear_act_and_mul``."""
     if residual is None:
-        h, r = rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
+        h, r = ops.rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
     else:
-        h, r = rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
+        h, r = ops.rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
     if activation is None:
-        return linear(h, weight, bias), r
-    return linear_act_and_mul(h, weight, bias, activation), r
+        return ops.linear(h, weight, bias), r
+    return ops.linear_act_and_mul(h, weight, bias, activation), r
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from atlas_core.ops.norm import compose_rms_norm_linear
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
@@ -125,13 +126,8 @@ class GemvOps:
                  and weight.dtype == x.dtype and norm_weight.dtype == x.dtype
                  and all(a is None or a.ptr % 16 == 0 for a in (x, residual, norm_weight, weight)))
         if not fused:
-            if residual is None:
-                h, r = self.rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
-            else:
-                h, r = self.rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
-            if activation is None:
-                return self.linear(h, weight, bias), r
-            return self.linear_act_and_mul(h, weight, bias, activation), r
+            return compose_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias,
+                                           zero_centered, activation)
         n = rows_w // 2 if activation else rows_w
         y = self._out((*x.shape[:-1], n), x.dtype)
         r = self._out(x.shape, x.dtype) if residual is not None else None
