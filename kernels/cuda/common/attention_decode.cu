@@ -69,6 +69,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   __shared__ float sm_m[NG][HB], sm_l[NG][HB];
   __shared__ int sm_last;
   pdl_trigger();
+  pdl_wait();  // launched with PDL after rope: q and the new K/V rows must be written
   int t = blockIdx.x, split = blockIdx.z;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, dl = lane % LPK;
   int g = warp * KPW + lane / LPK;

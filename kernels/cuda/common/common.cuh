@@ -111,6 +111,16 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+// Hint L2 to fetch [p, p + bytes) (16-byte aligned, bytes a multiple of 16): one bulk prefetch
+// on sm_90+, else a line at a time.
+__device__ __forceinline__ void prefetch_l2_range(const void* p, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" :: "l"(p), "r"(bytes) : "memory");
+#else
+  for (unsigned o = 0; o < bytes; o += 128)
+    asm volatile("prefetch.global.L2 [%0];\n" :: "l"((const char*)p + o));
+#endif
+}
 __device__ __forceinline__ void pdl_trigger() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -8,8 +8,10 @@
 // shared memory; a block covers 8 / S * G columns. Each lane keeps a group of chunks of every row
 // it reads in flight and loads the next group before using the current one.
 // The first weight group is loaded before griddepcontrol.wait (weights never depend on the
-// previous kernel), so it overlaps the previous kernel's tail and, with the norm, the prologue:
-// every block normalises the M rows itself (x and residual come from L2) into shared memory,
+// previous kernel), so it overlaps the previous kernel's tail; with pf the first warp of each
+// column group also asks L2 for its whole rows there, so a matrix that fits in L2 streams from
+// DRAM while short kernels before it (rope, attention, a recurrent step) still run.
+// With the norm, the prologue overlaps too: every block normalises the M rows itself (x and residual come from L2) into shared memory,
 // rounded to T exactly as rms_norm stores them; block 0 writes the summed residual stream.
 #include "common.cuh"
 
@@ -70,7 +72,7 @@ template <typename T, int MT, int G, bool PAIR, bool NORM>
 __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* residual,
                            const T* nw, float eps, int zc, const T* __restrict__ w,
                            const T* __restrict__ bias, int M, int N, int K, int m0, int S,
-                           int gelu) {
+                           int pf, int gelu) {
   constexpr int R = PAIR ? 2 * G : G, CH = R >= 4 ? 2 : 4;
   extern __shared__ __align__(16) unsigned char gemvn_smem[];
   __shared__ float red[8 * R * MT];
@@ -83,6 +85,10 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* res
     rows[g] = w + (long long)n * K;
     if (PAIR) rows[G + g] = w + (long long)(N + n) * K;
   }
+  if (pf && part == 0)
+#pragma unroll
+    for (int r = 0; r < R; r++)
+      if (lane == r) prefetch_l2_range(rows[r], K * sizeof(T));
   Vec8<T> cur[R][CH], nxt[R][CH];
   gemvn_load<T, R, CH>(cur, rows, part, S, K);
   pdl_trigger();
@@ -168,20 +174,22 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* res
 
 #define GEMVN(T, S, MT, G)                                                                    \
   extern "C" __global__ void __launch_bounds__(256) gemvn_##S##_m##MT##_g##G(                \
-      T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0, int s) {      \
+      T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0, int s,        \
+      int pf) {                                                                               \
     gemvn_impl<T, MT, G, false, false>(y, nullptr, x, nullptr, nullptr, 0.f, 0, w, bias, M,  \
-                                       N, K, m0, s, 0);                                       \
+                                       N, K, m0, s, pf, 0);                                   \
   }
 #define GEMVN_NORM(T, S, MT, G)                                                               \
   extern "C" __global__ void __launch_bounds__(256) gemvn_norm_##S##_m##MT##_g##G(           \
       T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
-      const T* bias, int M, int N, int K, int m0, int s) {                                    \
-    gemvn_impl<T, MT, G, false, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, 0); \
+      const T* bias, int M, int N, int K, int m0, int s, int pf) {                            \
+    gemvn_impl<T, MT, G, false, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, pf, \
+                                      0);                                                     \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(256) gemvn_norm_act_##S##_m##MT##_g##G(       \
       T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
-      const T* bias, int M, int N, int K, int m0, int s, int gelu) {                          \
-    gemvn_impl<T, MT, G, true, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s,     \
+      const T* bias, int M, int N, int K, int m0, int s, int pf, int gelu) {                  \
+    gemvn_impl<T, MT, G, true, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, pf, \
                                      gelu);                                                   \
   }
 #define GEMVN_MT(T, S, MT)                                                                    \

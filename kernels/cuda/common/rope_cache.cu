@@ -46,6 +46,8 @@ __device__ void rope_qkv_impl(T* q_out, C* k_out, C* v_out, const T* q, const T*
                               const int* positions, const float* cos_sin, const int* slots,
                               const N* q_norm, const N* k_norm, RopeArgs a) {
   extern __shared__ float rope_scratch[];
+  pdl_trigger();  // launched with PDL after the qkv GEMV: wait for its output before reading
+  pdl_wait();
   int t = blockIdx.x, warp = threadIdx.x >> 5, nwarps = (blockDim.x >> 5) * gridDim.y;
   int H = a.num_heads, KH = a.num_kv_heads, D = a.head_dim;
   const float* cs = cos_sin + (long long)positions[t] * a.rotary_dim;

@@ -90,6 +90,7 @@ class CudaBackend(GpuBackend):
         self.small_staging = StagingRing(SMALL_COPY_BYTES, 32)
         self.read_staging = StagingRing(SMALL_COPY_BYTES, 4)
         self.num_sms = self.device.properties.multiprocessor_count
+        self.l2_bytes = self.device.properties.l2_cache_size
         self._capturing = False
         from atlas_cuda.ops import CudaOps
         self.ops = CudaOps(self)

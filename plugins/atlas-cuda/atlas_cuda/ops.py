@@ -44,6 +44,8 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps, MoeOps):
         self.be = backend
         self._lt: Any = None
         self._pdl = cuda_env.pdl_enabled() and tuple(backend.capability) >= (9, 0)
+        #: rope and decode attention also launched with PDL (they wait before reading)
+        self._pdl_chain = self._pdl and cuda_env.pdl_chain()
 
     def _cublaslt(self) -> Any:
         """The cuBLASLt GEMM (created on first use, never under capture), or None."""
@@ -66,8 +68,9 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps, MoeOps):
         v = variant_of(dtype)
         return self.be.kernels.kernel(module, v, f"{name}_{v}", max_shmem)
 
-    def _launch(self, kernel: Any, grid: Any, block: Any, *args: Any, shmem: int = 0) -> None:
-        self.be.kernels.launch(kernel, grid, block, *args, shmem=shmem)
+    def _launch(self, kernel: Any, grid: Any, block: Any, *args: Any, shmem: int = 0,
+                pdl: bool = False) -> None:
+        self.be.kernels.launch(kernel, grid, block, *args, shmem=shmem, pdl=pdl)
 
     def _out(self, shape: Any, dtype: Any) -> DeviceArray:
         return self.be.workspace.alloc(tuple(shape), dtype)

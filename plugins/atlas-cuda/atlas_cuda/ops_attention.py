@@ -50,7 +50,8 @@ class AttentionOps:
         self._launch(kern, (t, groups), 32 * warps, q_out, k_out, v_out, q, k, v,
                      *(np.int64(s) for s in strides), positions, cos_sin_cache, slots, q_norm,
                      k_norm, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
-                     int(is_neox), float(eps), float(1.0 / kv_scale), shmem=warps * head_dim * 4)
+                     int(is_neox), float(eps), float(1.0 / kv_scale), shmem=warps * head_dim * 4,
+                     pdl=self._pdl_chain)
 
     def rotary_embedding(self, q: DeviceArray, k: DeviceArray, positions: DeviceArray,
                          cos_sin_cache: DeviceArray, rotary_dim: int | None = None,
@@ -127,7 +128,7 @@ class AttentionOps:
         kern = self.be.kernels.kernel("attention_decode", var, f"attn_dec{fp8}_{var}_d{d}_h{hb}")
         self._launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
                      part_acc, part_ml, self._sync_counters(), *args, splits,
-                     float(scale * LOG2E), float(kv_scale))
+                     float(scale * LOG2E), float(kv_scale), pdl=self._pdl_chain)
         return out
 
     def _attention_v1(self, out, args, fp8, var, max_ctx, scale, kv_scale) -> None:

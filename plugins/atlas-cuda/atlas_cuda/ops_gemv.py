@@ -53,6 +53,12 @@ def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> t
 class GemvOps:
     """Mixed into :class:`atlas_cuda.ops.CudaOps`."""
 
+    def _l2_prefetch(self, weight: DeviceArray) -> int:
+        """1 when a decode GEMV should ask L2 for all of ``weight`` before its PDL wait: PDL on
+        and the matrix within ``ATLAS_CUDA_GEMV_PREFETCH_MB`` and 3/4 of the L2 cache."""
+        limit = min(cuda_env.gemv_prefetch_mb() * (1 << 20), 0.75 * self.be.l2_bytes)
+        return int(bool(self._pdl) and weight.nbytes <= limit)
+
     def _gemv(self, y: DeviceArray, x: DeviceArray, weight: DeviceArray,
               bias: DeviceArray | None, M: int, N: int, K: int) -> None:
         """``y = x @ weight.T + bias`` for 16-byte aligned operands, K a multiple of 8: a warp
@@ -63,7 +69,7 @@ class GemvOps:
             for m0, mt in _row_tiles(M):
                 k = self.be.kernels.kernel("gemv_norm", v, f"gemvn_{v}_m{mt}_g{g}")
                 self.be.kernels.launch(k, -(-N // (8 // s * g)), 256, y, x, weight, bias, M, N,
-                                       K, m0, s, pdl=self._pdl)
+                                       K, m0, s, self._l2_prefetch(weight), pdl=self._pdl)
             return
         module, name = ("gemv_fused", "gemv8") if cuda_env.gemv_chunks() == 8 else ("linear", "gemv")
         for m0, mt in _row_tiles(M):
@@ -140,5 +146,5 @@ class GemvOps:
             k = self.be.kernels.kernel("gemv_norm", v, f"{name}_{v}_m{mt}_g{g}", NORM_GEMV_SHMEM)
             self.be.kernels.launch(k, -(-n // (8 // s * g)), 256, y, r, x, residual, norm_weight,
                                    float(eps), int(zero_centered), weight, bias, M, n, K, m0, s,
-                                   *extra, shmem=shmem, pdl=self._pdl)
+                                   self._l2_prefetch(weight), *extra, shmem=shmem, pdl=self._pdl)
         return y, (r if residual is not None else x)
