@@ -1,0 +1,78 @@
+"""In-graph cost of each kernel family of a batch-1 decode step: capture the decode graph with
+every launch of one family left out (its outputs stay whatever the workspace held, which only
+changes values, never shapes or indices: routing and sampling always pick valid ids), time the
+replay, and report the difference to the full graph. Unlike ncu's isolated per-kernel times this
+includes what PDL overlap hides and what each kernel boundary costs.
+
+    python scripts/decode_leave_one_out.py qwen3-8b [--families rope_qkv,attn_dec,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--families", default="")
+    p.add_argument("--reps", type=int, default=100)
+    a = p.parse_args()
+    from atlas_core.bench.graph_timing import replay_ms
+    from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+    from atlas_core.engine.loading import create_backend
+    be, registry = create_backend("cuda")
+    model = build_random_model(shape_config(a.model), be, registry)
+    lib = be.kernels
+    names: dict[int, str] = {}
+    kernel, launch = lib.kernel, lib.launch
+
+    def named_kernel(module, variant, name, *args, **kw):
+        k = kernel(module, variant, name, *args, **kw)
+        names[id(k)] = re.sub(r"_(bf16|f16|f32)(_|$)", r"\2", name)
+        return k
+
+    skip: set[str] = set()
+    seen: Counter = Counter()
+
+    def filtered_launch(k, *args, **kw):
+        fam = names.get(id(k), "?")
+        seen[fam] += 1
+        if fam not in skip:
+            launch(k, *args, **kw)
+
+    lib.kernel, lib.launch = named_kernel, filtered_launch
+
+    def graph_time(families: set[str]) -> float:
+        skip.clear()
+        skip.update(families)
+        engine = LLMEngine(model, be, EngineArgs(
+            model=None, max_num_seqs=1, max_prefill_tokens=128, max_seq_len=512,
+            num_kv_blocks=64, enable_prefix_caching=False))
+        engine.add_request("r", list(range(1, 129)), SamplingParams(temperature=0, max_tokens=4,
+                                                                    ignore_eos=True))
+        seen.clear()
+        while engine.has_unfinished_requests():
+            engine.step()
+        ms = replay_ms(be, engine.runner.graphs[1][0], a.reps)
+        skip.clear()
+        del engine
+        return ms
+
+    full = graph_time(set())
+    layers = model.num_layers
+    print(f"{a.model}: full decode graph {full:.3f} ms ({1e3 * full / layers:.1f} us/layer)")
+    fams = [f for f in a.families.split(",") if f] or sorted(
+        f for f in seen if f not in ("?",))
+    for fam in fams:
+        ms = graph_time({fam})
+        print(f"  without {fam:34s} {ms:.3f} ms  saves {1e3 * (full - ms):7.1f} us/step "
+              f"({1e3 * (full - ms) / layers:5.2f} us/layer, {seen.get(fam, 0)} launches seen)")
+
+
+if __name__ == "__main__":
+    main()
