@@ -133,3 +133,11 @@ def test_recurrent_prefill_work_is_reserved_before_the_kv_pool():
     b = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(heavy), args)
     # 4096 + batch rows x 256 KiB = at least 1 GiB less for the pool, rounded to whole blocks
     assert (a.num_blocks - b.num_blocks) * b.bytes_per_block >= GIB
+
+
+def test_explicit_blocks_beyond_what_the_sequences_need_are_allowed_on_cpu():
+    # the CPU default caps the pool at max_seq_len x max_num_seqs; an explicit size only has to
+    # fit in memory (it used to fail with "needs 0 MiB but only 8 blocks fit")
+    kv = plan_kv_cache(Backend(8 * GIB, 16 * GIB, kind="cpu"), Model(),
+                       EngineArgs(num_kv_blocks=16, max_seq_len=64, max_num_seqs=2))
+    assert kv.num_blocks == 16

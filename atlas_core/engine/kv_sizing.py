@@ -127,6 +127,7 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     if backend.device_info().kind == "cpu":
         budget = min(budget, CPU_KV_LIMIT_BYTES)
     budget = _take_state_bytes(budget, slots, snapshots, slot_bytes)
+    mem_blocks = max(0, budget // bpb)  # what memory allows; an explicit size is checked on this
     if backend.device_info().kind == "cpu" or not any(isinstance(s, KVCacheSpec) for s in specs):
         budget = min(budget, -(-want // bs) * args.max_num_seqs * bpb)
     fit_blocks = max(0, budget // bpb)
@@ -136,12 +137,12 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
         return f"--gpu-memory-utilization {util:.2f}" if util <= 1.0 else "a larger device"
 
     if args.num_kv_blocks is not None:
-        if args.num_kv_blocks > fit_blocks and args.num_kv_blocks * bpb > max(budget, 0):
+        if args.num_kv_blocks > mem_blocks:
             raise ValueError(
                 f"num_kv_blocks={args.num_kv_blocks} needs {args.num_kv_blocks * bpb / _MIB:.0f} MiB "
-                f"but only {fit_blocks} blocks ({max(budget, 0) / _MIB:.0f} MiB) fit with "
+                f"but only {mem_blocks} blocks ({mem_blocks * bpb / _MIB:.0f} MiB) fit with "
                 f"gpu_memory_utilization={args.gpu_memory_utilization}; use --num-kv-blocks "
-                f"{fit_blocks} or {util_for(args.num_kv_blocks)}")
+                f"{mem_blocks} or {util_for(args.num_kv_blocks)}")
         num_blocks = args.num_kv_blocks
     else:
         num_blocks = fit_blocks

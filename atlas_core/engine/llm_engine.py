@@ -11,7 +11,7 @@ from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.kv_sizing import plan_kv_cache
 from atlas_core.engine.model_runner import ModelRunner, PendingStep
 from atlas_core.engine.overlap import OverlapPolicy
-from atlas_core.engine.outputs import (CompletionOutput, EngineStats, RequestMetrics,
+from atlas_core.engine.outputs import (CompletionOutput, EngineStats, Prefix, RequestMetrics,
                                        RequestOutput)
 from atlas_core.engine.sampler import LogitsRow
 from atlas_core.engine.sampling_params import SamplingParams
@@ -289,13 +289,17 @@ class LLMEngine:
         completions = []
         for seq in group.seqs:
             st = seq.stop_state
-            tokens = list(seq.output_token_ids)
+            # finished: real lists; running: views of the append-only lists (no per-step copy)
+            done = seq.finish_reason is not None
+            tokens = list(seq.output_token_ids) if done else Prefix(seq.output_token_ids)
             text = st.text[:st.released]
+            logprobs = None
+            if seq.logprobs is not None:
+                logprobs = list(seq.logprobs) if done else Prefix(seq.logprobs)
             completions.append(CompletionOutput(
                 index=seq.index, token_ids=tokens, text=text,
-                new_token_ids=tokens[st.reported_tokens:], new_text=text[st.reported_text:],
-                logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+                new_token_ids=list(tokens[st.reported_tokens:]), new_text=text[st.reported_text:],
+                logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
             st.reported_tokens, st.reported_text = len(tokens), len(text)
         return RequestOutput(group.request_id, group.prompt_token_ids, completions,
                              finished=group.is_finished, num_cached_tokens=group.num_cached_tokens,

@@ -2,7 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+
+class Prefix(Sequence):
+    """The first ``n`` items of an append-only list, without copying them.
+
+    A running request's outputs hand these out step after step, so streaming a long completion
+    costs each step only what it added (a list copy every step would make it quadratic).
+    Compares equal to a list or tuple of the same items; ``list(prefix)`` copies.
+    """
+
+    __slots__ = ("_items", "_n")
+
+    def __init__(self, items: list, n: int | None = None) -> None:
+        self._items, self._n = items, len(items) if n is None else n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._n)
+            return self._items[start:stop:step] if step > 0 else self._items[:self._n][index]
+        if not -self._n <= index < self._n:
+            raise IndexError("Prefix index out of range")
+        return self._items[index % self._n]
+
+    def __iter__(self):
+        return iter(self._items[:self._n]) if self._n < len(self._items) else iter(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, Prefix)):
+            return len(other) == self._n and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._items[:self._n])
 
 
 @dataclass
@@ -41,17 +79,18 @@ class RequestMetrics:
 class CompletionOutput:
     """One completion of a request (``n`` of them per request).
 
-    ``token_ids``, ``text`` and ``logprobs`` hold everything so far; ``new_token_ids`` and
-    ``new_text`` only what this step added (for streaming). ``text`` never contains a partial
+    ``token_ids``, ``text`` and ``logprobs`` hold everything so far (while the request runs,
+    ``token_ids`` / ``logprobs`` are :class:`Prefix` views; lists once it has finished);
+    ``new_token_ids`` and ``new_text`` only what this step added (for streaming). ``text`` never contains a partial
     UTF-8 character nor text that might still turn out to start a stop string.
     """
 
     index: int
-    token_ids: list[int]
+    token_ids: Sequence[int]
     text: str
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: Sequence[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
 
