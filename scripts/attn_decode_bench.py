@@ -5,7 +5,10 @@ old kernels (``ATLAS_CUDA_ATTN_DECODE=old``) against the current ones, each op c
 Attention bytes: K and V of every context token once (q and out are negligible); the floor is
 those bytes at 4.2 TB/s. Block tables are as wide as the context (as in the profiled engine).
 
-    python scripts/attn_decode_bench.py [--precompile]
+Rope + attention (``--rope-attention``: that section only): ``rope_cache_attention`` as the
+rope prologue then attention (``ATLAS_CUDA_ROPE_ATTENTION=split``) against the fused kernel.
+
+    python scripts/attn_decode_bench.py [--precompile | --rope-attention]
 """
 
 from __future__ import annotations
@@ -100,6 +103,45 @@ def rope(be, bf16) -> None:
             print(f"{name} | {h}/{kh}/{d} | {t} | {old:.2f} | {new:.2f}")
 
 
+def rope_attention(be, bf16) -> None:
+    """Split (rope kernel + attention) against fused ``rope_cache_attention``, qk norms on."""
+    print("rope+attention | heads q/kv/d | batch | ctx | KV MB | floor us | split us | fused us")
+    for name, (h, kh, d) in HEADS.items():
+        for batch, ctx in ((1, 128), (1, 1024), (1, 4096), (8, 1024)):
+            width = -(-ctx // BLOCK)
+            kc = be.empty((batch * width, BLOCK, kh, d), bf16)
+            vc = be.empty((batch * width, BLOCK, kh, d), bf16)
+            qkv = be.empty((batch, (h + 2 * kh) * d), bf16)
+            for i, a in enumerate((kc, vc, qkv)):
+                be.fill_random(a, 6 + i, 1.0)
+            rot = 64 if d == 256 else d
+            table = np.random.default_rng(0).uniform(-1, 1, (ctx, rot)).astype(np.float32)
+            cs = be.from_host(table)
+            norm_dtype = np.float32 if d == 256 else bf16
+            qn, kn = be.from_host(np.ones(d, norm_dtype)), be.from_host(np.ones(d, norm_dtype))
+            tables = np.arange(batch * width, dtype=np.int32).reshape(batch, width)
+            bt = be.from_host(tables)
+            sl = be.from_host(np.full(batch, ctx, np.int32))
+            pos = be.from_host(np.full(batch, ctx - 1, np.int32))
+            slots = be.from_host((tables[:, (ctx - 1) // BLOCK] * BLOCK + (ctx - 1) % BLOCK)
+                                 .astype(np.int32))
+            cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
+
+            def fn():
+                return be.ops.rope_cache_attention(
+                    qkv, pos, cs, kc, vc, slots, bt, sl, cu, d ** -0.5, num_heads=h,
+                    num_kv_heads=kh, head_dim=d, q_norm=qn, k_norm=kn, rotary_dim=rot)
+            us = {}
+            for mode in ("split", "fused"):
+                os.environ["ATLAS_CUDA_ROPE_ATTENTION"] = mode
+                us[mode] = per_op_us(be, fn, "new")
+            nbytes = 2 * batch * ctx * kh * d * 2
+            print(f"{name} | {h}/{kh}/{d} | {batch} | {ctx} | {nbytes / 1e6:.2f} | "
+                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | {us['split']:.2f} | {us['fused']:.2f}")
+            del kc, vc
+    os.environ.pop("ATLAS_CUDA_ROPE_ATTENTION", None)
+
+
 def sampling(be) -> None:
     print("sample (vocab 151936) | rows | temperature | old us | new us")
     vocab = 151936
@@ -140,6 +182,9 @@ def main() -> None:
     from atlas_core.ops._dtypes import bfloat16
     from atlas_cuda.backend import CudaBackend
     be = CudaBackend()
+    if "--rope-attention" in sys.argv:
+        rope_attention(be, bfloat16)
+        return
     attention(be, bfloat16)
     sweep(be, bfloat16)
     rope(be, bfloat16)

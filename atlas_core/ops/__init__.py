@@ -25,6 +25,7 @@ OP_NAMES = (
     "prefill_attention",
     "paged_attention",
     "qk_norm_rope_and_cache",
+    "rope_cache_attention",
     "moe_route",
     "moe_experts",
     "moe_block",
@@ -45,7 +46,7 @@ OP_NAMES = (
 )
 
 #: Ops that write into arrays they are given (the KV cache) rather than returning new ones.
-INPLACE_OPS = ("reshape_and_cache", "qk_norm_rope_and_cache")
+INPLACE_OPS = ("reshape_and_cache", "qk_norm_rope_and_cache", "rope_cache_attention")
 
 #: Ops that also update state pools in place while returning a new array (recurrent layers).
 STATEFUL_OPS = ("causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",

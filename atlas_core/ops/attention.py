@@ -7,6 +7,8 @@ sequence lives in block ``block_table[t // block_size]`` at offset ``t % block_s
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from atlas_core.ops._dtypes import f32
@@ -143,3 +145,48 @@ def qk_norm_rope_and_cache(qkv: np.ndarray, positions: np.ndarray, cos_sin_cache
     q, k = rotary_embedding(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
     reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
     return q
+
+
+def compose_rope_cache_attention(ops, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                 block_tables, seq_lens, cu_seqlens_q, scale, kv_scale=1.0, *,
+                                 num_heads, num_kv_heads, head_dim, q_norm=None, k_norm=None,
+                                 eps=1e-6, rotary_dim=None, is_neox=True):
+    """:func:`rope_cache_attention` as the two ops of ``ops`` (the references, or a backend's
+    ``backend.ops``): ``qk_norm_rope_and_cache`` then ``paged_attention``."""
+    q = ops.qk_norm_rope_and_cache(
+        qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm, k_norm=k_norm, eps=eps,
+        rotary_dim=rotary_dim, is_neox=is_neox, kv_scale=kv_scale)
+    return ops.paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                               kv_scale)
+
+
+def rope_cache_attention(qkv: np.ndarray, positions: np.ndarray, cos_sin_cache: np.ndarray,
+                         k_cache: np.ndarray, v_cache: np.ndarray, slot_mapping: np.ndarray,
+                         block_tables: np.ndarray, seq_lens: np.ndarray, cu_seqlens_q: np.ndarray,
+                         scale: float, kv_scale: float = 1.0, *, num_heads: int, num_kv_heads: int,
+                         head_dim: int, q_norm: np.ndarray | None = None,
+                         k_norm: np.ndarray | None = None, eps: float = 1e-6,
+                         rotary_dim: int | None = None, is_neox: bool = True) -> np.ndarray:
+    """The attention prologue and paged attention as one op (backends may fuse them for decode):
+    ``paged_attention(qk_norm_rope_and_cache(qkv, ...), k_cache, v_cache, ...)``.
+
+    Rounds exactly as the two ops do: ``q`` is stored in ``qkv.dtype`` and the new keys/values
+    in the cache dtype (``x / kv_scale``) before attention reads them. Each token's
+    ``slot_mapping`` entry must be the cache slot of its own position in ``block_tables`` (as the
+    model runner builds them), so that attention sees the key/value it just wrote.
+
+    Args:
+        qkv, positions, cos_sin_cache, slot_mapping, num_heads, num_kv_heads, head_dim, q_norm,
+            k_norm, eps, rotary_dim, is_neox: as :func:`qk_norm_rope_and_cache`.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place.
+        block_tables, seq_lens, cu_seqlens_q, scale, kv_scale: as :func:`paged_attention`.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in ``qkv.dtype``.
+    """
+    return compose_rope_cache_attention(
+        sys.modules[__name__], qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        block_tables, seq_lens, cu_seqlens_q, scale, kv_scale, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm, k_norm=k_norm, eps=eps,
+        rotary_dim=rotary_dim, is_neox=is_neox)

@@ -1,7 +1,8 @@
 """Every op's NumPy reference in one namespace: the semantics all backends are tested against."""
 
 from atlas_core.ops.attention import (gather_kv, paged_attention, prefill_attention,
-                                      qk_norm_rope_and_cache, reshape_and_cache)
+                                      qk_norm_rope_and_cache, reshape_and_cache,
+                                      rope_cache_attention)
 from atlas_core.ops.gdn import (causal_conv1d, causal_conv1d_update, gated_delta_rule_chunked,
                                 gated_delta_rule_decode, gated_delta_rule_recurrent, gdn_gating,
                                 rms_norm_gated, sigmoid_mul)
@@ -18,7 +19,7 @@ __all__ = [
     "gelu_tanh_and_mul", "linear", "linear_act_and_mul", "log_softmax", "moe_block", "moe_experts",
     "moe_route", "paged_attention",
     "prefill_attention", "qk_norm_rope_and_cache", "reshape_and_cache", "rms_norm",
-    "rms_norm_linear",
+    "rms_norm_linear", "rope_cache_attention",
     "rope_cos_sin_cache", "rotary_embedding", "sample", "silu_and_mul", "topk",
     "causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
     "gated_delta_rule_decode", "gated_delta_rule_recurrent", "gdn_gating", "rms_norm_gated",

@@ -137,3 +137,51 @@ class AttentionContract:
                                             cache_dtype, num_blocks, (num_kv_heads, head_dim),
                                             kv_scale)
         assert_close(got, want, "qk_norm_rope_and_cache q")
+
+    @pytest.mark.parametrize("dtype,cache_dtype,kv_scale",
+                             [("float32", "float32", 1.0), ("bfloat16", "bfloat16", 1.0),
+                              ("bfloat16", "float8_e4m3fn", 0.5)])
+    @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,rotary_dim,norms",
+                             [(8, 2, 128, None, True), (4, 4, 64, 32, False)])
+    @pytest.mark.parametrize("layout", ["decode", "chunked_prefill"])
+    def test_rope_cache_attention(self, backend, dtype, cache_dtype, kv_scale, num_heads,
+                                  num_kv_heads, head_dim, rotary_dim, norms, layout):
+        rng = make_rng("rope_cache_attention", dtype, cache_dtype, num_heads, layout)
+        if layout == "decode":  # the last row is CUDA-graph padding: no cache write
+            seq_lens, num_q = [1, 16, 17, 40, 3], [1] * 5
+        else:
+            seq_lens, num_q = [17, 9, 40, 5], [1, 0, 16, 5]
+        num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 2
+        tables = make_block_tables(rng, seq_lens, num_blocks)
+        positions = np.concatenate([np.arange(n - q, n) for n, q in zip(seq_lens, num_q)])
+        seq_of = np.repeat(np.arange(len(seq_lens)), num_q)
+        slots = (tables[seq_of, positions // BLOCK_SIZE] * BLOCK_SIZE
+                 + positions % BLOCK_SIZE).astype(np.int32)
+        if layout == "decode":
+            slots[-1] = -1
+        cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+        k_cache = randn(rng, cache_shape, cache_dtype)
+        v_cache = randn(rng, cache_shape, cache_dtype)
+        width = (num_heads + 2 * num_kv_heads) * head_dim
+        qkv = randn(rng, (len(positions), width), dtype, 2.0)
+        table = rope_cos_sin_cache(rotary_dim or head_dim, 64, {"rope_type": "default",
+                                                                "rope_theta": 1e4})
+        cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
+        kwargs = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      rotary_dim=rotary_dim, is_neox=bool(norms), eps=1e-6,
+                      q_norm=randn(rng, (head_dim,), dtype, 0.3) + 1 if norms else None,
+                      k_norm=randn(rng, (head_dim,), dtype, 0.3) + 1 if norms else None)
+        args = (qkv, positions.astype(np.int32), table)
+        tail = (slots, tables, np.array(seq_lens, np.int32), cu, head_dim ** -0.5, kv_scale)
+        dk, dv = backend.from_host(k_cache), backend.from_host(v_cache)
+        got = backend.ops.rope_cache_attention(
+            *(to_device(backend, a) for a in args), dk, dv, *(to_device(backend, a) for a in tail),
+            **{key: to_device(backend, val) for key, val in kwargs.items()})
+        want = ref.rope_cache_attention(*args, k_cache, v_cache, *tail, **kwargs)
+        # an fp8 cache: a new key a rounding step off in the activation dtype can land on the
+        # neighbouring fp8 value, so the output is held to the cache's tolerance
+        assert_close(backend.to_host(got), want, "rope_cache_attention",
+                     max(1.0, TOLERANCES[cache_dtype] / TOLERANCES[dtype]))
+        for label, dev, host in (("k_cache", dk, k_cache), ("v_cache", dv, v_cache)):
+            err = rel_error(backend.to_host(dev).astype(np.float32), host.astype(np.float32))
+            assert err <= TOLERANCES[cache_dtype], f"rope_cache_attention {label}: error {err:.2e}"

@@ -14,8 +14,9 @@ class Attention(Module, TransformerLayer):
     """Self-attention over the paged KV cache (prefill and decode alike).
 
     The q/k/v projections are one fused ``qkv_proj`` (packed at load from ``q_proj``, ``k_proj``,
-    ``v_proj``). Each step: ``linear`` -> ``qk_norm_rope_and_cache`` (split, optional per-head
-    RMSNorm, rotary, KV write) -> ``paged_attention`` -> ``linear`` (``o_proj``).
+    ``v_proj``). Each step: ``linear`` -> ``rope_cache_attention`` (split, optional per-head
+    RMSNorm, rotary, KV write, paged attention: one kernel on decode steps where the backend
+    fuses it) -> ``linear`` (``o_proj``).
 
     Args:
         hidden_size: model width.
@@ -96,13 +97,12 @@ class Attention(Module, TransformerLayer):
         """q/k norm, rotary and KV write, attention and ``o_proj`` of a projected ``qkv``."""
         ops = self.ops
         k_cache, v_cache = self.state
-        # q: [num_tokens, num_heads, head_dim]
-        q = ops.qk_norm_rope_and_cache(
+        # out: [num_tokens, num_heads, head_dim]
+        out = ops.rope_cache_attention(
             qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
+            meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, self.scale,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             q_norm=self.param("q_norm.weight"), k_norm=self.param("k_norm.weight"), eps=self.eps,
             rotary_dim=self.rotary_dim, is_neox=self.is_neox)
-        out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                  meta.cu_seqlens_q, self.scale)
         out = out.reshape(meta.num_tokens, self.num_heads * self.head_dim)
         return ops.linear(out, self.params["o_proj.weight"], self.param("o_proj.bias"))

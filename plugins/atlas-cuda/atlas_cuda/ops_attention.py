@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.ops._dtypes import float8_e4m3fn
+from atlas_core.ops.attention import compose_rope_cache_attention
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
@@ -16,6 +17,10 @@ LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128, 256)
 FP8_HEAD_DIMS = (64, 128, 256)
 FLASH_HEAD_DIMS = (64, 128)
+#: Head dims of the fused rope + decode attention kernel (at 256 its per-block prologue cost
+#: more than the saved launch from 4K context on, H200), and the most decode tokens it takes.
+ROPE_DECODE_HEAD_DIMS = (64, 128)
+ROPE_DECODE_MAX_TOKENS = 8
 FLASH_BM = FLASH_BN = 64
 #: Completion counters per kernel kind (attention: token x head chunk; sampling: row).
 COUNTERS = 4096
@@ -96,6 +101,51 @@ class AttentionOps:
                    slot_mapping, q_norm, k_norm, (num_heads, num_kv_heads, head_dim), eps,
                    rotary_dim, is_neox, kv_scale)
         return q_out
+
+    def rope_cache_attention(self, qkv: DeviceArray, positions: DeviceArray,
+                             cos_sin_cache: DeviceArray, k_cache: DeviceArray,
+                             v_cache: DeviceArray, slot_mapping: DeviceArray,
+                             block_tables: DeviceArray, seq_lens: DeviceArray,
+                             cu_seqlens_q: DeviceArray, scale: float, kv_scale: float = 1.0, *,
+                             num_heads: int, num_kv_heads: int, head_dim: int,
+                             q_norm: DeviceArray | None = None,
+                             k_norm: DeviceArray | None = None, eps: float = 1e-6,
+                             rotary_dim: int | None = None, is_neox: bool = True) -> DeviceArray:
+        """One kernel on decode steps (as many tokens as sequences, at most
+        :data:`ROPE_DECODE_MAX_TOKENS`, head dims :data:`ROPE_DECODE_HEAD_DIMS`), else the two
+        ops; ``ATLAS_CUDA_ROPE_ATTENTION=split`` always takes the two ops (A/B timing)."""
+        t = qkv.shape[0]
+        self._check_cache("rope_cache_attention", qkv, k_cache)
+        if not (0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
+                and head_dim in ROPE_DECODE_HEAD_DIMS and _rope_attention_fused()
+                and not _decode_old()):
+            return compose_rope_cache_attention(
+                self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                block_tables, seq_lens, cu_seqlens_q, scale, kv_scale, num_heads=num_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm, k_norm=k_norm,
+                eps=eps, rotary_dim=rotary_dim, is_neox=is_neox)
+        h, kh, d = num_heads, num_kv_heads, head_dim
+        norm_dtype = q_norm.dtype if q_norm is not None else qkv.dtype
+        if norm_dtype not in (qkv.dtype, np.float32):
+            raise TypeError(f"rope_cache_attention: q/k norm weights in {norm_dtype}; use "
+                            f"{qkv.dtype} or float32")
+        block_size, max_blocks = k_cache.shape[1], block_tables.shape[1]
+        hb, splits = self._decode_plan(t, h, kh, d, max_blocks * block_size)
+        out = self._out((t, h, d), qkv.dtype)
+        part_acc = part_ml = None
+        if splits > 1:
+            part_acc = self._out((t * h * splits * d,), np.float32)
+            part_ml = self._out((t * h * splits * 2,), np.float32)
+        var = variant_of(qkv.dtype)
+        name = f"rope_attn_dec{_cache_suffix(k_cache, qkv)}_{var}_d{d}_h{hb}"
+        kern = self.be.kernels.kernel("attention_rope_decode", var, name)
+        self._launch(kern, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
+                     self._sync_counters(), qkv, k_cache, v_cache, block_tables, seq_lens,
+                     cu_seqlens_q, h, kh, block_size, max_blocks, t, splits,
+                     float(scale * LOG2E), float(kv_scale), positions, cos_sin_cache,
+                     slot_mapping, q_norm, k_norm, int(norm_dtype != qkv.dtype),
+                     int(rotary_dim or d), int(is_neox), float(eps), pdl=self._pdl_chain)
+        return out
 
     def _attention(self, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
                    block_size, max_ctx, scale, kv_scale) -> DeviceArray:
@@ -226,3 +276,9 @@ def _decode_old() -> bool:
     """``ATLAS_CUDA_ATTN_DECODE=old``: the previous decode attention (split kernel + combine),
     one-block-per-token rope and one-block-per-row sampling, kept for A/B timing."""
     return os.environ.get("ATLAS_CUDA_ATTN_DECODE", "").strip().lower() == "old"
+
+
+def _rope_attention_fused() -> bool:
+    """``ATLAS_CUDA_ROPE_ATTENTION=split``: ``rope_cache_attention`` runs as the rope prologue
+    then decode attention (two kernels) on decode steps too, for A/B timing."""
+    return os.environ.get("ATLAS_CUDA_ROPE_ATTENTION", "").strip().lower() != "split"

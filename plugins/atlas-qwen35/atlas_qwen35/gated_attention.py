@@ -18,7 +18,7 @@ class GatedAttention(Attention):
     The checkpoint's ``q_proj`` holds, per head, ``head_dim`` query rows then ``head_dim`` gate
     rows. :meth:`post_load` reorders the fused ``qkv_proj.weight`` into
     ``[q heads, k heads, v heads, gate heads]`` so the step is two ``linear`` over row blocks of
-    it, then ``qk_norm_rope_and_cache`` -> ``paged_attention`` -> ``sigmoid_mul`` (the gate) ->
+    it, then ``rope_cache_attention`` -> ``sigmoid_mul`` (the gate) ->
     ``o_proj``. The q/k norm weights are kept in float32 with the ``+ 1`` folded in (exact).
 
     Partial rotary (``partial_rotary_factor``) comes through ``rope``. Qwen3.5's interleaved
@@ -96,14 +96,13 @@ class GatedAttention(Attention):
     def _attend_gated(self, qkv: Any, gate: Any | None, meta: StepMetadata) -> Any:
         ops = self.ops
         k_cache, v_cache = self.state
-        # q: [num_tokens, num_heads, head_dim]
-        q = ops.qk_norm_rope_and_cache(
+        # out: [num_tokens, num_heads, head_dim]
+        out = ops.rope_cache_attention(
             qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
+            meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, self.scale,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             q_norm=self.params["q_norm.weight"], k_norm=self.params["k_norm.weight"], eps=self.eps,
             rotary_dim=self.rotary_dim, is_neox=self.is_neox)
-        out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                  meta.cu_seqlens_q, self.scale)
         out = out.reshape(meta.num_tokens, self.num_heads * self.head_dim)
         if gate is not None:
             out = ops.sigmoid_mul(out, gate)
