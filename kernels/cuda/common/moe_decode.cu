@@ -118,7 +118,7 @@ __device__ void moe_dec_gate_up_impl(float* h, float* hs, const T* __restrict__ 
 
 // Grid (ceil(H / warps), ntok): a warp per (token, hidden row) sums the token's experts (and
 // its gated shared expert) and writes the block's output.
-template <typename T>
+template <typename T, int NC>
 __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const float* __restrict__ hs,
                                   const T* __restrict__ w, const T* __restrict__ ws,
                                   const float* weights, const int* ids, const float* shared_w,
@@ -138,16 +138,48 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   pdl_wait();
   pdl_trigger();
   float total = 0.f;
-  for (int k = lane * 8; k < I; k += 256) {
-#pragma unroll 8
-    for (int j = 0; j < top_k; j++) {
-      int p = t * top_k + j;
-      float wf[8], hf[8], s = 0.f;
-      Vec8<T> wv; wv.load(w + ((long long)ids[p] * H + n) * I + k); wv.to_float(wf);
-      Vec8<float> hv; hv.load(h + (long long)p * I + k); hv.to_float(hf);
+  if (NC > 0) {  // every expert row's loads in flight at once (top_k <= 8, I <= NC * 256)
+    int e[8];
 #pragma unroll
-      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+    for (int j = 0; j < 8; j++) e[j] = j < top_k ? ids[t * top_k + j] : 0;
+    Vec8<T> wv[8][NC > 0 ? NC : 1];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        int k = lane * 8 + c * 256;
+        if (j < top_k && k < I) wv[j][c].load(w + ((long long)e[j] * H + n) * I + k);
+      }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      if (j >= top_k) break;
+      int p = t * top_k + j;
+      float s = 0.f;
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        int k = lane * 8 + c * 256;
+        if (k < I) {
+          float wf[8], hf[8];
+          wv[j][c].to_float(wf);
+          Vec8<float> hv; hv.load(h + (long long)p * I + k); hv.to_float(hf);
+#pragma unroll
+          for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+        }
+      }
       total += s * weights[p];
+    }
+  } else {
+    for (int k = lane * 8; k < I; k += 256) {
+#pragma unroll 8
+      for (int j = 0; j < top_k; j++) {
+        int p = t * top_k + j;
+        float wf[8], hf[8], s = 0.f;
+        Vec8<T> wv; wv.load(w + ((long long)ids[p] * H + n) * I + k); wv.to_float(wf);
+        Vec8<float> hv; hv.load(h + (long long)p * I + k); hv.to_float(hf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+        total += s * weights[p];
+      }
     }
   }
   if (Is) {
@@ -278,6 +310,14 @@ __device__ void moe_dec_down_split_impl(T* out, const float* __restrict__ h,
   }
 }
 
+// moe_dec_down_w<NC>: every chosen expert row's loads in flight at once (top_k <= 8,
+// I <= NC * 256; ATLAS_CUDA_MOE_DOWN_WIDE).
+#define MOE_DEC_DOWN_WIDE(T, S, NC)                                                            \
+  extern "C" __global__ void __launch_bounds__(256) moe_dec_down_w##NC##_##S(                  \
+      T* out, const float* h, const float* hs, const T* w, const T* ws, const float* wts,      \
+      const int* ids, const float* sw, int k, int H, int I, int Is) {                          \
+    moe_dec_down_impl<T, NC>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                    \
+  }
 #define MOE_DECODE(T, S)                                                                       \
   extern "C" __global__ void moe_router_##S(float* wts, int* ids, float* sw, float* logits,    \
       int* counter, const T* x, const T* wr, const T* wsg, int ntok, int E, int H, int k,      \
@@ -291,8 +331,10 @@ __device__ void moe_dec_down_split_impl(T* out, const float* __restrict__ h,
   extern "C" __global__ void moe_dec_down_##S(T* out, const float* h, const float* hs,         \
       const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k, int H,\
       int I, int Is) {                                                                         \
-    moe_dec_down_impl<T>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                        \
+    moe_dec_down_impl<T, 0>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                     \
   }                                                                                            \
+  MOE_DEC_DOWN_WIDE(T, S, 1) MOE_DEC_DOWN_WIDE(T, S, 2) MOE_DEC_DOWN_WIDE(T, S, 3)             \
+  MOE_DEC_DOWN_WIDE(T, S, 4)                                                                   \
   extern "C" __global__ void moe_dec_gate_up_split_##S(float* h, float* hs, const T* x,        \
       const T* w, const T* ws, const int* ids, int ntok, int k, int H, int I, int Is,          \
       int gelu) {                                                                              \

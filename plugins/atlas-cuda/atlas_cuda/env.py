@@ -47,6 +47,15 @@ def pdl_chain() -> bool:
     return _flag("ATLAS_CUDA_PDL_CHAIN", "1")
 
 
+def moe_down_wide() -> bool:
+    """``ATLAS_CUDA_MOE_DOWN_WIDE``: ``1`` (default) runs the fused ``moe_block``'s down kernel for
+    one token with all of a warp's chosen-expert row loads in flight at once (top-k <= 8, expert
+    width <= 1,024: ``moe_dec_down_w<chunks>``; H200 qwen3.5-35b-a3b batch 1 309.6 -> 316.0
+    tok/s); ``0``: the loop over 256-column chunks. Not used for 2+ tokens, where it measured
+    slower (30B block at 8 tokens 167 -> 200 us in the per-pair path)."""
+    return _flag("ATLAS_CUDA_MOE_DOWN_WIDE", "1")
+
+
 def moe_mode() -> str:
     """``ATLAS_CUDA_MOE``: ``moe_experts`` path: ``auto`` (grouped tensor-core GEMM once the
     (token, expert) pairs reach twice the experts, else per-pair GEMV), ``grouped`` or ``gemv``."""

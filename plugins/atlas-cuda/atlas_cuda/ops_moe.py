@@ -127,6 +127,9 @@ class MoeOps:
         launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_gate_up{split}_{v}"),
                (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, x,
                w_gate_up, shared_gate_up, ids, t, k, hidden, inter, s_inter, gelu, pdl=self._pdl)
+        chunks = -(-inter // 256)
+        if not split and cuda_env.moe_down_wide() and t == 1 and k <= 8 and chunks <= 4:
+            split = f"_w{chunks}"
         launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_down{split}_{v}"),
                (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, weights, ids, shared_w,
                k, hidden, inter, s_inter, pdl=self._pdl)
