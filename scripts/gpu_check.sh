@@ -43,6 +43,9 @@ if has sanitize; then
     plugins/atlas-cuda/tests/test_fast_paths_cuda.py plugins/atlas-cuda/tests/test_ops_cuda.py \
     ${SANITIZE_EXTRA:-} -p no:cacheprovider >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"
+  # the planted overrun must be reported, or a clean run above proves nothing
+  compute-sanitizer --tool memcheck python3 scripts/sanitizer_canary.py >"$OUT/canary.log" 2>&1
+  echo "memcheck canary: $(grep -c 'Invalid __global__' "$OUT/canary.log") invalid accesses reported (expected > 0)"
   grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck.log" | tail -3
 fi
 bench() {  # name timeout args...
