@@ -1,5 +1,5 @@
-// Shared by the attention kernels (attention.cu, attention_decode.cu): launch arguments and the
-// query token -> sequence lookup.
+// Shared by the attention kernels (attention.cu, attention_decode.cuh): launch arguments, the
+// query token -> sequence lookup and the merge of a block's lane-group partials.
 #pragma once
 #include "common.cuh"
 
@@ -16,4 +16,24 @@ __device__ __forceinline__ int find_seq(const int* cu, int n, int t) {
     if (cu[mid] <= t) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// Merge the NG lane groups' online-softmax partials of head hh at column d (in shared memory):
+// the running max mx, the softmax sum L and the weighted accumulator A.
+template <int NG, int HB, int D>
+__device__ __forceinline__ void attn_group_merge(const float (&sm_acc)[NG][HB][D],
+                                                 const float (&sm_m)[NG][HB],
+                                                 const float (&sm_l)[NG][HB], int hh, int d,
+                                                 float& mx, float& L, float& A) {
+  mx = NEG_INF;
+  for (int gg = 0; gg < NG; gg++) mx = fmaxf(mx, sm_m[gg][hh]);
+  L = 0.f;
+  A = 0.f;
+  if (mx != NEG_INF) {
+    for (int gg = 0; gg < NG; gg++) {
+      float w = exp2f(sm_m[gg][hh] - mx);
+      L += sm_l[gg][hh] * w;
+      A += sm_acc[gg][hh][d] * w;
+    }
+  }
 }

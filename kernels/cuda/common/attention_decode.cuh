@@ -263,16 +263,8 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   long long th0 = (long long)t * H + h0;
   for (int idx = threadIdx.x; idx < HB * D; idx += blockDim.x) {
     int hh = idx / D, d = idx % D;
-    float mx = NEG_INF;
-    for (int gg = 0; gg < NG; gg++) mx = fmaxf(mx, sm_m[gg][hh]);
-    float L = 0.f, A = 0.f;
-    if (mx != NEG_INF) {
-      for (int gg = 0; gg < NG; gg++) {
-        float w = exp2f(sm_m[gg][hh] - mx);
-        L += sm_l[gg][hh] * w;
-        A += sm_acc[gg][hh][d] * w;
-      }
-    }
+    float mx, L, A;
+    attn_group_merge<NG, HB, D>(sm_acc, sm_m, sm_l, hh, d, mx, L, A);
     long long th = th0 + hh;
     if (n_act == 1) {
       out[th * D + d] = from_f32<T>(L > 0.f ? A / L * a.kv_scale : 0.f);

@@ -6,6 +6,7 @@ import pytest
 
 from atlas_core.ops import reference as ref
 from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
+from cuda_probe import device_rel_error as rel
 
 pytestmark = pytest.mark.gpu
 rng = np.random.default_rng(1)
@@ -13,13 +14,6 @@ rng = np.random.default_rng(1)
 
 def rand(*shape, dtype=bfloat16, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def rel(be, dev, want):
-    got = be.to_host(dev).astype(np.float64)
-    want = np.asarray(want, np.float64)
-    assert got.shape == want.shape and np.all(np.isfinite(got))
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12)
 
 
 @pytest.mark.parametrize("path", ["cublaslt", "mma"])

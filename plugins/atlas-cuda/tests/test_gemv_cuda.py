@@ -7,6 +7,7 @@ import pytest
 
 from atlas_core.ops import reference as ref
 from atlas_core.ops._dtypes import bfloat16
+from cuda_probe import device_rel_error as rel
 
 pytestmark = pytest.mark.gpu
 rng = np.random.default_rng(3)
@@ -15,13 +16,6 @@ SHAPES = [(1, 72, 4096), (3, 40, 1024), (8, 24, 3072 + 8), (5, 16, 12288), (9, 3
 
 def rand(*shape, dtype=bfloat16, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def rel(be, dev, want):
-    got = be.to_host(dev).astype(np.float64)
-    want = np.asarray(want, np.float64)
-    assert got.shape == want.shape and np.all(np.isfinite(got))
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12)
 
 
 @pytest.mark.parametrize("chunks", ["4", "8"])

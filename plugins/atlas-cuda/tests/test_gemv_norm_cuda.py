@@ -8,6 +8,7 @@ import pytest
 
 from atlas_core.ops import reference as ref
 from atlas_core.ops._dtypes import bfloat16
+from cuda_probe import rel_error as rel
 
 pytestmark = pytest.mark.gpu
 rng = np.random.default_rng(5)
@@ -17,12 +18,6 @@ TILES = ["g1s1", "g2s1", "g4s1", "g1s2", "g2s4", "g1s8"]
 
 def rand(*shape, dtype=bfloat16, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def rel(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape and np.all(np.isfinite(got))
-    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12)
 
 
 @pytest.mark.parametrize("tile", TILES + ["auto"])
