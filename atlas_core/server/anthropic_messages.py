@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from typing import Any
 
 import msgspec
@@ -64,7 +66,7 @@ def usage_of(choice: Choice) -> Usage:
 async def messages(request: Request) -> Any:
     state, req, model = await read_model_request(request, MessagesRequest)
     stops = stop_list(req.stop_sequences) or []
-    plan = plan_chat(state, chat_request(req, req.max_tokens, stops))
+    plan = await asyncio.to_thread(plan_chat, state, chat_request(req, req.max_tokens, stops))
     rid = state.request_id("msg_")
     choice = Choice(0, rid, plan.prompt_ids, plan.params)
     shaper = state.make_chat_shaper(plan)
@@ -121,6 +123,6 @@ async def _message_events(model: str, rid: str, stream, stops: list[str], shaper
 @post(f"{PATH}/count_tokens", status_code=200)
 async def count_tokens(request: Request) -> Any:
     state, req, _ = await read_model_request(request, CountTokensRequest)
-    ids = render_request(state, chat_request(req))[1]
+    ids = (await asyncio.to_thread(render_request, state, chat_request(req)))[1]
     return Response(msgspec.json.encode({"input_tokens": len(ids)}),
                     media_type="application/json")

@@ -7,6 +7,7 @@ an :class:`~atlas_core.server.shaping.OutputShaper` by default) that splits it i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -89,7 +90,7 @@ def chat_deltas(events: ParserEvents) -> list[ChatDelta]:
 async def chat_completions(request: Request) -> Any:
     state, req, model = await read_model_request(request, ChatCompletionRequest)
     rid = state.request_id("chatcmpl-")
-    plan, choices = build_choices(state, req, rid)
+    plan, choices = await asyncio.to_thread(build_choices, state, req, rid)
     if req.stream:
         stream = await state.stream(choices)
         return sse_response(_chat_events(state, req, plan, model, rid, stream), stream)

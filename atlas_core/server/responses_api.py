@@ -8,6 +8,7 @@ later request can continue it with ``previous_response_id``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -131,7 +132,7 @@ def _history(state, req: ResponsesRequest) -> list[dict]:
 async def create_response(request: Request) -> Any:
     state, req, model = await read_model_request(request, ResponsesRequest)
     conversation = _history(state, req) + input_messages(req.input)
-    run = _Run(state, req, model, conversation)
+    run = await asyncio.to_thread(_Run, state, req, model, conversation)
     if req.stream:
         stream = await state.stream([run.choice])
         return sse_response(_events(run, stream), stream)
