@@ -26,6 +26,9 @@ class SlowTemplateEngine(FakeAsyncEngine):
             return render(*args, **kwargs)
 
         self.tokenizer.apply_chat_template = slow
+        encode = self.tokenizer.encode
+        self.tokenizer.encode = lambda text, *a, **k: (  # a very long completions prompt
+            time.sleep(SLOW_S) if text == "long prompt" else None, encode(text, *a, **k))[1]
 
 
 @pytest.mark.parametrize("path, body", [
@@ -36,6 +39,7 @@ class SlowTemplateEngine(FakeAsyncEngine):
     ("/v1/messages/count_tokens", {"model": "fake",
                                    "messages": [{"role": "user", "content": "hi"}]}),
     ("/v1/responses", {"model": "fake", "max_output_tokens": 2, "input": "hi"}),
+    ("/v1/completions", {"model": "fake", "max_tokens": 2, "prompt": "long prompt"}),
 ])
 def test_a_slow_template_does_not_block_other_requests(path, body):
     app = create_app(SlowTemplateEngine(), ServerConfig(served_model_names=["fake"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -83,7 +84,7 @@ def _logprobs(state, req: CompletionRequest, choice: Choice, entries: list, offs
 async def completions(request: Request) -> Any:
     state, req, model = await read_model_request(request, CompletionRequest)
     rid = state.request_id("cmpl-")
-    choices = build_choices(state, req, rid)
+    choices = await asyncio.to_thread(build_choices, state, req, rid)
     if req.stream:
         stream = await state.stream(choices)
         return sse_response(_completion_events(state, req, model, rid, stream), stream)
