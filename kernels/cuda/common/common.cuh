@@ -138,6 +138,15 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The gated-MLP activations (rounded to the storage type by the caller where the ops do).
+__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float gated_act(float x, int gelu) {
+  return gelu ? gelu_tanh(x) : silu(x);
+}
+
 // Sum over the block; every thread gets the result. `scratch` holds >= 32 floats.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;

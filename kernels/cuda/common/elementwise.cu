@@ -64,10 +64,6 @@ __device__ void add_impl(A* out, const A* a, const B* b, long long n) {
     out[i] = from_f32<A>(to_f32(a[i]) + to_f32(b[i]));
 }
 
-__device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
-__device__ __forceinline__ float gelu_tanh(float x) {
-  return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
 
 template <typename T, int GELU>
 __device__ void act_and_mul_scalar_impl(T* out, const T* x, int d, long long n) {

@@ -9,11 +9,6 @@
 // to L2 before griddepcontrol.wait, since weights never depend on the previous kernel.
 #include "common.cuh"
 
-__device__ __forceinline__ float gated_act(float x, int gelu) {
-  return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
-              : x / (1.f + __expf(-x));
-}
-
 // acc[r][m] += this lane's share of w[r] . x[m0 + m] over k = k0, k0 + CH * 256, ... while a
 // whole group of CH chunks fits; returns where it stopped so a shorter group can finish.
 template <typename T, int R, int CH, int MT>

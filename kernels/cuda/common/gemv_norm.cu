@@ -15,11 +15,6 @@
 // rounded to T exactly as rms_norm stores them; block 0 writes the summed residual stream.
 #include "common.cuh"
 
-__device__ __forceinline__ float gemvn_act(float x, int gelu) {
-  return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
-              : x / (1.f + __expf(-x));
-}
-
 template <typename T, int R, int CH>
 __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const (&rows)[R],
                                            int chunk, int S, int K) {
@@ -165,7 +160,7 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* res
       float v = acc[g][m] + b;
       if (PAIR) {
         float u = to_f32(from_f32<T>(acc[G + g][m] + bu));
-        v = gemvn_act(to_f32(from_f32<T>(v)), gelu) * u;
+        v = gated_act(to_f32(from_f32<T>(v)), gelu) * u;
       }
       y[(long long)(m0 + m) * N + n] = from_f32<T>(v);
     }

@@ -48,11 +48,6 @@ __device__ void moe_route_impl(float* weights, int* ids, const T* logits, int E,
   }
 }
 
-__device__ __forceinline__ float act_fn(float x, int gelu) {
-  return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
-              : x / (1.f + __expf(-x));
-}
-
 // h[p, n] = act(x[t] . Wgu[e, n]) * (x[t] . Wgu[e, I + n]) for pair p = (t, j), e = ids[p].
 // Four 256-element chunks of both rows are loaded before any arithmetic (8 x 16 bytes in
 // flight per lane): decode is bound by how many bytes are in flight, not by the math.
@@ -90,7 +85,7 @@ __device__ void moe_gate_up_impl(float* h, const T* __restrict__ x, const T* __r
     for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
   }
   g = warp_sum(g); u = warp_sum(u);
-  if (lane == 0) h[(long long)p * inter + n] = act_fn(g, gelu) * u;
+  if (lane == 0) h[(long long)p * inter + n] = gated_act(g, gelu) * u;
 }
 
 // out[t, n] = sum_j weights[t, j] * (h[(t, j)] . Wd[ids[t, j], n]). The experts are the inner
@@ -245,7 +240,7 @@ __device__ void moe_gemm_impl(T* __restrict__ y, const T* __restrict__ a, const 
         for (int q = 0; q < 2; q++) {
           if (n + q >= N) continue;
           float v = acc[i][j][hh * 2 + q];
-          if (GATED) v = act_fn(v, gelu) * acc[i][j + 1][hh * 2 + q];
+          if (GATED) v = gated_act(v, gelu) * acc[i][j + 1][hh * 2 + q];
           y[(long long)p * N + n + q] = from_f32<T>(v);
         }
       }

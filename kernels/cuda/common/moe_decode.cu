@@ -11,11 +11,6 @@
 
 #define MOE_DEC_MAX_TOKENS 8
 
-__device__ __forceinline__ float moe_act(float x, int gelu) {
-  return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
-              : x / (1.f + __expf(-x));
-}
-
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
 }
@@ -113,7 +108,7 @@ __device__ void moe_dec_gate_up_impl(float* h, float* hs, const T* __restrict__ 
     for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
   }
   g = warp_sum(g); u = warp_sum(u);
-  if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = moe_act(g, gelu) * u;
+  if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
 }
 
 // Grid (ceil(H / warps), ntok): a warp per (token, hidden row) sums the token's experts (and
@@ -245,7 +240,7 @@ __device__ void moe_dec_gate_up_split_impl(float* h, float* hs, const T* __restr
   if (r < 8 && n0 + r < inter) {
     float g = 0.f, u = 0.f;
     for (int q = 0; q < 8; q++) { g += part[q][r]; u += part[q][8 + r]; }
-    (shared ? hs + (long long)t * Is : h + (long long)p * I)[n0 + r] = moe_act(g, gelu) * u;
+    (shared ? hs + (long long)t * Is : h + (long long)p * I)[n0 + r] = gated_act(g, gelu) * u;
   }
 }
 

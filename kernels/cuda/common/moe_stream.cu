@@ -21,10 +21,6 @@
 #define MS_TILES 2112   // sync[MS_TILES + t * tiles + tile]: down partials written
 #define MS_CH 8         // 16-byte chunks per row per lane in one gate_up batch (H <= 2048)
 
-__device__ __forceinline__ float ms_act(float x, int gelu) {
-  return gelu ? 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)))
-              : x / (1.f + __expf(-x));
-}
 __device__ __forceinline__ void ms_prefetch(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
 }
@@ -141,7 +137,7 @@ __device__ void ms_gate_up(float* h, float* hs, const T* __restrict__ x, const T
     float gs = warp_sum(g[q]), us = warp_sum(u[q]);
     if (lane == 0) {
       float* dst = sh ? hs + (long long)q * a.Is : h + (long long)s.slot_p[slot][q] * a.I;
-      dst[n] = ms_act(gs, a.gelu) * us;
+      dst[n] = gated_act(gs, a.gelu) * us;
     }
   }
   if (lane == 0) {
