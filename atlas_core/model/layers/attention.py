@@ -95,14 +95,16 @@ class Attention(Module, TransformerLayer):
 
     def _attend(self, qkv: Any, meta: StepMetadata) -> Any:
         """q/k norm, rotary and KV write, attention and ``o_proj`` of a projected ``qkv``."""
-        ops = self.ops
+        return self.ops.linear(self._attention(qkv, meta), self.params["o_proj.weight"],
+                               self.param("o_proj.bias"))
+
+    def _attention(self, qkv: Any, meta: StepMetadata) -> Any:
+        """``rope_cache_attention`` of a projected ``qkv``: ``[num_tokens, heads * head_dim]``."""
         k_cache, v_cache = self.state
-        # out: [num_tokens, num_heads, head_dim]
-        out = ops.rope_cache_attention(
+        out = self.ops.rope_cache_attention(
             qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
             meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, self.scale,
             num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             q_norm=self.param("q_norm.weight"), k_norm=self.param("k_norm.weight"), eps=self.eps,
             rotary_dim=self.rotary_dim, is_neox=self.is_neox)
-        out = out.reshape(meta.num_tokens, self.num_heads * self.head_dim)
-        return ops.linear(out, self.params["o_proj.weight"], self.param("o_proj.bias"))
+        return out.reshape(meta.num_tokens, self.num_heads * self.head_dim)

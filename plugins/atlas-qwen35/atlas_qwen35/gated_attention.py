@@ -94,16 +94,7 @@ class GatedAttention(Attention):
         return self._attend_gated(qkv, gate, meta), residual
 
     def _attend_gated(self, qkv: Any, gate: Any | None, meta: StepMetadata) -> Any:
-        ops = self.ops
-        k_cache, v_cache = self.state
-        # out: [num_tokens, num_heads, head_dim]
-        out = ops.rope_cache_attention(
-            qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
-            meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, self.scale,
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-            q_norm=self.params["q_norm.weight"], k_norm=self.params["k_norm.weight"], eps=self.eps,
-            rotary_dim=self.rotary_dim, is_neox=self.is_neox)
-        out = out.reshape(meta.num_tokens, self.num_heads * self.head_dim)
+        out = self._attention(qkv, meta)
         if gate is not None:
-            out = ops.sigmoid_mul(out, gate)
-        return ops.linear(out, self.params["o_proj.weight"])
+            out = self.ops.sigmoid_mul(out, gate)
+        return self.ops.linear(out, self.params["o_proj.weight"])
