@@ -39,6 +39,18 @@ def pdl_enabled() -> bool:
     return os.environ.get("ATLAS_CUDA_PDL", "1").strip() not in ("0", "false", "no", "off")
 
 
+def attn_decode_old() -> bool:
+    """``ATLAS_CUDA_ATTN_DECODE=old``: the previous decode attention (split kernel + separate
+    combine), one-block-per-token rope and one-block-per-row sampling, kept for A/B timing."""
+    return os.environ.get("ATLAS_CUDA_ATTN_DECODE", "").strip().lower() == "old"
+
+
+def rope_attention_fused() -> bool:
+    """``ATLAS_CUDA_ROPE_ATTENTION``: unset fuses ``rope_cache_attention`` into one decode kernel
+    where it applies; ``split`` always runs the rope prologue then attention (A/B timing)."""
+    return os.environ.get("ATLAS_CUDA_ROPE_ATTENTION", "").strip().lower() != "split"
+
+
 def pdl_chain() -> bool:
     """``ATLAS_CUDA_PDL_CHAIN``: ``1`` (default, with ``ATLAS_CUDA_PDL``) also launches the rope
     prologue and decode attention with programmatic dependent launch, so their blocks (and the

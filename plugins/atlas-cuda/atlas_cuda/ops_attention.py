@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,7 @@ class AttentionOps:
         rows = num_heads + (2 if v is not None else 1) * num_kv_heads
         warps = min(4, rows)
         groups = -(-rows // warps)
-        if _decode_old():
+        if cuda_env.attn_decode_old():
             warps, groups = min(8, num_heads + 2 * num_kv_heads), 1
         norm_dtype = q_norm.dtype if q_norm is not None else q.dtype
         if norm_dtype not in (q.dtype, np.float32):
@@ -117,8 +116,8 @@ class AttentionOps:
         t = qkv.shape[0]
         self._check_cache("rope_cache_attention", qkv, k_cache)
         if not (0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
-                and head_dim in ROPE_DECODE_HEAD_DIMS and _rope_attention_fused()
-                and not _decode_old()):
+                and head_dim in ROPE_DECODE_HEAD_DIMS and cuda_env.rope_attention_fused()
+                and not cuda_env.attn_decode_old()):
             return compose_rope_cache_attention(
                 self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                 block_tables, seq_lens, cu_seqlens_q, scale, kv_scale, num_heads=num_heads,
@@ -167,7 +166,7 @@ class AttentionOps:
         max_blocks = block_tables.shape[1] if block_tables is not None else 0
         args = (q, k, v, block_tables, seq_lens, cu_seqlens, h, num_kv_heads, block_size,
                 max_blocks, num_seqs)
-        if _decode_old():
+        if cuda_env.attn_decode_old():
             self._attention_v1(out, args, fp8, var, max_ctx, scale, kv_scale)
             return out
         hb, splits = self._decode_plan(t, h, num_kv_heads, d, max_ctx)
@@ -271,14 +270,3 @@ def _cache_suffix(cache: DeviceArray | None, act: DeviceArray) -> str:
     """``"_fp8"`` for a float8_e4m3fn KV cache (kernel name suffix), else ``""``."""
     return "_fp8" if cache is not None and cache.dtype == float8_e4m3fn and act.dtype != cache.dtype else ""
 
-
-def _decode_old() -> bool:
-    """``ATLAS_CUDA_ATTN_DECODE=old``: the previous decode attention (split kernel + combine),
-    one-block-per-token rope and one-block-per-row sampling, kept for A/B timing."""
-    return os.environ.get("ATLAS_CUDA_ATTN_DECODE", "").strip().lower() == "old"
-
-
-def _rope_attention_fused() -> bool:
-    """``ATLAS_CUDA_ROPE_ATTENTION=split``: ``rope_cache_attention`` runs as the rope prologue
-    then decode attention (two kernels) on decode steps too, for A/B timing."""
-    return os.environ.get("ATLAS_CUDA_ROPE_ATTENTION", "").strip().lower() != "split"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
-from atlas_cuda.ops_attention import COUNTERS, _decode_old
+from atlas_cuda.ops_attention import COUNTERS
 
 THREADS = 1024
 #: Columns per block of the multi-block argmax / draw (151,936-token vocab: 38 blocks a row).
@@ -32,7 +33,7 @@ class SamplingOps:
         n, vocab = logits.shape[0], logits.shape[-1]
         out = self._out((n,), np.int32)
         if n:
-            if _decode_old():
+            if cuda_env.attn_decode_old():
                 self._launch(self._k("sampling", None, "argmax_f32"), n, THREADS, out, logits,
                              vocab)
             else:
@@ -97,7 +98,7 @@ class SamplingOps:
         if not n:
             return out
         sampling = (temperature, top_k, top_p, min_p, seeds, steps)
-        if _decode_old():
+        if cuda_env.attn_decode_old():
             self._launch(self._k("sampling", None, "sample_f32"), n, THREADS, out, probs, logits,
                          vocab, *sampling)
             return out
