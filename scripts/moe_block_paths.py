@@ -1,6 +1,6 @@
 """Time ``moe_block`` on the GPU: the separate ops (``ATLAS_CUDA_MOE_FUSED=0``) against the
-fused decode kernels (``ATLAS_CUDA_MOE_DECODE``: ``stream``, the persistent kernel of
-``moe_stream.cu``, and the three-kernel ``warp`` / ``split`` paths of ``moe_decode.cu``), at the
+fused decode kernels (``ATLAS_CUDA_MOE_DECODE``: the three-kernel ``warp`` / ``split`` paths of
+``moe_decode.cu``), at the
 MoE bench models' shapes with random weights. ``python3 scripts/moe_block_paths.py [modes]``.
 
 Bytes counted: router, the distinct experts the tokens chose and the shared expert, read once."""
@@ -26,7 +26,7 @@ def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
     be = CudaBackend()
-    modes = sys.argv[1:] or ["unfused", "warp", "stream"]
+    modes = sys.argv[1:] or ["unfused", "warp"]
     print("shape | tokens | experts touched | path | ms (graph replay) | GB/s")
     for name, (hidden, inter, experts, k, shared) in SHAPES.items():
         shapes = {"router_weight": (experts, hidden), "w_gate_up": (experts, 2 * inter, hidden),

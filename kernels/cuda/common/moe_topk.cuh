@@ -1,4 +1,4 @@
-// Router logits and warp top-k of one token's logits, shared by moe_decode.cu and moe_stream.cu.
+// Router logits and warp top-k of one token's logits, of the fused decode block (moe_decode.cu).
 #pragma once
 // Needs common.cuh included before it (the NVRTC inliner has no include guards).
 

@@ -7,10 +7,9 @@ import os
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
-MOE_DECODE_KERNELS = ("warp", "split", "stream")
+MOE_DECODE_KERNELS = ("warp", "split")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
-GDN_DECODE_KERNELS = ("head", "cluster")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
 
 
@@ -86,9 +85,7 @@ def moe_fused() -> str:
 def moe_decode_kernel() -> str:
     """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: the three-kernel path of
     ``moe_decode.cu`` with ``warp`` (default: a warp per output row) or ``split`` (a block per 8
-    rows, its warps splitting the reduction) expert kernels, or ``stream`` (router GEMV, then one
-    persistent block per SM streaming gate_up rows and down tiles, ``moe_stream.cu``; also fuses
-    blocks without a shared expert under ``auto``; slower on an H200 so far)."""
+    rows, its warps splitting the reduction) expert kernels."""
     return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
 
 
@@ -105,14 +102,6 @@ def gdn_prefill() -> str:
     chunked WY kernels of ``gdn_chunked.cu`` once a step has ``GDN_CHUNKED_MIN_TOKENS`` tokens,
     else the token-sequential kernel), ``chunked`` or ``sequential`` (``delta_rule.cu``)."""
     return _choice("ATLAS_CUDA_GDN_PREFILL", GDN_PREFILL_MODES)
-
-
-def gdn_decode_kernel() -> str:
-    """``ATLAS_CUDA_GDN_DECODE``: kernels of the fused ``gated_delta_rule_decode``: ``head``
-    (default: ``gdn_conv_gating`` then ``gdn_decode_norm``, a block per value head) or
-    ``cluster`` (sm_90+: one kernel, ``gdn_decode_step``, thread block clusters, a block per 32
-    value columns; on an H200 at the 35B heads no faster at batch 1, slower at batch 8)."""
-    return _choice("ATLAS_CUDA_GDN_DECODE", GDN_DECODE_KERNELS)
 
 
 def _flag(name: str, default: str) -> bool:

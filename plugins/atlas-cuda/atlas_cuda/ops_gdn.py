@@ -13,7 +13,6 @@ import numpy as np
 from atlas_core.ops.gdn import compose_gdn_decode
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
-from atlas_cuda.kernels_loader import kernel_arg
 from atlas_cuda.driver import DeviceAllocation
 
 #: Longest depthwise conv kernel the conv1d kernels keep in registers.
@@ -22,9 +21,6 @@ CONV_KMAX = 8
 CONV_CHANNELS = 64
 #: Threads per block of the delta-rule kernel and state rows each thread keeps in registers.
 DELTA_THREADS, DELTA_ROWS = 128, 32
-#: Limits of the clustered decode kernel (gdn_decode.cu): head_k_dim, warps (8 value columns
-#: each) per block, blocks per cluster (every block of one key head).
-DECODE_MAX_DK, DECODE_MAX_WARPS, DECODE_MAX_CLUSTER = 128, 4, 8
 #: Chunk length, key head size, threads and state columns per block of gdn_chunked.cu.
 GC_CHUNK, GC_DK, GC_THREADS, GC_COLS = 64, 128, 256, 16
 #: Tokens from which ``ATLAS_CUDA_GDN_PREFILL=auto`` takes the chunked kernels.
@@ -73,19 +69,6 @@ def _lanes(head_k_dim: int) -> int:
         raise ValueError(f"gated_delta_rule: head_k_dim {head_k_dim} is above the cuda kernel "
                          f"limit {32 * DELTA_ROWS}")
     return lanes
-
-
-def _decode_cols(num_k_heads: int, num_v_heads: int, head_k_dim: int,
-                 head_v_dim: int) -> int | None:
-    """Value columns per block of ``gdn_decode_step``, or None where it does not apply."""
-    if head_k_dim > DECODE_MAX_DK:
-        return None
-    ratio = num_v_heads // num_k_heads
-    for warps in range(DECODE_MAX_WARPS, 0, -1):
-        cols = 8 * warps
-        if head_v_dim % cols == 0 and ratio * (head_v_dim // cols) <= DECODE_MAX_CLUSTER:
-            return cols
-    return None
 
 
 class GdnOps:
@@ -232,19 +215,15 @@ class GdnOps:
                                 num_v_heads: int, head_k_dim: int, head_v_dim: int,
                                 eps: float = 1e-6) -> DeviceArray:
         """Two kernels (``gdn_conv_gating``, then ``gdn_decode_norm``: a block per whole value
-        head, so the gated norm stays in it) where they apply; with ``ATLAS_CUDA_GDN_DECODE=
-        cluster`` on sm_90+ one (``gdn_decode_step``: thread block clusters, a block per 32 value
-        columns); ``ATLAS_CUDA_GDN_FUSED=0`` or shapes neither fits: the four separate ops."""
+        head, so the gated norm stays in it) where they apply, unless ``ATLAS_CUDA_GDN_FUSED=0``;
+        otherwise the four separate ops."""
         heads = dict(num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
                      head_v_dim=head_v_dim)
         threads = head_v_dim * _lanes(head_k_dim)
         same = all(a.dtype == qkv.dtype for a in (z, ba, conv_weight, norm_weight))
-        fused = (cuda_env.gdn_fused() and same and A_log.dtype == np.float32
-                 and dt_bias.dtype == np.float32 and num_v_heads % num_k_heads == 0
-                 and qkv.shape[0] == state_indices.shape[0])
-        cols = (_decode_cols(**heads) if fused and tuple(self.be.capability) >= (9, 0)
-                and cuda_env.gdn_decode_kernel() == "cluster" else None)
-        if not fused or (cols is None and not (threads % 32 == 0 and threads <= 512)):
+        if not (cuda_env.gdn_fused() and same and threads % 32 == 0 and threads <= 512
+                and A_log.dtype == np.float32 and dt_bias.dtype == np.float32
+                and num_v_heads % num_k_heads == 0 and qkv.shape[0] == state_indices.shape[0]):
             return compose_gdn_decode(self, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
                                       conv_states, ssm_states, cu_seqlens, seq_lens,
                                       state_indices, eps=eps, **heads)
@@ -257,11 +236,6 @@ class GdnOps:
         out = self._out((n, num_v_heads, head_v_dim), qkv.dtype)
         if not n:
             return out
-        if cols is not None:
-            self._decode_step_clusters(out, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
-                                       conv_states, ssm_states, seq_lens, state_indices, cols, k,
-                                       eps, **heads)
-            return out
         x = self._out(qkv.shape, qkv.dtype)
         g, beta = self._out((n, num_v_heads), np.float32), self._out((n, num_v_heads), np.float32)
         launch = self.be.kernels.launch
@@ -273,22 +247,6 @@ class GdnOps:
                num_v_heads, head_k_dim, head_v_dim, float(head_k_dim ** -0.5),
                _lanes(head_k_dim), float(eps), shmem=4 * (2 * head_k_dim + 32), pdl=self._pdl)
         return out
-
-    def _decode_step_clusters(self, out, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
-                              conv_states, ssm_states, seq_lens, state_indices, cols, k, eps, *,
-                              num_k_heads, num_v_heads, head_k_dim, head_v_dim):
-        """``gdn_decode_step``: clusters of (num_v_heads / num_k_heads) * (head_v_dim / cols)
-        blocks of ``cols / 8`` warps, one cluster per (key head, sequence)."""
-        from cuda.core import LaunchConfig, launch
-        cluster = (num_v_heads // num_k_heads) * (head_v_dim // cols)
-        pdl = {"programmatic_stream_serialization": True} if self._pdl else {}
-        config = LaunchConfig(grid=(num_k_heads, qkv.shape[0]), cluster=(cluster, 1),
-                              block=4 * cols, **pdl)
-        args = (out, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight, conv_states,
-                ssm_states, seq_lens, state_indices, num_k_heads, num_v_heads, head_k_dim,
-                head_v_dim, k, cols, float(head_k_dim ** -0.5), float(eps))
-        launch(self.be.stream_obj, config, self._k("gdn_decode", qkv.dtype, "gdn_decode_step"),
-               *[kernel_arg(a) for a in args])
 
     def gdn_gating(self, ba: DeviceArray, A_log: DeviceArray, dt_bias: DeviceArray):
         num_heads = ba.shape[-1] // 2

@@ -9,10 +9,6 @@ only blocks with a shared expert take it: on an H200 the Qwen3.5-35B-A3B block w
 34.1 us, while the Qwen3-30B-A3B block (no shared expert) stayed at 41.6-42.0 us and its decode
 got slower. Other blocks, ``ATLAS_CUDA_MOE_FUSED=0`` and larger batches run ``linear``,
 ``moe_route``, ``moe_experts`` and the shared-expert ops one by one.
-
-``ATLAS_CUDA_MOE_DECODE=stream`` swaps the three kernels for ``moe_logits`` and one persistent
-``moe_stream`` kernel (``moe_stream.cu``); correct, but slower on an H200 (30B block 50.6 vs
-42.3 us, 35B 43.2 vs 32.9 us): each warp waits on a fence and a returning atomic per item.
 """
 
 from __future__ import annotations
@@ -30,12 +26,6 @@ FUSED_MAX_TOKENS = 8
 _ROUTER_ROWS = 4
 #: Completion counters of ``moe_router`` (one per call in turn; each returns to zero).
 _COUNTERS = 64
-#: ``moe_stream``: threads per block (one block per SM), largest expert intermediate size.
-_STREAM_THREADS = 512
-_STREAM_MAX_INTER = 2048
-#: ``moe_stream`` sync words: exit count and gate_up row counters, then the down-tile counters
-#: (``MS_TILES`` in ``moe_stream.cu``); every call leaves them zero.
-_STREAM_TILES_AT = 2112
 
 
 class MoeOps:
@@ -43,8 +33,6 @@ class MoeOps:
 
     _moe_counters: DeviceArray | None = None
     _moe_calls = 0
-    _moe_sync: DeviceArray | None = None
-    _moe_stream_calls = 0
 
     def moe_block(self, x: DeviceArray, router_weight: DeviceArray, w_gate_up: DeviceArray,
                   w_down: DeviceArray, top_k: int, renormalize: bool, scoring: str = "softmax",
@@ -61,9 +49,6 @@ class MoeOps:
                                      renormalize, scoring, activation, shared_gate_up,
                                      shared_down, shared_gate)
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
-        if cuda_env.moe_decode_kernel() == "stream":
-            return self._moe_stream(x, router_weight, w_gate_up, w_down, top_k, renormalize,
-                                    scoring, gelu, shared_gate_up, shared_down, shared_gate)
         weights, ids, shared_w = self._moe_router(x, router_weight, shared_gate, top_k,
                                                   renormalize, scoring)
         return self._moe_decode_experts(x, w_gate_up, w_down, weights, ids, shared_gate_up,
@@ -74,8 +59,8 @@ class MoeOps:
         t, hidden = x.shape
         experts, inter = w_down.shape[0], w_down.shape[-1]
         arrays = (x, router_weight, w_gate_up, w_down, shared_gate_up, shared_down, shared_gate)
-        mode, stream = cuda_env.moe_fused(), cuda_env.moe_decode_kernel() == "stream"
-        if mode == "0" or (mode == "auto" and shared_gate_up is None and not stream):
+        mode = cuda_env.moe_fused()
+        if mode == "0" or (mode == "auto" and shared_gate_up is None):
             return False
         if not 0 < t <= FUSED_MAX_TOKENS:
             return False
@@ -84,8 +69,6 @@ class MoeOps:
         if experts > 1024 or top_k > 32 or self._moe_grouped(t * top_k, experts, x.dtype):
             return False
         widths = (hidden, inter) + (() if shared_down is None else (shared_down.shape[-1],))
-        if stream and (max(widths[1:]) > _STREAM_MAX_INTER or t * top_k > 256 or top_k > experts):
-            return False
         return all(w % 8 == 0 for w in widths) and all(a is None or a.ptr % 16 == 0
                                                       for a in arrays)
 
@@ -134,41 +117,3 @@ class MoeOps:
                (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, weights, ids, shared_w,
                k, hidden, inter, s_inter, pdl=self._pdl)
         return out
-
-
-    def _moe_stream(self, x, router_weight, w_gate_up, w_down, top_k, renormalize, scoring,
-                    gelu, shared_gate_up, shared_down, shared_gate) -> DeviceArray:
-        """``moe_logits`` then the persistent ``moe_stream`` kernel (``moe_stream.cu``)."""
-        t, hidden = x.shape
-        experts, inter = router_weight.shape[0], w_down.shape[-1]
-        s_inter = 0 if shared_down is None else shared_down.shape[-1]
-        rows = experts + (shared_gate is not None)
-        launch, v = self.be.kernels.launch, variant_of(x.dtype)
-        logits = self._out((t, rows), np.float32)
-        launch(self.be.kernels.kernel("moe_stream", v, f"moe_logits_{v}"),
-               -(-rows // _ROUTER_ROWS), 32 * _ROUTER_ROWS, logits, x, router_weight,
-               shared_gate, t, experts, hidden, pdl=self._pdl)
-        widest = max(inter, s_inter)
-        r = 8 if widest <= 512 else 4 if widest <= 1024 else 2
-        tiles = -(-hidden // r)
-        sync = self._moe_stream_sync(_STREAM_TILES_AT + 8 * tiles)
-        pairs = t * top_k
-        h = self._out((pairs, inter), np.float32)
-        hs = self._out((t, s_inter), np.float32) if s_inter else None
-        part = self._out((pairs + t, hidden), np.float32)
-        out = self._out(x.shape, x.dtype)
-        self._moe_stream_calls += 1
-        launch(self.be.kernels.kernel("moe_stream", v, f"moe_stream_r{r}_{v}"), self.be.num_sms,
-               _STREAM_THREADS, out, h, hs, part, sync, x, logits, w_gate_up, w_down,
-               shared_gate_up, shared_down, t, experts, top_k, hidden, inter, s_inter, gelu,
-               tiles, int(shared_gate is not None), int(renormalize), int(scoring == "sigmoid"),
-               pdl=self._pdl)
-        return out
-
-    def _moe_stream_sync(self, words: int) -> DeviceArray:
-        if self._moe_sync is None or self._moe_sync.shape[0] < words:
-            if self.be._capturing:
-                raise RuntimeError("moe_block: first fused call of this size inside a graph "
-                                   "capture; run it once eagerly first (CudaBackend.capture does)")
-            self._moe_sync = self.be.zeros((max(words, 1 << 16),), np.int32)
-        return self._moe_sync
