@@ -14,7 +14,7 @@ from atlas_core.backends import numpy_attention, numpy_gdn, numpy_sampling
 from atlas_core.backends.numpy_convert import Float32Cache, to_f32
 from atlas_core.backends.numpy_gemm import linear_f32, matmul_nt
 from atlas_core.ops import OP_NAMES, reference
-from atlas_core.ops.attention import compose_rope_cache_attention
+from atlas_core.ops.attention import compose_qk_norm_rope_and_cache, compose_rope_cache_attention
 from atlas_core.ops.gdn import compose_gdn_decode
 from atlas_core.ops.moe import compose_moe_block
 from atlas_core.ops.norm import ACTIVATIONS, compose_rms_norm_linear
@@ -93,18 +93,10 @@ class NumpyOps:
     def qk_norm_rope_and_cache(self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                                *, num_heads, num_kv_heads, head_dim, q_norm=None, k_norm=None,
                                eps=1e-6, rotary_dim=None, is_neox=True, kv_scale=1.0):
-        t = qkv.shape[0]
-        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        q = qkv[:, :q_size].reshape(t, num_heads, head_dim)
-        k = qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim)
-        v = qkv[:, q_size + kv_size:].reshape(t, num_kv_heads, head_dim)
-        if q_norm is not None:
-            q = self.rms_norm(q, q_norm, eps)
-        if k_norm is not None:
-            k = self.rms_norm(k, k_norm, eps)
-        q, k = reference.rotary_embedding(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
-        reference.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
-        return q
+        return compose_qk_norm_rope_and_cache(
+            self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm,
+            k_norm=k_norm, eps=eps, rotary_dim=rotary_dim, is_neox=is_neox, kv_scale=kv_scale)
 
     def rope_cache_attention(self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                              block_tables, seq_lens, cu_seqlens_q, scale, kv_scale=1.0, *,

@@ -133,17 +133,29 @@ def qk_norm_rope_and_cache(qkv: np.ndarray, positions: np.ndarray, cos_sin_cache
     Returns:
         ``q``: ``[num_tokens, num_heads, head_dim]`` normed and rotated, ready for attention.
     """
+    return compose_qk_norm_rope_and_cache(
+        sys.modules[__name__], qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm,
+        k_norm=k_norm, eps=eps, rotary_dim=rotary_dim, is_neox=is_neox, kv_scale=kv_scale)
+
+
+def compose_qk_norm_rope_and_cache(ops, qkv, positions, cos_sin_cache, k_cache, v_cache,
+                                   slot_mapping, *, num_heads, num_kv_heads, head_dim,
+                                   q_norm=None, k_norm=None, eps=1e-6, rotary_dim=None,
+                                   is_neox=True, kv_scale=1.0):
+    """:func:`qk_norm_rope_and_cache` through the ``rms_norm``, ``rotary_embedding`` and
+    ``reshape_and_cache`` of ``ops`` (the references, or a backend's ``backend.ops``)."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q = qkv[:, :q_size].reshape(t, num_heads, head_dim)
     k = qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim)
     v = qkv[:, q_size + kv_size:].reshape(t, num_kv_heads, head_dim)
     if q_norm is not None:
-        q = rms_norm(q, q_norm, eps)
+        q = ops.rms_norm(q, q_norm, eps)
     if k_norm is not None:
-        k = rms_norm(k, k_norm, eps)
-    q, k = rotary_embedding(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
-    reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
+        k = ops.rms_norm(k, k_norm, eps)
+    q, k = ops.rotary_embedding(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
+    ops.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
     return q
 
 
