@@ -18,13 +18,13 @@ LAYOUTS = ("qwen3_5", "qwen3_next")
 class GatedDeltaNet(Module, TransformerLayer):
     """in_proj -> causal conv1d -> gated delta rule -> gated RMSNorm -> out_proj.
 
-    Parameters: ``in_proj_qkvz.weight`` ``[2 * key_dim + 2 * value_dim, hidden]`` with rows
-    ``[q heads, k heads, v heads, z heads]``; ``in_proj_ba.weight`` ``[2 * num_v_heads, hidden]``
-    (``b`` rows then ``a`` rows); ``conv1d.weight`` ``[conv_dim, kernel]``; ``A_log`` and
-    ``dt_bias`` ``[num_v_heads]`` float32; ``norm.weight`` ``[head_v_dim]``; ``out_proj.weight``.
-    Qwen3.5 checkpoints store ``in_proj_qkv``/``in_proj_z``/``in_proj_b``/``in_proj_a``, packed
-    here by declaration; Qwen3-Next stores ``in_proj_qkvz``/``in_proj_ba`` grouped per key head,
-    reordered by :meth:`post_load`.
+    Parameters: ``in_proj.weight`` ``[2 * key_dim + 2 * value_dim + 2 * num_v_heads, hidden]``
+    with rows ``[q heads, k heads, v heads, z heads, b, a]`` (one GEMV projects a decode token);
+    ``conv1d.weight`` ``[conv_dim, kernel]``; ``A_log`` and ``dt_bias`` ``[num_v_heads]``
+    float32; ``norm.weight`` ``[head_v_dim]``; ``out_proj.weight``. Qwen3.5 checkpoints store
+    ``in_proj_qkv``/``in_proj_z``/``in_proj_b``/``in_proj_a``, packed here by declaration;
+    Qwen3-Next stores ``in_proj_qkvz``/``in_proj_ba`` grouped per key head, packed the same way
+    and reordered by :meth:`post_load`.
 
     Prefill (any batch with a multi-token sequence) runs ``causal_conv1d`` and
     ``gated_delta_rule_chunked``; decode steps ``gated_delta_rule_decode`` (conv update, gating,
@@ -59,6 +59,7 @@ class GatedDeltaNet(Module, TransformerLayer):
         self.conv_dim = 2 * self.key_dim + self.value_dim
         self.kernel_size, self.eps, self.layout, self.chunk_size = (
             conv_kernel_size, rms_norm_eps, layout, chunk_size)
+        self.in_sizes = [self.conv_dim, self.value_dim, 2 * num_v_heads]
         self._declare(hidden_size)
         self.state: dict[str, Any] | None = None
 
@@ -71,8 +72,7 @@ class GatedDeltaNet(Module, TransformerLayer):
         else:
             qkvz = [("in_proj_qkvz.weight", (qkvz_rows, hidden))]
             ba = [("in_proj_ba.weight", (2 * nv, hidden))]
-        self.declare("in_proj_qkvz.weight", (qkvz_rows, hidden), qkvz)
-        self.declare("in_proj_ba.weight", (2 * nv, hidden), ba)
+        self.declare("in_proj.weight", (qkvz_rows + 2 * nv, hidden), qkvz + ba)
         self.declare("conv1d.weight", (self.conv_dim, self.kernel_size),
                      [("conv1d.weight", (self.conv_dim, 1, self.kernel_size))])
         self.declare("A_log", (nv,), dtype=np.float32)
@@ -86,12 +86,13 @@ class GatedDeltaNet(Module, TransformerLayer):
             return
         nk, r = self.num_k_heads, self.num_v_heads // self.num_k_heads
         dk, dv = self.head_k_dim, self.head_v_dim
-        sizes = [dk, dk, r * dv, r * dv]
-        self._permute("in_proj_qkvz.weight", nk, sizes)
-        self._permute("in_proj_ba.weight", nk, [r, r])
+        weight, qkvz_rows = self.params["in_proj.weight"], self.conv_dim + self.value_dim
+        self._permute(weight[:qkvz_rows], nk, [dk, dk, r * dv, r * dv])
+        self._permute(weight[qkvz_rows:], nk, [r, r])
 
-    def _permute(self, name: str, groups: int, sizes: list[int]) -> None:
-        param = self.params[name]
+    def _permute(self, param: Any, groups: int, sizes: list[int]) -> None:
+        """Rows of ``param`` (a row range of a parameter) from ``groups`` x ``sizes`` blocks to
+        one block per size, in place."""
         host = self.backend.to_host(param)
         blocks = host.reshape(groups, sum(sizes), -1)
         bounds = np.cumsum([0] + sizes)
@@ -115,24 +116,18 @@ class GatedDeltaNet(Module, TransformerLayer):
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         self._check_state()
-        p = self.params
-        qkv, z = project_blocks(self.ops, hidden, p["in_proj_qkvz.weight"],
-                                [self.conv_dim, self.value_dim])
-        ba = self.ops.linear(hidden, p["in_proj_ba.weight"])
+        qkv, z, ba = project_blocks(self.ops, hidden, self.params["in_proj.weight"],
+                                    self.in_sizes)
         return self._mix(qkv, z, ba, meta), residual
 
     def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
                         zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
-        """The decoder's input norm folded into ``in_proj_qkvz`` and ``in_proj_ba`` (the second
-        normalises the summed stream again: the same values); see
-        :class:`~atlas_core.model.layers.decoder.DecoderLayer`."""
+        """The decoder's input norm folded into ``in_proj`` (one ``rms_norm_linear`` for a decode
+        token); see :class:`~atlas_core.model.layers.decoder.DecoderLayer`."""
         self._check_state()
-        p = self.params
-        (qkv, z), residual = norm_project_blocks(
+        (qkv, z, ba), residual = norm_project_blocks(
             self.ops, hidden, residual, norm_weight, eps, zero_centered,
-            p["in_proj_qkvz.weight"], [self.conv_dim, self.value_dim])
-        ba, _ = self.ops.rms_norm_linear(residual, None, norm_weight, eps, p["in_proj_ba.weight"],
-                                         None, zero_centered)
+            self.params["in_proj.weight"], self.in_sizes)
         return self._mix(qkv, z, ba, meta), residual
 
     def _check_state(self) -> None:
