@@ -1,7 +1,9 @@
-"""Time ``moe_block`` on the GPU: the separate ops (``ATLAS_CUDA_MOE_FUSED=0``) against the
-fused decode kernels (``ATLAS_CUDA_MOE_DECODE``: the three-kernel ``warp`` / ``split`` paths of
-``moe_decode.cu``), at the
-MoE bench models' shapes with random weights. ``python3 scripts/moe_block_paths.py [modes]``.
+"""Time ``moe_block`` on the GPU at the MoE bench models' shapes with random weights: the
+separate ops (``unfused``), the ``moe_decode.cu`` kernels (``warp`` / ``split``) and the
+``moe_block.cu`` kernels (``block``; ``block-c8``: 8 gate/up chunks in flight, ``block-nopf``:
+no L2 prefetch in down), and the post-attention norm with it: ``norm+block`` (``rms_norm`` then
+``moe_block``) against ``fold`` (``rms_norm_moe_block``, the norm in the router kernel).
+``python3 scripts/moe_block_paths.py [modes]``.
 
 Bytes counted: router, the distinct experts the tokens chose and the shared expert, read once."""
 
@@ -15,6 +17,19 @@ from atlas_core.bench.graph_timing import graph_ms
 
 #: name: (hidden, expert intermediate, experts, top-k, shared intermediate)
 SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8, 0), "qwen3.5-35b-a3b": (2048, 512, 256, 8, 512)}
+#: mode: environment it runs under
+MODES = {
+    "unfused": {"ATLAS_CUDA_MOE_FUSED": "0"},
+    "warp": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "warp"},
+    "split": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "split"},
+    "block": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "block"},
+    "block-c8": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_GATE_UP_CHUNKS": "8"},
+    "block-nopf": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DOWN_PREFETCH": "0"},
+    "norm+warp": {"ATLAS_CUDA_MOE_DECODE": "warp", "ATLAS_CUDA_MOE_FUSED": "1"},
+    "norm+block": {"ATLAS_CUDA_MOE_NORM_FOLD": "0"},
+    "fold": {},
+}
+_VARS = sorted({v for env in MODES.values() for v in env})
 
 
 def time_ms(be, fn, reps: int = 200) -> float:
@@ -22,12 +37,19 @@ def time_ms(be, fn, reps: int = 200) -> float:
     return graph_ms(be, fn, reps)
 
 
+def _block_fn(be, mode, x, res, nw, k, w):
+    if mode.startswith("norm") or mode == "fold":
+        return lambda: be.ops.rms_norm_moe_block(x, res, nw, 1e-6, False, top_k=k,
+                                                 renormalize=True, **w)
+    return lambda: be.ops.moe_block(x, top_k=k, renormalize=True, **w)
+
+
 def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
     be = CudaBackend()
-    modes = sys.argv[1:] or ["unfused", "warp"]
-    print("shape | tokens | experts touched | path | ms (graph replay) | GB/s")
+    modes = sys.argv[1:] or list(MODES)
+    print("shape | tokens | experts touched | path | us (graph replay) | GB/s")
     for name, (hidden, inter, experts, k, shared) in SHAPES.items():
         shapes = {"router_weight": (experts, hidden), "w_gate_up": (experts, 2 * inter, hidden),
                   "w_down": (experts, hidden, inter)}
@@ -37,20 +59,24 @@ def main() -> None:
         w = {n: be.empty(s, bfloat16) for n, s in shapes.items()}
         for i, (n, a) in enumerate(w.items()):
             be.fill_random(a, i + 1, a.shape[-1] ** -0.5)
+        nw = be.empty((hidden,), bfloat16)
+        be.fill_random(nw, 7, 0.1, 1.0)
         for tokens in (1, 2, 8):
-            x = be.empty((tokens, hidden), bfloat16)
+            x, res = be.empty((tokens, hidden), bfloat16), be.empty((tokens, hidden), bfloat16)
             be.fill_random(x, 9, 1.0)
+            be.fill_random(res, 10, 1.0)
             be.reset_workspace()
             _, ids = be.ops.moe_route(be.ops.linear(x, w["router_weight"]), k, True)
             touched = len(np.unique(be.to_host(ids)))
             nbytes = 2 * hidden * (experts + 1 + 3 * (touched * inter + shared))
             for mode in modes:
-                os.environ["ATLAS_CUDA_MOE_FUSED"] = "0" if mode == "unfused" else "1"
-                os.environ["ATLAS_CUDA_MOE_DECODE"] = "warp" if mode == "unfused" else mode
-                ms = time_ms(be, lambda: be.ops.moe_block(x, top_k=k, renormalize=True, **w))
-                print(f"{name} | {tokens} | {touched} | {mode} | {ms:.4f} | "
-                      f"{nbytes / ms / 1e6:,.0f}")
-    for var in ("ATLAS_CUDA_MOE_FUSED", "ATLAS_CUDA_MOE_DECODE"):
+                for var in _VARS:
+                    os.environ.pop(var, None)
+                os.environ.update(MODES[mode])
+                ms = time_ms(be, _block_fn(be, mode, x, res, nw, k, w))
+                print(f"{name} | {tokens} | {touched} | {mode} | {ms * 1e3:.1f} | "
+                      f"{nbytes / ms / 1e6:,.0f}", flush=True)
+    for var in _VARS:
         os.environ.pop(var, None)
 
 

@@ -16,7 +16,7 @@ from atlas_core.backends.numpy_gemm import linear_f32, matmul_nt
 from atlas_core.ops import OP_NAMES, reference
 from atlas_core.ops.attention import compose_qk_norm_rope_and_cache, compose_rope_cache_attention
 from atlas_core.ops.gdn import compose_gdn_decode
-from atlas_core.ops.moe import compose_moe_block
+from atlas_core.ops.moe import compose_moe_block, compose_rms_norm_moe_block
 from atlas_core.ops.norm import ACTIVATIONS, compose_rms_norm_linear
 
 
@@ -131,6 +131,15 @@ class NumpyOps:
                   shared_gate=None):
         return compose_moe_block(self, x, router_weight, w_gate_up, w_down, top_k, renormalize,
                                  scoring, activation, shared_gate_up, shared_down, shared_gate)
+
+    def rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered, router_weight,
+                           w_gate_up, w_down, top_k, renormalize, scoring="softmax",
+                           activation="silu", shared_gate_up=None, shared_down=None,
+                           shared_gate=None):
+        return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
+                                          router_weight, w_gate_up, w_down, top_k, renormalize,
+                                          scoring, activation, shared_gate_up, shared_down,
+                                          shared_gate)
 
     def gated_delta_rule_chunked(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
                                  state_indices, *, num_k_heads, num_v_heads, head_k_dim,

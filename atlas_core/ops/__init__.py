@@ -29,6 +29,7 @@ OP_NAMES = (
     "moe_route",
     "moe_experts",
     "moe_block",
+    "rms_norm_moe_block",
     "argmax",
     "log_softmax",
     "topk",

@@ -8,7 +8,7 @@ import numpy as np
 
 from atlas_core.ops._dtypes import f32
 from atlas_core.ops.gdn import sigmoid_mul
-from atlas_core.ops.norm import ACTIVATIONS, add, linear, linear_act_and_mul
+from atlas_core.ops.norm import ACTIVATIONS, add, linear, linear_act_and_mul, rms_norm
 
 
 def moe_route(router_logits: np.ndarray, top_k: int, renormalize: bool,
@@ -122,6 +122,40 @@ def moe_block(x: np.ndarray, router_weight: np.ndarray, w_gate_up: np.ndarray,
                              shared_gate)
 
 
+def rms_norm_moe_block(x: np.ndarray, residual: np.ndarray | None, norm_weight: np.ndarray,
+                       eps: float, zero_centered: bool, router_weight: np.ndarray,
+                       w_gate_up: np.ndarray, w_down: np.ndarray, top_k: int, renormalize: bool,
+                       scoring: str = "softmax", activation: str = "silu",
+                       shared_gate_up: np.ndarray | None = None,
+                       shared_down: np.ndarray | None = None,
+                       shared_gate: np.ndarray | None = None):
+    """The MoE block's pre-norm and the block as one op (backends may fold the norm and the
+    residual add into the router): ``moe_block(rms_norm(x, norm_weight, eps, residual), ...)``.
+
+    Rounds as the separate ops do (the residual sum and the normed rows are stored in
+    ``x.dtype``). Arguments after ``zero_centered`` are :func:`moe_block`'s; the first four are
+    :func:`atlas_core.ops.norm.rms_norm_linear`'s.
+
+    Returns:
+        ``(out, residual_out)``: ``out`` ``[num_tokens, hidden]`` in ``x.dtype`` and the new
+        residual stream ``x + residual`` (``x`` itself when ``residual`` is ``None``).
+    """
+    return compose_rms_norm_moe_block(_REFERENCE_OPS, x, residual, norm_weight, eps,
+                                      zero_centered, router_weight, w_gate_up, w_down, top_k,
+                                      renormalize, scoring, activation, shared_gate_up,
+                                      shared_down, shared_gate)
+
+
+def compose_rms_norm_moe_block(ops, x, residual, norm_weight, eps, zero_centered, *moe_args,
+                               **moe_kwargs):
+    """:func:`rms_norm_moe_block` as ``ops.rms_norm`` then ``ops.moe_block`` (any op table)."""
+    if residual is None:
+        h, r = ops.rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
+    else:
+        h, r = ops.rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
+    return ops.moe_block(h, *moe_args, **moe_kwargs), r
+
+
 _REFERENCE_OPS = SimpleNamespace(linear=linear, linear_act_and_mul=linear_act_and_mul, add=add,
                                  sigmoid_mul=sigmoid_mul, moe_route=moe_route,
-                                 moe_experts=moe_experts)
+                                 moe_experts=moe_experts, moe_block=moe_block, rms_norm=rms_norm)

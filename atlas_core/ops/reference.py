@@ -7,7 +7,7 @@ from atlas_core.ops.gdn import (causal_conv1d, causal_conv1d_update, gated_delta
                                 gated_delta_rule_decode, gated_delta_rule_recurrent, gdn_gating,
                                 rms_norm_gated, sigmoid_mul)
 from atlas_core.ops.guided import apply_token_bitmask
-from atlas_core.ops.moe import moe_block, moe_experts, moe_route
+from atlas_core.ops.moe import moe_block, moe_experts, moe_route, rms_norm_moe_block
 from atlas_core.ops.norm import (act_and_mul, add, embedding, gelu_tanh_and_mul, linear,
                                  linear_act_and_mul, rms_norm, rms_norm_linear,
                                  silu_and_mul)
@@ -19,7 +19,7 @@ __all__ = [
     "gelu_tanh_and_mul", "linear", "linear_act_and_mul", "log_softmax", "moe_block", "moe_experts",
     "moe_route", "paged_attention",
     "prefill_attention", "qk_norm_rope_and_cache", "reshape_and_cache", "rms_norm",
-    "rms_norm_linear", "rope_cache_attention",
+    "rms_norm_linear", "rms_norm_moe_block", "rope_cache_attention",
     "rope_cos_sin_cache", "rotary_embedding", "sample", "silu_and_mul", "topk",
     "causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
     "gated_delta_rule_decode", "gated_delta_rule_recurrent", "gdn_gating", "rms_norm_gated",

@@ -227,12 +227,37 @@ class OpContract:
                       shared_gate=randn(rng, (1, hidden), dtype, hidden ** -0.5))
         check_op(backend, "moe_block", x, router, *experts, top_k, True, scoring, "silu", **kw)
 
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens,num_experts,top_k,shared,residual,zero_centered", [
+        (1, 16, 4, 0, True, False), (3, 8, 2, 24, True, True), (8, 64, 8, 48, False, False)])
+    def test_rms_norm_moe_block(self, backend, dtype, tokens, num_experts, top_k, shared,
+                                residual, zero_centered):
+        rng = make_rng("rms_norm_moe_block", dtype, tokens, num_experts, top_k, shared, residual,
+                       zero_centered)
+        hidden, inter = 64, 40
+        x = randn(rng, (tokens, hidden), dtype, 3.0)
+        res = randn(rng, (tokens, hidden), dtype) if residual else None
+        nw = randn(rng, (hidden,), dtype, 0.5)
+        normed = ref.rms_norm(x, nw, 1e-6, res, zero_centered=zero_centered)
+        normed = normed[0] if residual else normed
+        _, router = separated_router(rng, dtype, tokens, hidden, num_experts, top_k, x=normed)
+        experts = (randn(rng, (num_experts, 2 * inter, hidden), dtype, hidden ** -0.5),
+                   randn(rng, (num_experts, hidden, inter), dtype, inter ** -0.5))
+        kw = {}
+        if shared:
+            kw = dict(shared_gate_up=randn(rng, (2 * shared, hidden), dtype, hidden ** -0.5),
+                      shared_down=randn(rng, (hidden, shared), dtype, shared ** -0.5),
+                      shared_gate=randn(rng, (1, hidden), dtype, hidden ** -0.5))
+        check_op(backend, "rms_norm_moe_block", x, res, nw, 1e-6, zero_centered, router,
+                 *experts, top_k, True, "softmax", "silu", **kw)
 
-def separated_router(rng, dtype, tokens, hidden, num_experts, top_k):
+
+def separated_router(rng, dtype, tokens, hidden, num_experts, top_k, x=None):
     """Inputs and router whose top-k choice does not hinge on rounding (the k-th and (k+1)-th
-    logits of every token at least 0.05 apart)."""
+    logits of every token at least 0.05 apart); ``x``: keep these inputs, draw only routers."""
+    given = x
     while True:
-        x = randn(rng, (tokens, hidden), dtype)
+        x = randn(rng, (tokens, hidden), dtype) if given is None else given
         router = randn(rng, (num_experts, hidden), dtype, hidden ** -0.5)
         logits = -np.sort(-(x.astype(np.float64) @ router.astype(np.float64).T), axis=-1)
         gap = logits[:, top_k - 1] - logits[:, top_k] if top_k < num_experts else 1.0

@@ -52,6 +52,21 @@ class SparseMoE(Module, TransformerLayer):
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         return self.moe_block(hidden), residual
 
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """The DecoderLayer pre-norm protocol: the post-attention norm and residual add go into
+        the block (``ops.rms_norm_moe_block``)."""
+        return self.moe_block_prenorm(hidden, residual, norm_weight, eps, zero_centered)
+
+    def moe_block_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                          zero_centered: bool, **shared: Any) -> tuple[Any, Any]:
+        """``ops.rms_norm_moe_block`` over this layer's router and experts; ``(out, residual)``."""
+        p = self.params
+        return self.ops.rms_norm_moe_block(hidden, residual, norm_weight, eps, zero_centered,
+                                           p["gate.weight"], p["experts.gate_up_proj"],
+                                           p["experts.down_proj"], self.top_k, self.renormalize,
+                                           self.scoring, self.activation, **shared)
+
     def moe_block(self, hidden: Any, **shared: Any) -> Any:
         """``ops.moe_block`` over this layer's router and experts (``shared``: the shared
         expert's ``shared_gate_up``/``shared_down``/``shared_gate`` arrays)."""

@@ -28,10 +28,11 @@ __device__ __forceinline__ u32 ms_min_u32(u32 v) {
 
 // Top-k of one token's logits by a warp (PL experts per lane, E <= 32 * PL): descending
 // weights, ties to the lower expert, like atlas_core.ops.moe.moe_route. Scores are >= 0, so
-// their bits order as unsigned keys; key 0 marks a taken (or absent) expert.
+// their bits order as unsigned keys; key 0 marks a taken (or absent) expert. Lane j < top_k
+// gets slot j's final weight and expert.
 template <int PL>
-__device__ void ms_topk(float* weights, int* ids, const float* lg, int E, int top_k, int renorm,
-                        int sigmoid) {
+__device__ void ms_topk_lanes(float& out_w, int& out_id, const float* lg, int E, int top_k,
+                              int renorm, int sigmoid) {
   int lane = threadIdx.x & 31;
   u32 key[PL];
   float mx = NEG_INF;
@@ -69,11 +70,19 @@ __device__ void ms_topk(float* weights, int* ids, const float* lg, int E, int to
     if (lane == j) { my_w = __uint_as_float(top - 1u) / sum; my_id = (int)idx; }
   }
   float chosen = warp_sum(lane < top_k ? my_w : 0.f);
-  if (lane < top_k) {
-    weights[lane] = renorm ? my_w / chosen : my_w;
-    ids[lane] = my_id;
-  }
+  out_w = renorm ? my_w / chosen : my_w;
+  out_id = my_id;
 }
+
+template <int PL>
+__device__ void ms_topk(float* weights, int* ids, const float* lg, int E, int top_k, int renorm,
+                        int sigmoid) {
+  float w;
+  int id;
+  ms_topk_lanes<PL>(w, id, lg, E, top_k, renorm, sigmoid);
+  if ((int)(threadIdx.x & 31) < top_k) { weights[threadIdx.x & 31] = w; ids[threadIdx.x & 31] = id; }
+}
+
 
 // Router row r for every token: logits[m * rows + r] = x[m] . wrow (rounded to T like linear).
 // pre holds the row's first 256 * CH weights, loaded before the PDL wait (weights are static).

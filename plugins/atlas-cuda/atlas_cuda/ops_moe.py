@@ -1,29 +1,32 @@
-"""``moe_block`` on the cuda backend: the whole MoE feed-forward of a decode step in three
-kernels (``kernels/cuda/common/moe_decode.cu``), else the separate ops.
+"""``moe_block`` and ``rms_norm_moe_block`` on the cuda backend: the whole MoE feed-forward of a
+decode step in three PDL kernels, else the separate ops.
 
-Fused (at most :data:`FUSED_MAX_TOKENS` tokens, bf16/f16, per-pair GEMV routing): ``moe_router``
-(router GEMV for every expert and the shared-expert gate, then softmax / top-k / renormalise in
-the last block to finish), ``moe_dec_gate_up`` (act(gate) * up of every chosen expert and the
-shared expert), ``moe_dec_down`` (their weighted sum). By default (``ATLAS_CUDA_MOE_FUSED=auto``)
-only blocks with a shared expert take it: on an H200 the Qwen3.5-35B-A3B block went from 42.3 to
-34.1 us, while the Qwen3-30B-A3B block (no shared expert) stayed at 41.6-42.0 us and its decode
-got slower. Other blocks, ``ATLAS_CUDA_MOE_FUSED=0`` and larger batches run ``linear``,
-``moe_route``, ``moe_experts`` and the shared-expert ops one by one.
+Fused (at most :data:`FUSED_MAX_TOKENS` tokens, bf16/f16, per-pair GEMV routing). Default
+(``ATLAS_CUDA_MOE_DECODE=block``, ``kernels/cuda/common/moe_block.cu``; at most 256 experts, top-k
+<= 8): ``mb_router`` (router logits, many blocks; with ``rms_norm_moe_block`` every block also
+normalises x + residual itself), ``mb_gate_up`` (each warp picks its token's top-k from the logits,
+then act(gate) * up of its chosen or shared expert row), ``mb_down`` (top-k again before the PDL
+wait, the weighted sum of the experts' down rows). ``warp`` / ``split``
+(``kernels/cuda/common/moe_decode.cu``): ``moe_router`` with a last-block top-k, then the two
+expert kernels. ``ATLAS_CUDA_MOE_FUSED=0`` and larger batches run ``linear``, ``moe_route``,
+``moe_experts`` and the shared-expert ops one by one.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.ops.moe import compose_moe_block
+from atlas_core.ops.moe import compose_moe_block, compose_rms_norm_moe_block
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 
 #: Most tokens the fused path serves (the router kernel keeps one accumulator per token).
 FUSED_MAX_TOKENS = 8
-#: Router rows (warps) per block of ``moe_router``.
+#: Router rows (warps) per block of ``moe_router`` / ``mb_router``.
 _ROUTER_ROWS = 4
+#: Largest normed-rows shared memory of ``mb_router`` (tokens * hidden elements).
+_NORM_SHMEM = 64 << 10
 #: Completion counters of ``moe_router`` (one per call in turn; each returns to zero).
 _COUNTERS = 64
 
@@ -49,6 +52,10 @@ class MoeOps:
                                      renormalize, scoring, activation, shared_gate_up,
                                      shared_down, shared_gate)
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+        if self._moe_block_kernels(router_weight, top_k):
+            return self._moe_block_fused(x, None, router_weight, w_gate_up, w_down, top_k,
+                                         renormalize, scoring, gelu, shared_gate_up,
+                                         shared_down, shared_gate)
         weights, ids, shared_w = self._moe_router(x, router_weight, shared_gate, top_k,
                                                   renormalize, scoring)
         return self._moe_decode_experts(x, w_gate_up, w_down, weights, ids, shared_gate_up,
@@ -60,7 +67,8 @@ class MoeOps:
         experts, inter = w_down.shape[0], w_down.shape[-1]
         arrays = (x, router_weight, w_gate_up, w_down, shared_gate_up, shared_down, shared_gate)
         mode = cuda_env.moe_fused()
-        if mode == "0" or (mode == "auto" and shared_gate_up is None):
+        if mode == "0" or (mode == "auto" and shared_gate_up is None
+                           and not self._moe_block_kernels(router_weight, top_k)):
             return False
         if not 0 < t <= FUSED_MAX_TOKENS:
             return False
@@ -71,6 +79,77 @@ class MoeOps:
         widths = (hidden, inter) + (() if shared_down is None else (shared_down.shape[-1],))
         return all(w % 8 == 0 for w in widths) and all(a is None or a.ptr % 16 == 0
                                                       for a in arrays)
+
+    def rms_norm_moe_block(self, x: DeviceArray, residual: DeviceArray | None,
+                           norm_weight: DeviceArray, eps: float, zero_centered: bool,
+                           router_weight: DeviceArray, w_gate_up: DeviceArray, w_down: DeviceArray,
+                           top_k: int, renormalize: bool, scoring: str = "softmax",
+                           activation: str = "silu", shared_gate_up: DeviceArray | None = None,
+                           shared_down: DeviceArray | None = None,
+                           shared_gate: DeviceArray | None = None):
+        """``moe_block(rms_norm(x, norm_weight, eps, residual), ...)`` and the new residual; see
+        :func:`atlas_core.ops.moe.rms_norm_moe_block`. On the ``block`` kernels the norm runs in
+        every router block (``ATLAS_CUDA_MOE_NORM_FOLD``), else ``rms_norm`` then ``moe_block``."""
+        moe = (router_weight, w_gate_up, w_down, top_k, renormalize, scoring, activation,
+               shared_gate_up, shared_down, shared_gate)
+        t, hidden = x.shape
+        fold = (cuda_env.moe_norm_fold() and self._moe_block_kernels(router_weight, top_k)
+                and scoring in ("softmax", "sigmoid")
+                and t * hidden * x.dtype.itemsize <= _NORM_SHMEM
+                and all(a is not None and a.dtype == x.dtype and a.ptr % 16 == 0
+                        for a in (norm_weight,) + ((residual,) if residual is not None else ()))
+                and self._moe_fusable(x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
+                                      shared_down, shared_gate))
+        if not fold:
+            return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
+                                              *moe)
+        gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+        norm = (residual, norm_weight, float(eps), int(zero_centered))
+        return self._moe_block_fused(x, norm, router_weight, w_gate_up, w_down, top_k,
+                                     renormalize, scoring, gelu, shared_gate_up, shared_down,
+                                     shared_gate)
+
+    @staticmethod
+    def _moe_block_kernels(router_weight, top_k) -> bool:
+        """Whether the fused path runs ``moe_block.cu`` (else ``moe_decode.cu``)."""
+        return (cuda_env.moe_decode_kernel() == "block" and router_weight.shape[0] <= 256
+                and top_k <= 8)
+
+    def _moe_block_fused(self, x, norm, router_weight, w_gate_up, w_down, top_k, renormalize,
+                         scoring, gelu, shared_gate_up, shared_down, shared_gate):
+        """The three ``moe_block.cu`` kernels; ``norm``: ``(residual, weight, eps, zero_centered)``
+        folds the pre-norm into the router. Returns ``out`` or, with ``norm``, ``(out, residual)``."""
+        t, hidden = x.shape
+        experts, inter, k = router_weight.shape[0], w_down.shape[-1], top_k
+        self._moe_calls += 1  # counts fused calls (moe_decode.cu's counters turn with it)
+        s_inter = 0 if shared_down is None else shared_down.shape[-1]
+        rows = experts + (shared_gate is not None)
+        sig, renorm = int(scoring == "sigmoid"), int(renormalize)
+        launch, v = self.be.kernels.launch, variant_of(x.dtype)
+        logits = self._out((t, rows), np.float32)
+        xe, r_out, shmem, nargs = x, None, 0, (None, None, 0.0, 0)
+        if norm is not None:
+            xe = self._out(x.shape, x.dtype)
+            r_out = self._out(x.shape, x.dtype) if norm[0] is not None else None
+            shmem, nargs = t * hidden * x.dtype.itemsize, norm
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_router_{v}", _NORM_SHMEM),
+               -(-rows // _ROUTER_ROWS), 32 * _ROUTER_ROWS, logits, xe, r_out, x, *nargs,
+               router_weight, shared_gate, t, experts, hidden, shmem=shmem, pdl=self._pdl)
+        h = self._out((t * k, inter), np.float32)
+        hs = self._out((t, s_inter), np.float32) if s_inter else None
+        gc = cuda_env.moe_gate_up_chunks()
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up_c{gc}_{v}"),
+               (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, xe,
+               w_gate_up, shared_gate_up, logits, t, k, experts, rows, renorm, sig, hidden, inter,
+               s_inter, gelu, pdl=self._pdl)
+        nc = -(-inter // 256) if t == 1 and inter <= 1024 else 0
+        out = self._out(x.shape, x.dtype)
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_down_w{nc}_{v}"), (-(-hidden // 8), t),
+               256, out, h, hs, w_down, shared_down, logits, k, experts, rows, renorm, sig, hidden,
+               inter, s_inter, int(cuda_env.moe_down_prefetch()), pdl=self._pdl)
+        if norm is None:
+            return out
+        return out, (r_out if norm[0] is not None else x)
 
     def _moe_counter(self) -> DeviceArray:
         if self._moe_counters is None:

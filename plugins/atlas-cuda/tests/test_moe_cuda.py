@@ -117,7 +117,7 @@ def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     return {name: a.astype(dtype) for name, a in arrays.items()}
 
 
-@pytest.mark.parametrize("mode", ["warp", "split", "unfused"])
+@pytest.mark.parametrize("mode", ["block", "warp", "split", "unfused"])
 @pytest.mark.parametrize("dtype", [bfloat16, np.float16])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,scoring", [
     (1, 16, 8, 2048, 768, 0, "softmax"), (1, 16, 8, 2048, 512, 512, "softmax"),
@@ -141,7 +141,7 @@ def test_moe_block_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden
     assert (be.ops._moe_calls > calls) == (fused == "1" and t <= 8)
 
 
-@pytest.mark.parametrize("kernel", ["warp", "split"])
+@pytest.mark.parametrize("kernel", ["block", "warp", "split"])
 def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, kernel):
     # The router's completion counter must return to zero: every replay routes afresh.
     monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
@@ -162,3 +162,27 @@ def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, kernel):
         graph.replay()
         want = ref.moe_block(top_k=8, renormalize=True, **{**case, "x": x})
         assert _rel_err(be.to_host(graph.output), want) < 1.5e-2
+
+
+@pytest.mark.parametrize("fold", ["1", "0"])
+@pytest.mark.parametrize("t,e,k,hidden,inter,shared,residual,zc", [
+    (1, 128, 8, 2048, 768, 0, True, False), (1, 256, 8, 2048, 512, 512, True, True),
+    (3, 64, 4, 256, 96, 64, False, False), (8, 32, 8, 512, 128, 0, True, False),
+    (12, 16, 2, 128, 48, 32, True, False)])
+def test_rms_norm_moe_block(cuda_backend, monkeypatch, fold, t, e, k, hidden, inter, shared,
+                            residual, zc):
+    monkeypatch.setenv("ATLAS_CUDA_MOE_NORM_FOLD", fold)
+    be = cuda_backend
+    case = dict(_block_case(t * e + k + shared + 1, t, e, k, hidden, inter, shared, bfloat16))
+    rng = np.random.default_rng(t + e)
+    x = case.pop("x")  # the router separates the top-k of x itself; use x as the normed rows
+    res = rng.standard_normal(x.shape).astype(bfloat16) if residual else None
+    nw = (rng.uniform(-0.01, 0.01, hidden) if zc else np.ones(hidden)).astype(bfloat16)
+    raw = (x.astype(np.float32) - (res.astype(np.float32) if residual else 0)).astype(bfloat16)
+    be.reset_workspace()
+    dev = {name: be.from_host(a) for name, a in case.items()}
+    out, r = be.ops.rms_norm_moe_block(be.from_host(raw), None if res is None else be.from_host(res),
+                                       be.from_host(nw), 1e-6, zc, top_k=k, renormalize=True, **dev)
+    want, want_r = ref.rms_norm_moe_block(raw, res, nw, 1e-6, zc, top_k=k, renormalize=True, **case)
+    assert _rel_err(be.to_host(out), want) < 1.5e-2
+    np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))

@@ -40,10 +40,18 @@ class SharedExpertMoE(SparseMoE):
                 hidden_act=kwargs.get("hidden_act", "silu")))
             self.declare("shared_expert_gate.weight", (1, hidden))
 
-    def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+    def _shared(self) -> dict[str, Any]:
         if self.shared_expert is None:
-            return self.moe_block(hidden), residual
+            return {}
         mlp = self.shared_expert.params
-        return self.moe_block(hidden, shared_gate_up=mlp["gate_up_proj.weight"],
-                              shared_down=mlp["down_proj.weight"],
-                              shared_gate=self.params["shared_expert_gate.weight"]), residual
+        return {"shared_gate_up": mlp["gate_up_proj.weight"], "shared_down": mlp["down_proj.weight"],
+                "shared_gate": self.params["shared_expert_gate.weight"]}
+
+    def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+        return self.moe_block(hidden, **self._shared()), residual
+
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """The post-attention norm folded into the block (``ops.rms_norm_moe_block``)."""
+        return self.moe_block_prenorm(hidden, residual, norm_weight, eps, zero_centered,
+                                      **self._shared())

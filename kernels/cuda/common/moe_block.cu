@@ -1,0 +1,252 @@
+// Decode MoE block (at most 8 tokens, top-k <= 8, at most 256 experts) in three PDL kernels with no completion
+// counter and no one-block tail:
+//   mb_router:   router logits (and the shared-expert gate logit), a warp per row, rounded to
+//                the activation dtype as `linear` does. With a norm weight, every block first
+//                normalises x (+ residual) itself, exactly as rms_norm stores it; block 0 writes
+//                the summed residual and the normed rows (xn) that the expert kernels read.
+//   mb_gate_up:  act(gate) * up of every (token, slot) pair and each token's shared expert; each
+//                warp picks its token's top-k from the logits itself (a warp-parallel selection,
+//                moe_topk.cuh), so routing costs no kernel of its own.
+//   mb_down:     out = sum_j w_j * down_e(h_j) + sigmoid(gate) * shared_down(hs). Every warp
+//                picks the top-k before its PDL wait (the logits are final once mb_gate_up has
+//                launched it) and may ask L2 for its expert rows while mb_gate_up still runs.
+#include "common.cuh"
+#include "moe_topk.cuh"
+
+#define MB_MAX_TOKENS 8
+
+__device__ __forceinline__ void mb_prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
+}
+
+// Rows 0..M-1 of x (+ residual) normalised into xs[M][H] (T, rounded as rms_norm stores them).
+// Block 0 also writes the residual sum (r_out) and the normed rows (xn).
+template <typename T>
+__device__ void mb_norm_rows(T* xs, T* r_out, T* xn, const T* x, const T* res, const T* nw,
+                             float eps, int zc, int M, int H) {
+  __shared__ float scratch[32];
+  bool first = blockIdx.x == 0;
+  for (int m = 0; m < M; m++) {
+    long long row = (long long)m * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x * 8; i < H; i += blockDim.x * 8) {
+      float v[8];
+      Vec8<T> a; a.load(x + row + i); a.to_float(v);
+      if (res) {
+        float b[8];
+        Vec8<T> bv; bv.load(res + row + i); bv.to_float(b);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = to_f32(from_f32<T>(v[j] + b[j]));
+        if (first) { Vec8<T> o; o.from_float(v); o.store(r_out + row + i); }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+      Vec8<T> o; o.from_float(v); o.store(xs + row + i);
+    }
+    float inv = rsqrtf(block_sum(ss, scratch) / H + eps);
+    for (int i = threadIdx.x * 8; i < H; i += blockDim.x * 8) {
+      float v[8], wf[8];
+      Vec8<T> a, wv; a.load(xs + row + i); a.to_float(v);
+      wv.load(nw + i); wv.to_float(wf);
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (zc ? wf[j] + 1.f : wf[j]);
+      a.from_float(v); a.store(xs + row + i);
+      if (first) a.store(xn + row + i);
+    }
+  }
+  __syncthreads();
+}
+
+// Grid ceil(rows / warps), rows = E (+1 with a shared gate): a warp per router row, every token.
+// Dynamic shared memory ntok * H elements when nw (the norm weight) is given.
+template <typename T>
+__device__ void mb_router_impl(float* logits, T* xn, T* r_out, const T* x, const T* res,
+                               const T* nw, float eps, int zc, const T* __restrict__ wr,
+                               const T* __restrict__ wsg, int ntok, int E, int H) {
+  extern __shared__ __align__(16) unsigned char mb_smem[];
+  int lane = threadIdx.x & 31, rows = E + (wsg ? 1 : 0);
+  int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const T* wrow = r < E ? wr + (long long)r * H : wsg;
+  Vec8<T> pre[8];  // the row's first 2,048 weights: static, loaded while the previous kernel drains
+  if (r < rows)
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+      if ((lane + 32 * c) * 8 < H) pre[c].load(wrow + (lane + 32 * c) * 8);
+  pdl_trigger();
+  pdl_wait();
+  const T* xs = x;
+  if (nw) {
+    T* s = reinterpret_cast<T*>(mb_smem);
+    mb_norm_rows<T>(s, r_out, xn, x, res, nw, eps, zc, ntok, H);
+    xs = s;
+  }
+  if (r < rows) moe_row_logits<T, 8, MB_MAX_TOKENS>(logits, pre, wrow, xs, ntok, H, rows, r);
+}
+
+// Grid (ceil(max(I, Is) / warps), ntok * top_k (+ ntok with a shared expert)): a warp per
+// (pair, intermediate row) writes act(x . gate_row) * (x . up_row) in float32, GC 256-element
+// chunks of both rows in flight at a time.
+template <typename T, int GC>
+__device__ void mb_gate_up_impl(float* h, float* hs, const T* x, const T* __restrict__ w,
+                                const T* __restrict__ ws, const float* logits, int ntok,
+                                int top_k, int E, int rows, int renorm, int sig, int H, int I,
+                                int Is, int gelu) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
+  bool shared = p >= ntok * top_k;
+  int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
+  if (n >= inter) return;
+  const T* wg = nullptr;
+  if (shared) {
+    wg = ws + (long long)n * H;
+    for (int k = lane * 64; k < H; k += 32 * 64) {
+      mb_prefetch_l2(wg + k);
+      mb_prefetch_l2(wg + (long long)Is * H + k);
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+  if (!shared) {
+    float wt;
+    int id;
+    ms_topk_lanes<8>(wt, id, logits + (long long)t * rows, E, top_k, renorm, sig);
+    int e = __shfl_sync(0xffffffffu, id, p - t * top_k);
+    wg = w + ((long long)e * 2 * I + n) * H;
+  }
+  const T* wu = wg + (long long)inter * H;
+  const T* xr = x + (long long)t * H;
+  float g = 0.f, u = 0.f;
+  for (int k0 = 0; k0 < H; k0 += GC * 256) {
+    Vec8<T> gv[GC], uv[GC];
+#pragma unroll
+    for (int c = 0; c < GC; c++) {
+      int k = k0 + c * 256 + lane * 8;
+      if (k < H) { gv[c].load(wg + k); uv[c].load(wu + k); }
+    }
+#pragma unroll
+    for (int c = 0; c < GC; c++) {
+      int k = k0 + c * 256 + lane * 8;
+      if (k >= H) break;
+      float xf[8], gf[8], uf[8];
+      Vec8<T> xv; xv.load(xr + k);
+      xv.to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
+    }
+  }
+  g = warp_sum(g); u = warp_sum(u);
+  if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
+}
+
+// Grid (ceil(H / warps), ntok): a warp per (token, hidden row) sums the token's experts and its
+// gated shared expert. NC > 0 (I <= NC * 256): every expert row's loads in flight at once;
+// NC == 0: a loop over 256-column chunks. pf: ask L2 for the rows before the PDL wait.
+template <typename T, int NC>
+__device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* __restrict__ hs,
+                             const T* __restrict__ w, const T* __restrict__ ws,
+                             const float* logits, int top_k, int E, int rows, int renorm, int sig,
+                             int H, int I, int Is, int pf) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
+  if (n >= H) return;
+  const float* lt = logits + (long long)t * rows;
+  float my_w;
+  int my_id;
+  ms_topk_lanes<8>(my_w, my_id, lt, E, top_k, renorm, sig);
+  float wt[8];
+  int e[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    wt[j] = __shfl_sync(0xffffffffu, my_w, j);
+    e[j] = j < top_k ? __shfl_sync(0xffffffffu, my_id, j) : 0;
+  }
+  float shared_w = Is && rows > E ? 1.f / (1.f + expf(-ms_ldcg(lt + E))) : 1.f;
+  if (pf) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      if (j < top_k)
+        for (int k = lane * 64; k < I; k += 32 * 64)
+          mb_prefetch_l2(w + ((long long)e[j] * H + n) * I + k);
+    if (Is)
+      for (int k = lane * 64; k < Is; k += 32 * 64) mb_prefetch_l2(ws + (long long)n * Is + k);
+  }
+  pdl_wait();
+  pdl_trigger();
+  float total = 0.f;
+  const float* ht = h + (long long)t * top_k * I;
+  if (NC > 0) {
+    Vec8<T> wv[8][NC > 0 ? NC : 1];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        int k = lane * 8 + c * 256;
+        if (j < top_k && k < I) wv[j][c].load(w + ((long long)e[j] * H + n) * I + k);
+      }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      if (j >= top_k) break;
+      float s = 0.f;
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        int k = lane * 8 + c * 256;
+        if (k < I) {
+          float wf[8], hf[8];
+          wv[j][c].to_float(wf);
+          Vec8<float> hv; hv.load(ht + (long long)j * I + k); hv.to_float(hf);
+#pragma unroll
+          for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+        }
+      }
+      total += s * wt[j];
+    }
+  } else {
+    for (int k = lane * 8; k < I; k += 256) {
+#pragma unroll
+      for (int j = 0; j < 8; j++) {
+        if (j >= top_k) break;
+        float wf[8], hf[8], s = 0.f;
+        Vec8<T> wv; wv.load(w + ((long long)e[j] * H + n) * I + k); wv.to_float(wf);
+        Vec8<float> hv; hv.load(ht + (long long)j * I + k); hv.to_float(hf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+        total += s * wt[j];
+      }
+    }
+  }
+  if (Is) {
+    float s = 0.f;
+    for (int k = lane * 8; k < Is; k += 256) {
+      float wf[8], hf[8];
+      Vec8<T> wv; wv.load(ws + (long long)n * Is + k); wv.to_float(wf);
+      Vec8<float> hv; hv.load(hs + (long long)t * Is + k); hv.to_float(hf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+    }
+    total += shared_w * s;
+  }
+  total = warp_sum(total);
+  if (lane == 0) out[(long long)t * H + n] = from_f32<T>(total);
+}
+
+#define MB_GATE_UP(T, S, GC)                                                                   \
+  extern "C" __global__ void __launch_bounds__(256) mb_gate_up_c##GC##_##S(                    \
+      float* h, float* hs, const T* x, const T* w, const T* ws, const float* lg, int ntok,     \
+      int k, int E, int rows, int renorm, int sig, int H, int I, int Is, int gelu) {           \
+    mb_gate_up_impl<T, GC>(h, hs, x, w, ws, lg, ntok, k, E, rows, renorm, sig, H, I, Is, gelu); \
+  }
+#define MB_DOWN(T, S, NC)                                                                      \
+  extern "C" __global__ void __launch_bounds__(256) mb_down_w##NC##_##S(                       \
+      T* out, const float* h, const float* hs, const T* w, const T* ws, const float* lg,       \
+      int k, int E, int rows, int renorm, int sig, int H, int I, int Is, int pf) {             \
+    mb_down_impl<T, NC>(out, h, hs, w, ws, lg, k, E, rows, renorm, sig, H, I, Is, pf);         \
+  }
+#define MOE_BLOCK(T, S)                                                                        \
+  extern "C" __global__ void mb_router_##S(float* lg, T* xn, T* r_out, const T* x,             \
+      const T* res, const T* nw, float eps, int zc, const T* wr, const T* wsg, int ntok,       \
+      int E, int H) {                                                                          \
+    mb_router_impl<T>(lg, xn, r_out, x, res, nw, eps, zc, wr, wsg, ntok, E, H);                \
+  }                                                                                            \
+  MB_GATE_UP(T, S, 4) MB_GATE_UP(T, S, 8)                                                      \
+  MB_DOWN(T, S, 0) MB_DOWN(T, S, 1) MB_DOWN(T, S, 2) MB_DOWN(T, S, 3) MB_DOWN(T, S, 4)
+INSTANTIATE(MOE_BLOCK)
