@@ -7,7 +7,7 @@ import os
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
-MOE_DECODE_KERNELS = ("warp", "split")
+MOE_DECODE_KERNELS = ("block", "warp", "split")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
@@ -74,22 +74,42 @@ def moe_mode() -> str:
 
 
 def moe_fused() -> str:
-    """``ATLAS_CUDA_MOE_FUSED``: ``moe_block`` for at most 8 tokens as three kernels
-    (``moe_decode.cu``: router + top-k, gate_up of the chosen and shared experts, down and sum):
-    ``auto`` (default: for blocks with a shared expert, where it replaced 10 kernels and measured
-    faster on an H200; a plain MoE block was not), ``1`` (always) or ``0`` (never: router
-    ``linear``, ``moe_route``, ``moe_experts`` and the shared expert's ops one by one)."""
+    """``ATLAS_CUDA_MOE_FUSED``: ``moe_block`` for at most 8 tokens as three kernels:
+    ``auto`` (default: every block with the ``block`` kernels of ``moe_block.cu``; with the older
+    ``warp`` / ``split`` kernels of ``moe_decode.cu`` only blocks with a shared expert, where they
+    measured faster), ``1`` (always) or ``0`` (never: router ``linear``, ``moe_route``,
+    ``moe_experts`` and the shared expert's ops one by one)."""
     return _choice("ATLAS_CUDA_MOE_FUSED", MOE_FUSED_MODES)
 
 
 def moe_decode_kernel() -> str:
-    """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: the three-kernel path of
-    ``moe_decode.cu`` with ``warp`` (default: a warp per output row) or ``split`` (a block per 8
-    rows, its warps splitting the reduction) expert kernels."""
+    """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: ``block`` (default,
+    ``moe_block.cu``: router logits in many blocks, every expert warp picks its token's top-k
+    itself; at most 256 experts and top-k 8, else ``warp``), or ``moe_decode.cu``'s router with
+    a last-block top-k and ``warp`` (a warp per output row) or ``split`` (a block per 8 rows)
+    expert kernels."""
     return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
 
 
 def gdn_fused() -> bool:
+def moe_gate_up_chunks() -> int:
+    """``ATLAS_CUDA_MOE_GATE_UP_CHUNKS``: 256-column chunks of the gate and up rows a warp of the
+    ``block`` gate_up kernel keeps in flight at once: ``4`` (default) or ``8``."""
+    return int(_choice("ATLAS_CUDA_MOE_GATE_UP_CHUNKS", ("4", "8")))
+
+
+def moe_down_prefetch() -> bool:
+    """``ATLAS_CUDA_MOE_DOWN_PREFETCH``: ``1`` (default) lets the ``block`` down kernel ask L2
+    for its chosen experts' rows before its PDL wait (while gate_up still runs)."""
+    return _flag("ATLAS_CUDA_MOE_DOWN_PREFETCH", "1")
+
+
+def moe_norm_fold() -> bool:
+    """``ATLAS_CUDA_MOE_NORM_FOLD``: ``1`` (default) folds ``rms_norm_moe_block``'s norm and
+    residual add into the ``block`` router kernel; ``0`` runs ``rms_norm`` then ``moe_block``."""
+    return _flag("ATLAS_CUDA_MOE_NORM_FOLD", "1")
+
+
     """``ATLAS_CUDA_GDN_FUSED``: ``1`` (default; measured faster on an H200) runs
     ``gated_delta_rule_decode`` as two kernels (conv update + gating; recurrent step + gated norm);
     ``0`` runs ``causal_conv1d_update``, ``gdn_gating``, ``gated_delta_rule_recurrent``,
