@@ -91,7 +91,6 @@ def moe_decode_kernel() -> str:
     return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
 
 
-def gdn_fused() -> bool:
 def moe_gate_up_chunks() -> int:
     """``ATLAS_CUDA_MOE_GATE_UP_CHUNKS``: 256-column chunks of the gate and up rows a warp of the
     ``block`` gate_up kernel keeps in flight at once: ``4`` (default) or ``8``."""
@@ -110,6 +109,7 @@ def moe_norm_fold() -> bool:
     return _flag("ATLAS_CUDA_MOE_NORM_FOLD", "1")
 
 
+def gdn_fused() -> bool:
     """``ATLAS_CUDA_GDN_FUSED``: ``1`` (default; measured faster on an H200) runs
     ``gated_delta_rule_decode`` as two kernels (conv update + gating; recurrent step + gated norm);
     ``0`` runs ``causal_conv1d_update``, ``gdn_gating``, ``gated_delta_rule_recurrent``,
