@@ -163,6 +163,173 @@ __device__ void gdn_decode_norm_impl(T* out, const T* qkv, const T* z, const flo
   }
 }
 
+// The same decode step with a value head's columns split over a thread block cluster (sm_90+),
+// so that Hv * Dv / cols blocks share the state traffic instead of Hv. A block owns `cols`
+// columns of head h (state slab [Dk, cols]); a thread a float4 of them (quad t % (cols / 4))
+// on rows rg, rg + R, ... (rg = t / (cols / 4), R = blockDim / (cols / 4), at most DS_ROWS
+// each): both reductions over Dk are warp shuffles then one shared-memory pass over the warps.
+// A cluster is the Dv / cols blocks of one (head, sequence), grid (Dv / cols, Hv, num_seqs):
+// each block pushes its squared-output sum into every member's shared memory, one cluster
+// barrier, then all normalise. Before griddepcontrol.wait only L2 prefetches of the state slab
+// run (state_indices are uploaded by the host, never written by a kernel). Dynamic shared
+// memory 2 * Dk floats.
+#define DS_ROWS 8
+#define DS_MAX_WARPS 8
+#define DS_MAX_COLS 64
+#define DS_MAX_CLUSTER 8
+
+__device__ __forceinline__ void ds_cluster_arrive(bool relaxed) {
+#if __CUDA_ARCH__ >= 900
+  if (relaxed) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+  else asm volatile("barrier.cluster.arrive;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ds_cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait;\n" ::: "memory");
+#endif
+}
+// This block's rank in its cluster and the cluster's block count.
+__device__ __forceinline__ void ds_cluster_rank(u32& rank, u32& size) {
+  rank = 0;
+  size = 1;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(size));
+#endif
+}
+// `*p = v` in the shared memory of block `rank` of this cluster.
+__device__ __forceinline__ void ds_store_remote(float* p, u32 rank, float v) {
+#if __CUDA_ARCH__ >= 900
+  u32 local = (u32)__cvta_generic_to_shared(p), remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" :: "r"(remote), "f"(v) : "memory");
+#else
+  *p = v;
+#endif
+}
+
+__device__ __forceinline__ float4 f4_fma(float4 a, float s, float4 acc) {
+  return make_float4(fmaf(a.x, s, acc.x), fmaf(a.y, s, acc.y), fmaf(a.z, s, acc.z),
+                     fmaf(a.w, s, acc.w));
+}
+
+// Per-column sums of v over the block's row groups (every thread gets its quad's sums).
+__device__ __forceinline__ float4 ds_column_sum(float4 v, float* red, int cq, int quad) {
+  for (int o = cq; o < 32; o <<= 1) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+    v.z += __shfl_xor_sync(0xffffffffu, v.z, o);
+    v.w += __shfl_xor_sync(0xffffffffu, v.w, o);
+  }
+  float4* red4 = reinterpret_cast<float4*>(red);
+  int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) < cq) red4[warp * cq + quad] = v;
+  __syncthreads();
+  float4 sum = red4[quad];
+  for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
+    float4 p = red4[w * cq + quad];
+    sum.x += p.x; sum.y += p.y; sum.z += p.z; sum.w += p.w;
+  }
+  return sum;
+}
+
+template <typename T>
+__device__ void gdn_decode_split_impl(T* out, const T* qkv, const T* z, const float* g,
+                                      const float* beta, float* states, const int* seq_lens,
+                                      const int* state_indices, const T* norm_w, int num_k_heads,
+                                      int num_v_heads, int dk, int dv, int cols, float scale,
+                                      float eps) {
+  extern __shared__ float qk[];  // q (dk), k (dk)
+  __shared__ __align__(16) float red_kv[DS_MAX_WARPS * DS_MAX_COLS];
+  __shared__ __align__(16) float red_o[DS_MAX_WARPS * DS_MAX_COLS];
+  __shared__ float parts[DS_MAX_CLUSTER];
+  int b = blockIdx.z, h = blockIdx.y, cq = cols >> 2, quad = threadIdx.x % cq;
+  int rg = threadIdx.x / cq, R = blockDim.x / cq, j = blockIdx.x * cols + quad * 4;
+  long long head = (long long)b * num_v_heads + h;
+  ds_cluster_arrive(true);  // #1: this block runs, its shared memory may be written
+  pdl_trigger();
+  int hint = state_indices[b];
+  if (hint >= 0) {  // one prefetch per 128-byte piece of each slab row
+    const float* slab = states + ((long long)hint * num_v_heads + h) * dk * dv + j - quad * 4;
+    int pieces = (cols + 31) >> 5;
+    for (int t = threadIdx.x; t < dk * pieces; t += blockDim.x)
+      asm volatile("prefetch.global.L2 [%0];\n" :: "l"(slab + (long long)(t / pieces) * dv
+                                                           + (t % pieces) * 32));
+  }
+  pdl_wait();
+  int slot = state_indices[b];
+  bool has_state = slot >= 0 && seq_lens[b] > 1;
+  float4* sp = reinterpret_cast<float4*>(
+      states + ((long long)(slot < 0 ? 0 : slot) * num_v_heads + h) * dk * dv + j);
+  int dv4 = dv >> 2;
+  float4 s[DS_ROWS];
+#pragma unroll
+  for (int m = 0; m < DS_ROWS; m++) {
+    int i = rg + R * m;
+    s[m] = has_state && i < dk ? sp[(long long)i * dv4] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  int kh = h / (num_v_heads / num_k_heads);
+  const T* row = qkv + (long long)b * (2LL * num_k_heads * dk + (long long)num_v_heads * dv);
+  load_qk(qk, row, kh * dk, num_k_heads * dk + kh * dk, dk);
+  float v[4], zv[4], w[4];
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    v[c] = to_f32(row[2LL * num_k_heads * dk + (long long)h * dv + j + c]);
+    zv[c] = to_f32(z[head * dv + j + c]);
+    w[c] = to_f32(norm_w[j + c]);
+  }
+  float decay = expf(g[head]), bt = beta[head];
+  __syncthreads();
+  float qscale = scale * rsqrtf(warp_sumsq(qk, dk) + 1e-6f);
+  float kscale = rsqrtf(warp_sumsq(qk + dk, dk) + 1e-6f);
+  float4 kv = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int m = 0; m < DS_ROWS; m++) {
+    int i = rg + R * m;
+    if (i < dk) {
+      s[m] = make_float4(s[m].x * decay, s[m].y * decay, s[m].z * decay, s[m].w * decay);
+      kv = f4_fma(s[m], qk[dk + i], kv);
+    }
+  }
+  kv = ds_column_sum(kv, red_kv, cq, quad);
+  float4 delta = make_float4((v[0] - kv.x * kscale) * bt * kscale,
+                             (v[1] - kv.y * kscale) * bt * kscale,
+                             (v[2] - kv.z * kscale) * bt * kscale,
+                             (v[3] - kv.w * kscale) * bt * kscale);
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int m = 0; m < DS_ROWS; m++) {
+    int i = rg + R * m;
+    if (i < dk) {
+      s[m] = f4_fma(delta, qk[dk + i], s[m]);
+      o = f4_fma(s[m], qk[i], o);
+      if (slot >= 0) sp[(long long)i * dv4] = s[m];
+    }
+  }
+  o = ds_column_sum(o, red_o, cq, quad);
+  float oc[4] = {to_f32(from_f32<T>(o.x * qscale)), to_f32(from_f32<T>(o.y * qscale)),
+                 to_f32(from_f32<T>(o.z * qscale)), to_f32(from_f32<T>(o.w * qscale))};
+  float sq = 0.f;
+  if (threadIdx.x < 32) {
+    if (threadIdx.x < cq) sq = oc[0] * oc[0] + oc[1] * oc[1] + oc[2] * oc[2] + oc[3] * oc[3];
+    sq = warp_sum(sq);
+  }
+  u32 rank, csize;
+  ds_cluster_rank(rank, csize);
+  ds_cluster_wait();  // #1: every member has started
+  if (threadIdx.x < csize) ds_store_remote(&parts[rank], threadIdx.x, sq);
+  ds_cluster_arrive(false);  // #2: this block's sum is in every member
+  ds_cluster_wait();
+  if (threadIdx.x >= cq) return;
+  float total = 0.f;
+  for (u32 r = 0; r < csize; r++) total += parts[r];
+  float inv = rsqrtf(total / dv + eps);
+#pragma unroll
+  for (int c = 0; c < 4; c++)
+    out[head * dv + j + c] = from_f32<T>(oc[c] * inv * w[c] * (zv[c] / (1.f + expf(-zv[c]))));
+}
+
 #define DELTA_RULE(T, S)                                                                       \
   extern "C" __global__ void __launch_bounds__(128) gated_delta_rule_##S(                      \
       T* out, const T* qkv, const float* g, const float* beta, float* states, const int* cu,  \
@@ -177,5 +344,12 @@ __device__ void gdn_decode_norm_impl(T* out, const T* qkv, const T* z, const flo
       float scale, int lanes, float eps) {                                                     \
     gdn_decode_norm_impl<T>(out, qkv, z, g, beta, states, seq_lens, idx, norm_w, hk, hv, dk,   \
                             dv, scale, lanes, eps);                                            \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(256) gdn_decode_split_##S(                      \
+      T* out, const T* qkv, const T* z, const float* g, const float* beta, float* states,      \
+      const int* seq_lens, const int* idx, const T* norm_w, int hk, int hv, int dk, int dv,    \
+      int cols, float scale, float eps) {                                                      \
+    gdn_decode_split_impl<T>(out, qkv, z, g, beta, states, seq_lens, idx, norm_w, hk, hv, dk,  \
+                             dv, cols, scale, eps);                                            \
   }
 INSTANTIATE(DELTA_RULE)

@@ -11,6 +11,7 @@ MOE_DECODE_KERNELS = ("block", "warp", "split")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
+GDN_DECODE_KERNELS = ("auto", "split", "head")
 
 
 def _choice(name: str, allowed: tuple[str, ...]) -> str:
@@ -122,6 +123,15 @@ def gdn_prefill() -> str:
     chunked WY kernels of ``gdn_chunked.cu`` once a step has ``GDN_CHUNKED_MIN_TOKENS`` tokens,
     else the token-sequential kernel), ``chunked`` or ``sequential`` (``delta_rule.cu``)."""
     return _choice("ATLAS_CUDA_GDN_PREFILL", GDN_PREFILL_MODES)
+
+
+def gdn_decode_kernel() -> str:
+    """``ATLAS_CUDA_GDN_DECODE``: recurrent step + gated norm kernel of the fused
+    ``gated_delta_rule_decode``: ``auto`` (default: ``split`` for steps of at most
+    ``ops_gdn.SPLIT_MAX_SEQS`` sequences, else ``head``), ``split`` (sm_90+: each value head's
+    columns over a thread block cluster, ``gdn_decode_split``) or ``head`` (a block per value
+    head, ``gdn_decode_norm``)."""
+    return _choice("ATLAS_CUDA_GDN_DECODE", GDN_DECODE_KERNELS)
 
 
 def _flag(name: str, default: str) -> bool:

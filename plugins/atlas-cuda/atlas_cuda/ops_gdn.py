@@ -14,6 +14,7 @@ from atlas_core.ops.gdn import compose_gdn_decode
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.driver import DeviceAllocation
+from atlas_cuda.kernels_loader import kernel_arg
 
 #: Longest depthwise conv kernel the conv1d kernels keep in registers.
 CONV_KMAX = 8
@@ -21,6 +22,13 @@ CONV_KMAX = 8
 CONV_CHANNELS = 64
 #: Threads per block of the delta-rule kernel and state rows each thread keeps in registers.
 DELTA_THREADS, DELTA_ROWS = 128, 32
+#: Threads per block of gdn_decode_split, float4 state rows per thread (DS_ROWS in
+#: delta_rule.cu), value columns per block it tries (a cluster holds at most 8 blocks).
+SPLIT_THREADS, SPLIT_ROWS, SPLIT_COLS, SPLIT_MAX_CLUSTER = 128, 8, (32, 16, 64), 8
+#: Sequences per step up to which ``ATLAS_CUDA_GDN_DECODE=auto`` takes gdn_decode_split (H200,
+#: Qwen3.5-35B heads, scripts/gdn_decode_paths.py, us per layer head -> split: 1 sequence
+#: 10.2 -> 7.9, 2: 10.3 -> 8.5, 8: 18.6 -> 20.5).
+SPLIT_MAX_SEQS = 2
 #: Chunk length, key head size, threads and state columns per block of gdn_chunked.cu.
 GC_CHUNK, GC_DK, GC_THREADS, GC_COLS = 64, 128, 256, 16
 #: Tokens from which ``ATLAS_CUDA_GDN_PREFILL=auto`` takes the chunked kernels.
@@ -69,6 +77,17 @@ def _lanes(head_k_dim: int) -> int:
         raise ValueError(f"gated_delta_rule: head_k_dim {head_k_dim} is above the cuda kernel "
                          f"limit {32 * DELTA_ROWS}")
     return lanes
+
+
+def _split_cols(head_k_dim: int, head_v_dim: int) -> int | None:
+    """Value columns per block of ``gdn_decode_split``, or None where it does not apply."""
+    threads = SPLIT_THREADS
+    for cols in SPLIT_COLS:
+        row_groups = threads // (cols // 4)
+        if (head_v_dim % cols == 0 and head_v_dim // cols <= SPLIT_MAX_CLUSTER
+                and row_groups * SPLIT_ROWS >= head_k_dim and threads // 32 * cols <= 512):
+            return cols
+    return None
 
 
 class GdnOps:
@@ -214,16 +233,23 @@ class GdnOps:
                                 state_indices: DeviceArray, *, num_k_heads: int,
                                 num_v_heads: int, head_k_dim: int, head_v_dim: int,
                                 eps: float = 1e-6) -> DeviceArray:
-        """Two kernels (``gdn_conv_gating``, then ``gdn_decode_norm``: a block per whole value
-        head, so the gated norm stays in it) where they apply, unless ``ATLAS_CUDA_GDN_FUSED=0``;
-        otherwise the four separate ops."""
+        """Two kernels where they apply, unless ``ATLAS_CUDA_GDN_FUSED=0`` (then the four
+        separate ops): ``gdn_conv_gating``, then the recurrent step + gated norm: on sm_90+
+        for at most :data:`SPLIT_MAX_SEQS` sequences ``gdn_decode_split`` (a thread block
+        cluster per value head, see :meth:`_decode_split`), else ``gdn_decode_norm`` (a block
+        per value head); ``ATLAS_CUDA_GDN_DECODE=split|head`` picks one whatever the batch."""
         heads = dict(num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
                      head_v_dim=head_v_dim)
         threads = head_v_dim * _lanes(head_k_dim)
+        mode = cuda_env.gdn_decode_kernel()
+        split = mode == "split" or (mode == "auto" and qkv.shape[0] <= SPLIT_MAX_SEQS)
+        cols = (_split_cols(head_k_dim, head_v_dim) if split and ssm_states.ptr % 16 == 0
+                and tuple(self.be.capability) >= (9, 0) else None)
         same = all(a.dtype == qkv.dtype for a in (z, ba, conv_weight, norm_weight))
-        if not (cuda_env.gdn_fused() and same and threads % 32 == 0 and threads <= 512
-                and A_log.dtype == np.float32 and dt_bias.dtype == np.float32
-                and num_v_heads % num_k_heads == 0 and qkv.shape[0] == state_indices.shape[0]):
+        if not (cuda_env.gdn_fused() and same and A_log.dtype == np.float32
+                and dt_bias.dtype == np.float32 and num_v_heads % num_k_heads == 0
+                and qkv.shape[0] == state_indices.shape[0]
+                and (cols is not None or (threads % 32 == 0 and threads <= 512))):
             return compose_gdn_decode(self, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
                                       conv_states, ssm_states, cu_seqlens, seq_lens,
                                       state_indices, eps=eps, **heads)
@@ -242,11 +268,30 @@ class GdnOps:
         launch(self._k("gdn", qkv.dtype, "gdn_conv_gating"), (-(-dim // 128) + 1, n), 128, x, g,
                beta, qkv, conv_weight, conv_states, seq_lens, state_indices, dim, k, ba, A_log,
                dt_bias, num_v_heads, pdl=self._pdl)
+        if cols is not None:
+            self._decode_split(out, x, z, g, beta, ssm_states, seq_lens, state_indices,
+                               norm_weight, cols, SPLIT_THREADS, eps, **heads)
+            return out
         launch(self._k("delta_rule", qkv.dtype, "gdn_decode_norm"), (num_v_heads, n), threads,
                out, x, z, g, beta, ssm_states, seq_lens, state_indices, norm_weight, num_k_heads,
                num_v_heads, head_k_dim, head_v_dim, float(head_k_dim ** -0.5),
                _lanes(head_k_dim), float(eps), shmem=4 * (2 * head_k_dim + 32), pdl=self._pdl)
         return out
+
+    def _decode_split(self, out, x, z, g, beta, ssm_states, seq_lens, state_indices, norm_weight,
+                      cols, threads, eps, *, num_k_heads, num_v_heads, head_k_dim, head_v_dim):
+        """``gdn_decode_split``: grid (head_v_dim / cols, num_v_heads, num_seqs) of ``threads``
+        threads, a thread block cluster per (value head, sequence)."""
+        from cuda.core import LaunchConfig, launch
+        slabs = head_v_dim // cols
+        pdl = {"programmatic_stream_serialization": True} if self._pdl else {}
+        # cuda.core counts clusters in `grid` once `cluster` is given
+        config = LaunchConfig(grid=(1, num_v_heads, x.shape[0]), cluster=(slabs, 1, 1),
+                              block=threads, shmem_size=8 * head_k_dim, **pdl)
+        args = (out, x, z, g, beta, ssm_states, seq_lens, state_indices, norm_weight, num_k_heads,
+                num_v_heads, head_k_dim, head_v_dim, cols, float(head_k_dim ** -0.5), float(eps))
+        launch(self.be.stream_obj, config, self._k("delta_rule", x.dtype, "gdn_decode_split"),
+               *[kernel_arg(a) for a in args])
 
     def gdn_gating(self, ba: DeviceArray, A_log: DeviceArray, dt_bias: DeviceArray):
         num_heads = ba.shape[-1] // 2

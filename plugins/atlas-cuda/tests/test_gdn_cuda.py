@@ -129,11 +129,14 @@ def test_conv1d_prefill_then_updates(cuda_backend, dtype):
     assert_close(be.to_host(dev_pool), pool, "conv state")
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_decode_step_in_a_graph(cuda_backend, monkeypatch, fused):
+@pytest.mark.parametrize("kernel", [None, "head", "split"])
+def test_decode_step_in_a_graph(cuda_backend, monkeypatch, kernel):
     """conv update + gating + delta rule + gated norm captured once, replayed on new inputs
-    (as four ops, or as gated_delta_rule_decode's two fused kernels)."""
+    (as four ops, or as gated_delta_rule_decode's two fused kernels, the second one
+    gdn_decode_norm or gdn_decode_split)."""
+    fused = kernel is not None
     monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", str(int(fused)))
+    monkeypatch.setenv("ATLAS_CUDA_GDN_DECODE", kernel or "auto")
     be, rng = cuda_backend, make_rng("gdn_graph")
     hk, hv, dk, dv = HEADS
     dim, k, num_seqs = 2 * hk * dk + hv * dv, 4, 3
@@ -240,13 +243,48 @@ def _teacher_forced_logits(path, backend, registry, dtype=None):
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("fused", ["0", "1"])
+@pytest.mark.parametrize("path", ["unfused", "head", "split"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("heads", [HEADS, (1, 1, 32, 32), (2, 4, 16, 8)])
-def test_gated_delta_rule_decode_paths(cuda_backend, monkeypatch, fused, dtype, heads):
+@pytest.mark.parametrize("heads", [HEADS, (1, 1, 32, 32), (2, 4, 16, 8), (1, 2, 64, 256),
+                                   (2, 2, 256, 64)])
+def test_gated_delta_rule_decode_paths(cuda_backend, monkeypatch, path, dtype, heads):
+    """The four separate ops, gdn_decode_norm (a block per value head) and gdn_decode_split
+    (clusters of column slabs: 8 x 16, 2 x 16, none (falls back), 8 x 32, 4 x 16 columns)."""
     from atlas_core.testing.contracts_gdn import GdnContract
-    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", fused)
+    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", str(int(path != "unfused")))
+    monkeypatch.setenv("ATLAS_CUDA_GDN_DECODE", "head" if path == "head" else "split")
     GdnContract().test_gated_delta_rule_decode(cuda_backend, dtype, heads)
+
+
+@pytest.mark.parametrize("cols", [32, 16])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_decode_split_matches_head_kernel(cuda_backend, monkeypatch, batch, cols):
+    """gdn_decode_split (``cols`` value columns per block) against gdn_decode_norm at
+    Qwen3.5-35B's GDN heads (16 / 32 heads, 128 x 128), bfloat16, from the same state and
+    inputs."""
+    from atlas_cuda import ops_gdn
+    monkeypatch.setattr(ops_gdn, "SPLIT_COLS", (cols,))
+    be, rng = cuda_backend, make_rng("gdn_split", batch)
+    hk, hv, dk, dv = 16, 32, 128, 128
+    dim, k = 2 * hk * dk + hv * dv, 4
+    seq_lens, slots = np.full(batch, 7, np.int32), np.arange(batch, dtype=np.int32)[::-1].copy()
+    bf = "bfloat16"
+    host = [randn(rng, (batch, dim), bf), randn(rng, (batch, hv * dv), bf),
+            randn(rng, (batch, 2 * hv), bf), randn(rng, (dim, k), bf, 0.5),
+            np.log(rng.uniform(0.5, 4, hv)).astype(np.float32), randn(rng, (hv,)),
+            randn(rng, (dv,), bf)]
+    conv, ssm = randn(rng, (batch, k - 1, dim)), randn(rng, (batch, hv, dk, dv), scale=0.5)
+    args = [be.from_host(a) for a in host]
+    meta = [be.from_host(a) for a in (np.arange(batch + 1, dtype=np.int32), seq_lens, slots)]
+    results = {}
+    for kernel in ("head", "split"):
+        monkeypatch.setenv("ATLAS_CUDA_GDN_DECODE", kernel)
+        pools = [be.from_host(conv), be.from_host(ssm)]
+        out = be.ops.gated_delta_rule_decode(*args, *pools, *meta, num_k_heads=hk,
+                                             num_v_heads=hv, head_k_dim=dk, head_v_dim=dv)
+        results[kernel] = [be.to_host(out).astype(np.float32), be.to_host(pools[1])]
+    assert rel_error(results["split"][0], results["head"][0]) < 1e-2
+    assert rel_error(results["split"][1], results["head"][1]) < 1e-5
 
 
 def test_hybrid_moe_bf16_logits_with_fused_decode(hybrid_paths, cuda_backend, monkeypatch):
