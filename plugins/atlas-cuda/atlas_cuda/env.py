@@ -76,17 +76,17 @@ def moe_mode() -> str:
 
 def moe_fused() -> str:
     """``ATLAS_CUDA_MOE_FUSED``: ``moe_block`` for at most 8 tokens as three kernels:
-    ``auto`` (default: every block with the ``block`` kernels of ``moe_block.cu``; with the older
-    ``warp`` / ``split`` kernels of ``moe_decode.cu`` only blocks with a shared expert, where they
-    measured faster), ``1`` (always) or ``0`` (never: router ``linear``, ``moe_route``,
-    ``moe_experts`` and the shared expert's ops one by one)."""
+    ``auto`` (default: blocks with a shared expert, where it measured faster on an H200; a plain
+    MoE block (Qwen3-30B-A3B) made the whole step slower, with both kernel sets), ``1`` (always)
+    or ``0`` (never: router ``linear``, ``moe_route``, ``moe_experts`` and the shared expert's ops
+    one by one)."""
     return _choice("ATLAS_CUDA_MOE_FUSED", MOE_FUSED_MODES)
 
 
 def moe_decode_kernel() -> str:
     """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: ``block`` (default,
     ``moe_block.cu``: router logits in many blocks, every expert warp picks its token's top-k
-    itself; at most 256 experts and top-k 8, else ``warp``), or ``moe_decode.cu``'s router with
+    itself; one token, at most 256 experts and top-k 8, else ``warp``), or ``moe_decode.cu``'s router with
     a last-block top-k and ``warp`` (a warp per output row) or ``split`` (a block per 8 rows)
     expert kernels."""
     return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
@@ -185,3 +185,31 @@ def gemv_tile() -> str:
         raise ValueError(f"ATLAS_CUDA_GEMV_TILE={value!r} is not valid; use auto, old or "
                          "g<1|2|4>s<1|2|4|8> (e.g. g2s1)")
     return value
+
+
+def gemv_stream() -> bool:
+    """``ATLAS_CUDA_GEMV_STREAM``: ``1`` runs ``linear`` / ``rms_norm_linear`` with at most 4
+    rows and K a multiple of 256 on ``gemv_stream.cu`` (one block per SM streaming its weight
+    rows through shared memory with bulk copies, the first ones issued before the PDL wait);
+    ``0`` uses the tiled ``gemv_norm.cu`` GEMVs."""
+    return _flag("ATLAS_CUDA_GEMV_STREAM", "0")
+
+
+def gemv_stream_kb() -> int:
+    """``ATLAS_CUDA_GEMV_STREAM_KB``: shared memory (KiB) of the streamed GEMV's stage rings per
+    SM (default 80: with the rows and accumulators the next GEMV, launched early by PDL, still
+    fits beside it and can prefetch while this one runs)."""
+    value = os.environ.get("ATLAS_CUDA_GEMV_STREAM_KB", "80").strip() or "80"
+    if not value.isdigit() or not 32 <= int(value) <= 192:
+        raise ValueError(f"ATLAS_CUDA_GEMV_STREAM_KB={value!r} is not valid; use a whole number "
+                         "of KiB from 32 to 192 (e.g. 80)")
+    return int(value)
+
+
+def gemv_stream_blocks() -> int:
+    """``ATLAS_CUDA_GEMV_STREAM_BLOCKS``: streamed GEMV blocks per SM (1-4, default 2; more
+    warps hide the shared-memory and FMA latencies of the dot products)."""
+    value = os.environ.get("ATLAS_CUDA_GEMV_STREAM_BLOCKS", "2").strip() or "2"
+    if value not in ("1", "2", "3", "4"):
+        raise ValueError(f"ATLAS_CUDA_GEMV_STREAM_BLOCKS={value!r} is not valid; use 1, 2, 3 or 4")
+    return int(value)
