@@ -49,14 +49,17 @@ class KernelSources:
         names = {p.stem for d in self.search_dirs for p in d.glob("*.cu")}
         return sorted(names)
 
-    def text(self, filename: str, _seen: frozenset = frozenset()) -> str:
+    def text(self, filename: str, _seen: set | None = None) -> str:
+        """``filename`` with its local includes inlined, each file once (as ``#pragma once``)."""
+        seen = {filename} if _seen is None else _seen
         path = self.find(filename)
         out = []
         for line in path.read_text().splitlines():
             m = _INCLUDE.match(line)
             if m:
-                if m.group(1) not in _seen:
-                    out.append(self.text(m.group(1), _seen | {m.group(1)}))
+                if m.group(1) not in seen:
+                    seen.add(m.group(1))
+                    out.append(self.text(m.group(1), seen))
             elif line.strip() != "#pragma once":
                 out.append(line)
         return "\n".join(out) + "\n"
