@@ -7,10 +7,7 @@ Each graph runs one op over enough distinct weight copies that L2 (50 MB on an H
 hold them, so every launch streams its weight from HBM; the time per launch includes the gap
 between graph nodes, as in a real step. GB/s = weight bytes / time per launch.
 
-With ``--stream``: the tiled default (``auto``) against ``gemv_stream.cu``
-(``ATLAS_CUDA_GEMV_STREAM=1``) at several stage-ring sizes, for ``linear`` and the fused norm.
-
-    python scripts/gemv_paths.py [--quick | --stream]
+    python scripts/gemv_paths.py [--quick]
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ SHAPES = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up": (2 * INTE
           "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}
 TILES = ["old", "g1s1", "g2s1", "g4s1", "g1s2", "g2s2", "g1s4", "auto"]
 NORM_TILES = ["g1s1", "g2s1", "g1s2", "g2s2", "auto"]
-#: (blocks per SM, KiB of stage rings per SM) tried by ``--stream``.
-STREAM_SETTINGS = [("1", "80"), ("2", "64"), ("2", "96"), ("3", "96"), ("4", "128")]
 
 
 def per_launch_us(be, fn, launches: int, reps: int = 7) -> float:
@@ -59,7 +54,7 @@ def run(be, label: str, env: dict, fn, launches: int, name: str, n: int, k: int)
 def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
-    quick, stream = "--quick" in sys.argv, "--stream" in sys.argv
+    quick = "--quick" in sys.argv
     be = CudaBackend()
     ops = be.ops
     xs = {k: be.empty((1, k), bfloat16) for k in (HIDDEN, INTER)}
@@ -72,24 +67,13 @@ def main() -> None:
     for name, (n, k) in SHAPES.items():
         ws, launches = weights(be, n, k)
         x, c = xs[k], len(ws)
-        lin = lambda: [ops.linear(x, ws[i % c]) for i in range(launches)]
-        act = "silu" if name == "gate_up" else None
-        norm = lambda: [ops.rms_norm_linear(x, res, nw, 1e-6, ws[i % c], None, False, act)
-                        for i in range(launches)]
-        if stream:
-            fns = [("linear", lin)] + ([("norm fused", norm)] if name in ("qkv", "gate_up") else [])
-            for label, fn in fns:
-                run(be, f"{label} auto", {}, fn, launches, name, n, k)
-                for per_sm, kb in STREAM_SETTINGS:
-                    run(be, f"{label} stream {per_sm} x {kb} KB", {"ATLAS_CUDA_GEMV_STREAM": "1",
-                        "ATLAS_CUDA_GEMV_STREAM_BLOCKS": per_sm, "ATLAS_CUDA_GEMV_STREAM_KB": kb},
-                        fn, launches, name, n, k)
-            del ws
-            be.synchronize()
-            continue
         for tile in (["old", "auto"] if quick else TILES):
-            run(be, f"linear {tile}", {"ATLAS_CUDA_GEMV_TILE": tile}, lin, launches, name, n, k)
+            run(be, f"linear {tile}", {"ATLAS_CUDA_GEMV_TILE": tile},
+                lambda: [ops.linear(x, ws[i % c]) for i in range(launches)], launches, name, n, k)
         if name in ("qkv", "gate_up"):
+            act = "silu" if name == "gate_up" else None
+            norm = lambda: [ops.rms_norm_linear(x, res, nw, 1e-6, ws[i % c], None, False, act)
+                            for i in range(launches)]
             run(be, "norm+linear old", {"ATLAS_CUDA_NORM_GEMV": "0", "ATLAS_CUDA_GEMV_TILE": "old"},
                 norm, launches, name, n, k)
             for tile in (["auto"] if quick else NORM_TILES):

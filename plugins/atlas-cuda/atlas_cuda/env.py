@@ -185,31 +185,3 @@ def gemv_tile() -> str:
         raise ValueError(f"ATLAS_CUDA_GEMV_TILE={value!r} is not valid; use auto, old or "
                          "g<1|2|4>s<1|2|4|8> (e.g. g2s1)")
     return value
-
-
-def gemv_stream() -> bool:
-    """``ATLAS_CUDA_GEMV_STREAM``: ``1`` runs ``linear`` / ``rms_norm_linear`` with at most 4
-    rows and K a multiple of 256 on ``gemv_stream.cu`` (one block per SM streaming its weight
-    rows through shared memory with bulk copies, the first ones issued before the PDL wait);
-    ``0`` uses the tiled ``gemv_norm.cu`` GEMVs."""
-    return _flag("ATLAS_CUDA_GEMV_STREAM", "0")
-
-
-def gemv_stream_kb() -> int:
-    """``ATLAS_CUDA_GEMV_STREAM_KB``: shared memory (KiB) of the streamed GEMV's stage rings per
-    SM (default 80: with the rows and accumulators the next GEMV, launched early by PDL, still
-    fits beside it and can prefetch while this one runs)."""
-    value = os.environ.get("ATLAS_CUDA_GEMV_STREAM_KB", "80").strip() or "80"
-    if not value.isdigit() or not 32 <= int(value) <= 192:
-        raise ValueError(f"ATLAS_CUDA_GEMV_STREAM_KB={value!r} is not valid; use a whole number "
-                         "of KiB from 32 to 192 (e.g. 80)")
-    return int(value)
-
-
-def gemv_stream_blocks() -> int:
-    """``ATLAS_CUDA_GEMV_STREAM_BLOCKS``: streamed GEMV blocks per SM (1-4, default 2; more
-    warps hide the shared-memory and FMA latencies of the dot products)."""
-    value = os.environ.get("ATLAS_CUDA_GEMV_STREAM_BLOCKS", "2").strip() or "2"
-    if value not in ("1", "2", "3", "4"):
-        raise ValueError(f"ATLAS_CUDA_GEMV_STREAM_BLOCKS={value!r} is not valid; use 1, 2, 3 or 4")
-    return int(value)

@@ -1,6 +1,6 @@
 """Decode GEMVs of the cuda backend (at most 8 rows of ``x``): ``linear``'s small-M path, the
 fused ``linear_act_and_mul`` and ``rms_norm_linear`` (``kernels/cuda/common/linear.cu``,
-``gemv_fused.cu``, ``gemv_norm.cu``, ``gemv_stream.cu``)."""
+``gemv_fused.cu``, ``gemv_norm.cu``)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,6 @@ GEMV_MAX_M = 8
 _COLS_PER_BLOCK = 8
 #: Dynamic shared memory of the fused norm GEMV (the normed rows, ``rows * K`` elements).
 NORM_GEMV_SHMEM = 64 << 10
-#: Elements of one ``gemv_stream.cu`` stage (its STAGE_EL) and most stages in its ring.
-_STREAM_STAGE_EL, _STREAM_MAX_STAGES = 8192, 8
-#: Rows of x the streamed GEMV serves (its MT variants).
-STREAM_MAX_M = 4
-#: Most dynamic shared memory a streamed GEMV block asks for (227 KiB on sm_90, less static).
-_MAX_SHMEM = 224 << 10
 #: Blocks ``auto`` aims for at least (about one per SM of an H200), splitting K below it.
 _MIN_BLOCKS = 128
 
@@ -56,55 +50,8 @@ def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> t
     return g, s
 
 
-def stream_plan(N: int, K: int, M: int, itemsize: int, num_sms: int, pair: bool = False,
-                budget_kb: int | None = None) -> tuple[int, int, int, int] | None:
-    """``(grid, stages, slot_rows, shmem bytes)`` of a ``gemv_stream.cu`` launch for ``M`` rows
-    of x against ``N`` output columns (the gated pair: ``2N`` weight rows), or None where the
-    kernel does not apply: ``ATLAS_CUDA_GEMV_STREAM`` off, M above :data:`STREAM_MAX_M`, K not
-    a multiple of 256, or per-block accumulators too large (e.g. an lm_head: the tiled GEMV
-    already streams those at ~4.4 TB/s). ``ATLAS_CUDA_GEMV_STREAM_BLOCKS`` blocks per SM share
-    ``ATLAS_CUDA_GEMV_STREAM_KB`` of stage rings, sized so that the next GEMV's blocks (launched
-    early by PDL) fit beside them."""
-    if not (cuda_env.gemv_stream() and 0 < M <= STREAM_MAX_M and K % 256 == 0 and N > 0):
-        return None
-    mt = next(t for t in (1, 2, 4) if t >= M)
-    per_sm = cuda_env.gemv_stream_blocks()
-    group = _STREAM_STAGE_EL // K if K <= _STREAM_STAGE_EL else 1
-    groups = -(-N // group)
-    grid = min(per_sm * num_sms, groups)
-    slot_rows = -(-groups // grid) * group
-    slots = (2 if pair else 1) * slot_rows * mt * 8 * 4
-    if slots > 32 << 10:
-        return None
-    stage = _STREAM_STAGE_EL * itemsize
-    budget = (budget_kb if budget_kb is not None else cuda_env.gemv_stream_kb()) << 10
-    stages = max(2, min(_STREAM_MAX_STAGES, budget // per_sm // stage))
-    shmem = stages * stage + mt * K * itemsize + slots
-    if shmem > _MAX_SHMEM:
-        return None
-    return grid, stages, slot_rows, shmem
-
-
 class GemvOps:
     """Mixed into :class:`atlas_cuda.ops.CudaOps`."""
-
-    def _gemv_stream(self, name: str, y, x, weight, M: int, N: int, K: int, pair: bool,
-                     head: tuple = (), tail: tuple = ()) -> bool:
-        """Launch ``gemv_stream.cu``'s ``name`` (``gemvs``, ``gemvs_norm``, ``gemvs_norm_act``)
-        when :func:`stream_plan` allows: ``head`` are the arguments before ``w`` (after y),
-        ``tail`` those after ``nst, slot_rows``. False (nothing launched) otherwise."""
-        if weight.ptr % 16 or x.ptr % 16:
-            return False
-        plan = stream_plan(N, K, M, x.dtype.itemsize, self.be.num_sms, pair)
-        if plan is None:
-            return False
-        grid, stages, slot_rows, shmem = plan
-        v = variant_of(x.dtype)
-        mt = next(t for t in (1, 2, 4) if t >= M)
-        k = self.be.kernels.kernel("gemv_stream", v, f"{name}_{v}_m{mt}", _MAX_SHMEM)
-        self.be.kernels.launch(k, grid, 256, y, *head, M, N, K, 0, stages, slot_rows, *tail,
-                               shmem=shmem, pdl=self._pdl)
-        return True
 
     def _l2_prefetch(self, weight: DeviceArray) -> int:
         """1 when a decode GEMV should ask L2 for all of ``weight`` before its PDL wait: PDL on
@@ -116,8 +63,6 @@ class GemvOps:
               bias: DeviceArray | None, M: int, N: int, K: int) -> None:
         """``y = x @ weight.T + bias`` for 16-byte aligned operands, K a multiple of 8: a warp
         per output column; ``ATLAS_CUDA_GEMV_CHUNKS`` picks 4 or 8 loads in flight per lane."""
-        if self._gemv_stream("gemvs", y, x, weight, M, N, K, False, (x, weight, bias)):
-            return
         v = variant_of(x.dtype)
         if cuda_env.gemv_tile() != "old":
             g, s = gemv_tile(N, K)
@@ -192,15 +137,10 @@ class GemvOps:
         n = rows_w // 2 if activation else rows_w
         y = self._out((*x.shape[:-1], n), x.dtype)
         r = self._out(x.shape, x.dtype) if residual is not None else None
-        name = "gemvs_norm_act" if activation else "gemvs_norm"
-        extra = (int(activation != "silu"),) if activation else ()
-        if self._gemv_stream(name, y, x, weight, M, n, K, activation is not None,
-                             (r, x, residual, norm_weight, float(eps), int(zero_centered),
-                              weight, bias), extra):
-            return y, (r if residual is not None else x)
         v = variant_of(x.dtype)
         g, s = gemv_tile(n, K, fused_norm=True, pair=activation is not None)
         name = "gemvn_norm_act" if activation else "gemvn_norm"
+        extra = (int(activation != "silu"),) if activation else ()
         for m0, mt in _row_tiles(M):
             shmem = mt * K * x.dtype.itemsize
             k = self.be.kernels.kernel("gemv_norm", v, f"{name}_{v}_m{mt}_g{g}", NORM_GEMV_SHMEM)
