@@ -1,7 +1,6 @@
 """Time ``moe_block`` on the GPU at the MoE bench models' shapes with random weights: the
-separate ops (``unfused``), the ``moe_decode.cu`` kernels (``warp`` / ``split``) and the
-``moe_block.cu`` kernels (``block``; ``block-c8``: 8 gate/up chunks in flight, ``block-nopf``:
-no L2 prefetch in down), and the post-attention norm with it: ``norm+block`` (``rms_norm`` then
+separate ops (``unfused``), the ``moe_decode.cu`` kernels (``warp``) and the ``moe_block.cu``
+kernels (``block``), and the post-attention norm with it: ``norm+block`` (``rms_norm`` then
 ``moe_block``) against ``fold`` (``rms_norm_moe_block``, the norm in the router kernel).
 ``python3 scripts/moe_block_paths.py [modes]``.
 
@@ -21,10 +20,7 @@ SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8, 0), "qwen3.5-35b-a3b": (2048, 512
 MODES = {
     "unfused": {"ATLAS_CUDA_MOE_FUSED": "0"},
     "warp": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "warp"},
-    "split": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "split"},
     "block": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "block"},
-    "block-c8": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_GATE_UP_CHUNKS": "8"},
-    "block-nopf": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DOWN_PREFETCH": "0"},
     "norm+warp": {"ATLAS_CUDA_MOE_DECODE": "warp", "ATLAS_CUDA_MOE_FUSED": "1"},
     "norm+block": {"ATLAS_CUDA_MOE_NORM_FOLD": "0"},
     "fold": {},

@@ -247,6 +247,6 @@ __device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* _
       int E, int H) {                                                                          \
     mb_router_impl<T>(lg, xn, r_out, x, res, nw, eps, zc, wr, wsg, ntok, E, H);                \
   }                                                                                            \
-  MB_GATE_UP(T, S, 4) MB_GATE_UP(T, S, 8)                                                      \
+  MB_GATE_UP(T, S, 4)                                                                          \
   MB_DOWN(T, S, 0) MB_DOWN(T, S, 1) MB_DOWN(T, S, 2) MB_DOWN(T, S, 3) MB_DOWN(T, S, 4)
 INSTANTIATE(MOE_BLOCK)

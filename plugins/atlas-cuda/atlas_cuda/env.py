@@ -7,7 +7,7 @@ import os
 GEMM_MODES = ("auto", "cublaslt", "mma")
 ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
-MOE_DECODE_KERNELS = ("block", "warp", "split")
+MOE_DECODE_KERNELS = ("block", "warp")
 MOE_FUSED_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
@@ -86,22 +86,11 @@ def moe_fused() -> str:
 def moe_decode_kernel() -> str:
     """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: ``block`` (default,
     ``moe_block.cu``: router logits in many blocks, every expert warp picks its token's top-k
-    itself; one token, at most 256 experts and top-k 8, else ``warp``), or ``moe_decode.cu``'s router with
-    a last-block top-k and ``warp`` (a warp per output row) or ``split`` (a block per 8 rows)
-    expert kernels."""
+    itself; one token, at most 256 experts and top-k 8, else ``warp``; H200 qwen3.5-35b-a3b batch 1
+    320.8 -> 352.8 tok/s) or ``warp`` (``moe_decode.cu``'s router with a last-block top-k, then
+    expert kernels with a warp per output row). A ``split`` variant (a block per 8 rows) measured
+    slower and was removed (code in 75fc2d3)."""
     return _choice("ATLAS_CUDA_MOE_DECODE", MOE_DECODE_KERNELS)
-
-
-def moe_gate_up_chunks() -> int:
-    """``ATLAS_CUDA_MOE_GATE_UP_CHUNKS``: 256-column chunks of the gate and up rows a warp of the
-    ``block`` gate_up kernel keeps in flight at once: ``4`` (default) or ``8``."""
-    return int(_choice("ATLAS_CUDA_MOE_GATE_UP_CHUNKS", ("4", "8")))
-
-
-def moe_down_prefetch() -> bool:
-    """``ATLAS_CUDA_MOE_DOWN_PREFETCH``: ``1`` (default) lets the ``block`` down kernel ask L2
-    for its chosen experts' rows before its PDL wait (while gate_up still runs)."""
-    return _flag("ATLAS_CUDA_MOE_DOWN_PREFETCH", "1")
 
 
 def moe_norm_fold() -> bool:

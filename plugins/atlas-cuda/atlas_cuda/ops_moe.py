@@ -6,7 +6,7 @@ Fused (at most :data:`FUSED_MAX_TOKENS` tokens, bf16/f16, per-pair GEMV routing)
 <= 8): ``mb_router`` (router logits, many blocks; with ``rms_norm_moe_block`` every block also
 normalises x + residual itself), ``mb_gate_up`` (each warp picks its token's top-k from the logits,
 then act(gate) * up of its chosen or shared expert row), ``mb_down`` (top-k again before the PDL
-wait, the weighted sum of the experts' down rows). ``warp`` / ``split``
+wait, the weighted sum of the experts' down rows). ``warp``
 (``kernels/cuda/common/moe_decode.cu``): ``moe_router`` with a last-block top-k, then the two
 expert kernels. ``ATLAS_CUDA_MOE_FUSED=0`` and larger batches run ``linear``, ``moe_route``,
 ``moe_experts`` and the shared-expert ops one by one.
@@ -137,8 +137,7 @@ class MoeOps:
                router_weight, shared_gate, t, experts, hidden, shmem=shmem, pdl=self._pdl)
         h = self._out((t * k, inter), np.float32)
         hs = self._out((t, s_inter), np.float32) if s_inter else None
-        gc = cuda_env.moe_gate_up_chunks()
-        launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up_c{gc}_{v}"),
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up_c4_{v}"),
                (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, xe,
                w_gate_up, shared_gate_up, logits, t, k, experts, rows, renorm, sig, hidden, inter,
                s_inter, gelu, pdl=self._pdl)
@@ -146,7 +145,7 @@ class MoeOps:
         out = self._out(x.shape, x.dtype)
         launch(self.be.kernels.kernel("moe_block", v, f"mb_down_w{nc}_{v}"), (-(-hidden // 8), t),
                256, out, h, hs, w_down, shared_down, logits, k, experts, rows, renorm, sig, hidden,
-               inter, s_inter, int(cuda_env.moe_down_prefetch()), pdl=self._pdl)
+               inter, s_inter, 1, pdl=self._pdl)
         if norm is None:
             return out
         return out, (r_out if norm[0] is not None else x)
@@ -185,14 +184,13 @@ class MoeOps:
         hs = self._out((t, s_inter), np.float32) if s_inter else None
         out = self._out(x.shape, x.dtype)
         launch, v = self.be.kernels.launch, variant_of(x.dtype)
-        split = "_split" if cuda_env.moe_decode_kernel() == "split" else ""
-        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_gate_up{split}_{v}"),
+        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_gate_up_{v}"),
                (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, x,
                w_gate_up, shared_gate_up, ids, t, k, hidden, inter, s_inter, gelu, pdl=self._pdl)
-        chunks = -(-inter // 256)
-        if not split and cuda_env.moe_down_wide() and t == 1 and k <= 8 and chunks <= 4:
-            split = f"_w{chunks}"
-        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_down{split}_{v}"),
+        chunks, wide = -(-inter // 256), ""
+        if cuda_env.moe_down_wide() and t == 1 and k <= 8 and chunks <= 4:
+            wide = f"_w{chunks}"
+        launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_down{wide}_{v}"),
                (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, weights, ids, shared_w,
                k, hidden, inter, s_inter, pdl=self._pdl)
         return out

@@ -117,7 +117,7 @@ def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     return {name: a.astype(dtype) for name, a in arrays.items()}
 
 
-@pytest.mark.parametrize("mode", ["block", "warp", "split", "unfused"])
+@pytest.mark.parametrize("mode", ["block", "warp", "unfused"])
 @pytest.mark.parametrize("dtype", [bfloat16, np.float16])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,scoring", [
     (1, 16, 8, 2048, 768, 0, "softmax"), (1, 16, 8, 2048, 512, 512, "softmax"),
@@ -141,7 +141,7 @@ def test_moe_block_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden
     assert (be.ops._moe_calls > calls) == (fused == "1" and t <= 8)
 
 
-@pytest.mark.parametrize("kernel", ["block", "warp", "split"])
+@pytest.mark.parametrize("kernel", ["block", "warp"])
 def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, kernel):
     # The router's completion counter must return to zero: every replay routes afresh.
     monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
