@@ -218,13 +218,7 @@ class OpContract:
         rng = make_rng("moe_block", dtype, tokens, num_experts, top_k, shared, scoring)
         hidden, inter = 64, 40
         x, router = separated_router(rng, dtype, tokens, hidden, num_experts, top_k)
-        experts = (randn(rng, (num_experts, 2 * inter, hidden), dtype, hidden ** -0.5),
-                   randn(rng, (num_experts, hidden, inter), dtype, inter ** -0.5))
-        kw = {}
-        if shared:
-            kw = dict(shared_gate_up=randn(rng, (2 * shared, hidden), dtype, hidden ** -0.5),
-                      shared_down=randn(rng, (hidden, shared), dtype, shared ** -0.5),
-                      shared_gate=randn(rng, (1, hidden), dtype, hidden ** -0.5))
+        experts, kw = moe_block_weights(rng, dtype, num_experts, hidden, inter, shared)
         check_op(backend, "moe_block", x, router, *experts, top_k, True, scoring, "silu", **kw)
 
     @pytest.mark.parametrize("dtype", DTYPES)
@@ -241,15 +235,21 @@ class OpContract:
         normed = ref.rms_norm(x, nw, 1e-6, res, zero_centered=zero_centered)
         normed = normed[0] if residual else normed
         _, router = separated_router(rng, dtype, tokens, hidden, num_experts, top_k, x=normed)
-        experts = (randn(rng, (num_experts, 2 * inter, hidden), dtype, hidden ** -0.5),
-                   randn(rng, (num_experts, hidden, inter), dtype, inter ** -0.5))
-        kw = {}
-        if shared:
-            kw = dict(shared_gate_up=randn(rng, (2 * shared, hidden), dtype, hidden ** -0.5),
-                      shared_down=randn(rng, (hidden, shared), dtype, shared ** -0.5),
-                      shared_gate=randn(rng, (1, hidden), dtype, hidden ** -0.5))
+        experts, kw = moe_block_weights(rng, dtype, num_experts, hidden, inter, shared)
         check_op(backend, "rms_norm_moe_block", x, res, nw, 1e-6, zero_centered, router,
                  *experts, top_k, True, "softmax", "silu", **kw)
+
+
+def moe_block_weights(rng, dtype, num_experts, hidden, inter, shared):
+    """``((w_gate_up, w_down), shared-expert kwargs)`` of a ``moe_block`` case (no shared
+    expert when ``shared`` is 0)."""
+    experts = (randn(rng, (num_experts, 2 * inter, hidden), dtype, hidden ** -0.5),
+               randn(rng, (num_experts, hidden, inter), dtype, inter ** -0.5))
+    if not shared:
+        return experts, {}
+    return experts, dict(shared_gate_up=randn(rng, (2 * shared, hidden), dtype, hidden ** -0.5),
+                         shared_down=randn(rng, (hidden, shared), dtype, shared ** -0.5),
+                         shared_gate=randn(rng, (1, hidden), dtype, hidden ** -0.5))
 
 
 def separated_router(rng, dtype, tokens, hidden, num_experts, top_k, x=None):

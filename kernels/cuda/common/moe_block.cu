@@ -172,59 +172,8 @@ __device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* _
   }
   pdl_wait();
   pdl_trigger();
-  float total = 0.f;
-  const float* ht = h + (long long)t * top_k * I;
-  if (NC > 0) {
-    Vec8<T> wv[8][NC > 0 ? NC : 1];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int c = 0; c < NC; c++) {
-        int k = lane * 8 + c * 256;
-        if (j < top_k && k < I) wv[j][c].load(w + ((long long)e[j] * H + n) * I + k);
-      }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      if (j >= top_k) break;
-      float s = 0.f;
-#pragma unroll
-      for (int c = 0; c < NC; c++) {
-        int k = lane * 8 + c * 256;
-        if (k < I) {
-          float wf[8], hf[8];
-          wv[j][c].to_float(wf);
-          Vec8<float> hv; hv.load(ht + (long long)j * I + k); hv.to_float(hf);
-#pragma unroll
-          for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-        }
-      }
-      total += s * wt[j];
-    }
-  } else {
-    for (int k = lane * 8; k < I; k += 256) {
-#pragma unroll
-      for (int j = 0; j < 8; j++) {
-        if (j >= top_k) break;
-        float wf[8], hf[8], s = 0.f;
-        Vec8<T> wv; wv.load(w + ((long long)e[j] * H + n) * I + k); wv.to_float(wf);
-        Vec8<float> hv; hv.load(ht + (long long)j * I + k); hv.to_float(hf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-        total += s * wt[j];
-      }
-    }
-  }
-  if (Is) {
-    float s = 0.f;
-    for (int k = lane * 8; k < Is; k += 256) {
-      float wf[8], hf[8];
-      Vec8<T> wv; wv.load(ws + (long long)n * Is + k); wv.to_float(wf);
-      Vec8<float> hv; hv.load(hs + (long long)t * Is + k); hv.to_float(hf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-    }
-    total += shared_w * s;
-  }
+  float total = moe_down_lane<T, NC>(w, h + (long long)t * top_k * I, e, wt, top_k, H, I, n, ws,
+                                     hs + (long long)t * Is, Is, shared_w);
   total = warp_sum(total);
   if (lane == 0) out[(long long)t * H + n] = from_f32<T>(total);
 }

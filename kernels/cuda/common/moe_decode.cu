@@ -132,62 +132,10 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
     for (int k = lane * 64; k < Is; k += 32 * 64) prefetch_l2(ws + (long long)n * Is + k);
   pdl_wait();
   pdl_trigger();
-  float total = 0.f;
-  if (NC > 0) {  // every expert row's loads in flight at once (top_k <= 8, I <= NC * 256)
-    int e[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) e[j] = j < top_k ? ids[t * top_k + j] : 0;
-    Vec8<T> wv[8][NC > 0 ? NC : 1];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int c = 0; c < NC; c++) {
-        int k = lane * 8 + c * 256;
-        if (j < top_k && k < I) wv[j][c].load(w + ((long long)e[j] * H + n) * I + k);
-      }
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      if (j >= top_k) break;
-      int p = t * top_k + j;
-      float s = 0.f;
-#pragma unroll
-      for (int c = 0; c < NC; c++) {
-        int k = lane * 8 + c * 256;
-        if (k < I) {
-          float wf[8], hf[8];
-          wv[j][c].to_float(wf);
-          Vec8<float> hv; hv.load(h + (long long)p * I + k); hv.to_float(hf);
-#pragma unroll
-          for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-        }
-      }
-      total += s * weights[p];
-    }
-  } else {
-    for (int k = lane * 8; k < I; k += 256) {
-#pragma unroll 8
-      for (int j = 0; j < top_k; j++) {
-        int p = t * top_k + j;
-        float wf[8], hf[8], s = 0.f;
-        Vec8<T> wv; wv.load(w + ((long long)ids[p] * H + n) * I + k); wv.to_float(wf);
-        Vec8<float> hv; hv.load(h + (long long)p * I + k); hv.to_float(hf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-        total += s * weights[p];
-      }
-    }
-  }
-  if (Is) {
-    float s = 0.f;
-    for (int k = lane * 8; k < Is; k += 256) {
-      float wf[8], hf[8];
-      Vec8<T> wv; wv.load(ws + (long long)n * Is + k); wv.to_float(wf);
-      Vec8<float> hv; hv.load(hs + (long long)t * Is + k); hv.to_float(hf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-    }
-    total += (shared_w ? shared_w[t] : 1.f) * s;
-  }
+  const int* e = ids + t * top_k;
+  const float* wt = weights + t * top_k;
+  float total = moe_down_lane<T, NC>(w, h + (long long)t * top_k * I, e, wt, top_k, H, I, n, ws,
+                                     hs + (long long)t * Is, Is, shared_w ? shared_w[t] : 1.f);
   total = warp_sum(total);
   if (lane == 0) out[(long long)t * H + n] = from_f32<T>(total);
 }

@@ -1,4 +1,5 @@
-// Router logits and warp top-k of one token's logits, of the fused decode block (moe_decode.cu).
+// Shared pieces of the fused decode MoE kernels (moe_decode.cu, moe_block.cu): the warp top-k of
+// one token's logits and the weighted expert down sum.
 #pragma once
 // Needs common.cuh included before it (the NVRTC inliner has no include guards).
 
@@ -118,4 +119,69 @@ __device__ __forceinline__ void moe_row_logits(float* logits, Vec8<T> (&pre)[CH]
     float v = warp_sum(acc[m]);
     if (lane == 0 && m < ntok) logits[m * rows + r] = to_f32(from_f32<T>(v));
   }
+}
+
+// This lane's share (warp_sum it) of one token's MoE output row n: sum over slots j < top_k of
+// wt[j] * (down row n of expert e[j] . ht[j]) plus shared_w * (shared down row n . hs_t).
+// ht holds the token's top_k float h rows of I; e / wt index like arrays (registers or global).
+// NC > 0 (top_k <= 8, I <= NC * 256): every expert row's loads in flight at once; NC == 0: a
+// loop over 256-column chunks.
+template <typename T, int NC, typename Ids, typename Wts>
+__device__ __forceinline__ float moe_down_lane(const T* __restrict__ w, const float* ht,
+                                               const Ids& e, const Wts& wt, int top_k, int H,
+                                               int I, int n, const T* __restrict__ ws,
+                                               const float* hs_t, int Is, float shared_w) {
+  int lane = threadIdx.x & 31;
+  float total = 0.f;
+  if (NC > 0) {
+    Vec8<T> wv[8][NC > 0 ? NC : 1];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        int k = lane * 8 + c * 256;
+        if (j < top_k && k < I) wv[j][c].load(w + ((long long)e[j] * H + n) * I + k);
+      }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      if (j >= top_k) break;
+      float s = 0.f;
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        int k = lane * 8 + c * 256;
+        if (k < I) {
+          float wf[8], hf[8];
+          wv[j][c].to_float(wf);
+          Vec8<float> hv; hv.load(ht + (long long)j * I + k); hv.to_float(hf);
+#pragma unroll
+          for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+        }
+      }
+      total += s * wt[j];
+    }
+  } else {
+    for (int k = lane * 8; k < I; k += 256) {
+#pragma unroll 8
+      for (int j = 0; j < top_k; j++) {
+        float wf[8], hf[8], s = 0.f;
+        Vec8<T> wv; wv.load(w + ((long long)e[j] * H + n) * I + k); wv.to_float(wf);
+        Vec8<float> hv; hv.load(ht + (long long)j * I + k); hv.to_float(hf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+        total += s * wt[j];
+      }
+    }
+  }
+  if (Is) {
+    float s = 0.f;
+    for (int k = lane * 8; k < Is; k += 256) {
+      float wf[8], hf[8];
+      Vec8<T> wv; wv.load(ws + (long long)n * Is + k); wv.to_float(wf);
+      Vec8<float> hv; hv.load(hs_t + k); hv.to_float(hf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+    }
+    total += shared_w * s;
+  }
+  return total;
 }
