@@ -66,19 +66,22 @@ class KernelLibrary:
         return k
 
     def launch(self, kernel: Any, grid: Any, block: Any, *args: Any, shmem: int = 0,
-               pdl: bool = False) -> None:
+               pdl: bool = False, cluster: Any = None) -> None:
         """Launch on the backend's stream; ``pdl``: programmatic dependent launch (the kernel
-        must call ``pdl_wait()`` before reading anything the previous kernel wrote)."""
+        must call ``pdl_wait()`` before reading anything the previous kernel wrote);
+        ``cluster``: thread block cluster shape (sm_90+; ``grid`` then counts clusters, as
+        cuda.core's LaunchConfig does)."""
         from cuda.core import LaunchConfig, launch
+        extra = {} if cluster is None else {"cluster": cluster}
         config = None
         if pdl and self.pdl_supported:
             try:
                 config = LaunchConfig(grid=grid, block=block, shmem_size=shmem,
-                                      programmatic_stream_serialization=True)
+                                      programmatic_stream_serialization=True, **extra)
             except TypeError:  # cuda.core without PDL
                 self.pdl_supported = False
         if config is None:
-            config = LaunchConfig(grid=grid, block=block, shmem_size=shmem)
+            config = LaunchConfig(grid=grid, block=block, shmem_size=shmem, **extra)
         launch(self.backend.stream_obj, config, kernel, *[kernel_arg(a) for a in args])
 
 

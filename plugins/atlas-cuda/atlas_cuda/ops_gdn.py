@@ -14,7 +14,6 @@ from atlas_core.ops.gdn import compose_gdn_decode
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.driver import DeviceAllocation
-from atlas_cuda.kernels_loader import kernel_arg
 
 #: Longest depthwise conv kernel the conv1d kernels keep in registers.
 CONV_KMAX = 8
@@ -282,16 +281,12 @@ class GdnOps:
                       cols, threads, eps, *, num_k_heads, num_v_heads, head_k_dim, head_v_dim):
         """``gdn_decode_split``: grid (head_v_dim / cols, num_v_heads, num_seqs) of ``threads``
         threads, a thread block cluster per (value head, sequence)."""
-        from cuda.core import LaunchConfig, launch
-        slabs = head_v_dim // cols
-        pdl = {"programmatic_stream_serialization": True} if self._pdl else {}
-        # cuda.core counts clusters in `grid` once `cluster` is given
-        config = LaunchConfig(grid=(1, num_v_heads, x.shape[0]), cluster=(slabs, 1, 1),
-                              block=threads, shmem_size=8 * head_k_dim, **pdl)
-        args = (out, x, z, g, beta, ssm_states, seq_lens, state_indices, norm_weight, num_k_heads,
-                num_v_heads, head_k_dim, head_v_dim, cols, float(head_k_dim ** -0.5), float(eps))
-        launch(self.be.stream_obj, config, self._k("delta_rule", x.dtype, "gdn_decode_split"),
-               *[kernel_arg(a) for a in args])
+        self.be.kernels.launch(self._k("delta_rule", x.dtype, "gdn_decode_split"),
+                               (1, num_v_heads, x.shape[0]), threads, out, x, z, g, beta,
+                               ssm_states, seq_lens, state_indices, norm_weight, num_k_heads,
+                               num_v_heads, head_k_dim, head_v_dim, cols,
+                               float(head_k_dim ** -0.5), float(eps), shmem=8 * head_k_dim,
+                               pdl=self._pdl, cluster=(head_v_dim // cols, 1, 1))
 
     def gdn_gating(self, ba: DeviceArray, A_log: DeviceArray, dt_bias: DeviceArray):
         num_heads = ba.shape[-1] // 2
