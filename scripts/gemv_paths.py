@@ -7,7 +7,7 @@ Each graph runs one op over enough distinct weight copies that L2 (50 MB on an H
 hold them, so every launch streams its weight from HBM; the time per launch includes the gap
 between graph nodes, as in a real step. GB/s = weight bytes / time per launch.
 
-    python scripts/gemv_paths.py [--quick]
+    python scripts/gemv_paths.py [--quick] [--moe]
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ HIDDEN, INTER, QKV, VOCAB = 4096, 12288, 6144, 151936
 #: name -> (rows N, K) of the weight.
 SHAPES = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN),
           "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}
-TILES = ["old", "g1s1", "g2s1", "g4s1", "g1s2", "g2s2", "g1s4", "auto"]
-NORM_TILES = ["g1s1", "g2s1", "g1s2", "g2s2", "auto"]
+#: ``--moe``: the attention-side GEMVs of qwen3-30b-a3b and qwen3.5-35b-a3b (hidden 2048).
+MOE_SHAPES = {"qkv": (5120, 2048), "qkv_gated": (9216, 2048), "gdn_in_proj": (12352, 2048),
+              "o_proj": (2048, 4096)}
+TILES = ["old", "g1s1", "g2s1", "g4s1", "g1s2", "g2s2", "g4s2", "g1s4", "g4s4", "auto"]
+NORM_TILES = ["g1s1", "g2s1", "g1s2", "g2s2", "g4s1", "g4s2", "g4s4", "auto"]
 
 
 def per_launch_us(be, fn, launches: int, reps: int = 7) -> float:
@@ -55,24 +58,28 @@ def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
     quick = "--quick" in sys.argv
+    shapes = MOE_SHAPES if "--moe" in sys.argv else SHAPES
     be = CudaBackend()
     ops = be.ops
-    xs = {k: be.empty((1, k), bfloat16) for k in (HIDDEN, INTER)}
+    xs = {k: be.empty((1, k), bfloat16) for k in {k for _, k in shapes.values()}}
     for k, x in xs.items():
         be.fill_random(x, k, 1.0)
-    res, nw = be.empty((1, HIDDEN), bfloat16), be.empty((HIDDEN,), bfloat16)
-    be.fill_random(res, 7, 1.0)
-    be.fill_random(nw, 8, 0.1)
+    res, nw = {}, {}
+    for k in xs:
+        res[k], nw[k] = be.empty((1, k), bfloat16), be.empty((k,), bfloat16)
+        be.fill_random(res[k], 7, 1.0)
+        be.fill_random(nw[k], 8, 0.1)
     print("op | N x K | MB | setting | us per launch | GB/s")
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         ws, launches = weights(be, n, k)
         x, c = xs[k], len(ws)
         for tile in (["old", "auto"] if quick else TILES):
             run(be, f"linear {tile}", {"ATLAS_CUDA_GEMV_TILE": tile},
                 lambda: [ops.linear(x, ws[i % c]) for i in range(launches)], launches, name, n, k)
-        if name in ("qkv", "gate_up"):
+        if name in ("qkv", "gate_up", "qkv_gated", "gdn_in_proj"):
             act = "silu" if name == "gate_up" else None
-            norm = lambda: [ops.rms_norm_linear(x, res, nw, 1e-6, ws[i % c], None, False, act)
+            norm = lambda: [ops.rms_norm_linear(x, res[k], nw[k], 1e-6, ws[i % c], None, False,
+                                                act)
                             for i in range(launches)]
             run(be, "norm+linear old", {"ATLAS_CUDA_NORM_GEMV": "0", "ATLAS_CUDA_GEMV_TILE": "old"},
                 norm, launches, name, n, k)

@@ -174,13 +174,15 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* res
     gemvn_impl<T, MT, G, false, false>(y, nullptr, x, nullptr, nullptr, 0.f, 0, w, bias, M,  \
                                        N, K, m0, s, pf, 0);                                   \
   }
-#define GEMVN_NORM(T, S, MT, G)                                                               \
+#define GEMVN_NORM_ONLY(T, S, MT, G)                                                          \
   extern "C" __global__ void __launch_bounds__(256) gemvn_norm_##S##_m##MT##_g##G(           \
       T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
       const T* bias, int M, int N, int K, int m0, int s, int pf) {                            \
     gemvn_impl<T, MT, G, false, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, pf, \
                                       0);                                                     \
-  }                                                                                           \
+  }
+#define GEMVN_NORM(T, S, MT, G)                                                               \
+  GEMVN_NORM_ONLY(T, S, MT, G)                                                                \
   extern "C" __global__ void __launch_bounds__(256) gemvn_norm_act_##S##_m##MT##_g##G(       \
       T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
       const T* bias, int M, int N, int K, int m0, int s, int pf, int gelu) {                  \
@@ -189,6 +191,6 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* res
   }
 #define GEMVN_MT(T, S, MT)                                                                    \
   GEMVN(T, S, MT, 1) GEMVN(T, S, MT, 2) GEMVN(T, S, MT, 4)                                    \
-  GEMVN_NORM(T, S, MT, 1) GEMVN_NORM(T, S, MT, 2)
+  GEMVN_NORM(T, S, MT, 1) GEMVN_NORM(T, S, MT, 2) GEMVN_NORM_ONLY(T, S, MT, 4)
 #define GEMVNS(T, S) GEMVN_MT(T, S, 1) GEMVN_MT(T, S, 2) GEMVN_MT(T, S, 4) GEMVN_MT(T, S, 8)
 INSTANTIATE(GEMVNS)

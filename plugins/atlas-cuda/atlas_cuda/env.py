@@ -166,7 +166,8 @@ def gemv_tile() -> str:
     """``ATLAS_CUDA_GEMV_TILE``: the ``gemv_norm.cu`` GEMV of ``linear`` with at most 8 rows:
     ``auto`` (default: columns per warp and K splits per shape), ``old`` (``linear.cu`` /
     ``ATLAS_CUDA_GEMV_CHUNKS``) or ``g<G>s<S>`` (G columns per warp, 1/2/4; S warps splitting
-    K, 1/2/4/8), e.g. ``g2s1``; the fused norm GEMVs take the same ``g<G>s<S>`` (G 1/2)."""
+    K, 1/2/4/8), e.g. ``g2s1``; the fused norm GEMVs take the same (G at most 2 with an
+    activation, where each column reads a gate and an up row)."""
     value = os.environ.get("ATLAS_CUDA_GEMV_TILE", "auto").strip().lower() or "auto"
     ok = value in ("auto", "old") or (len(value) == 4 and value[0] == "g" and value[2] == "s"
                                        and value[1] in "124" and value[3] in "1248")

@@ -19,6 +19,8 @@ _COLS_PER_BLOCK = 8
 NORM_GEMV_SHMEM = 64 << 10
 #: Blocks ``auto`` aims for at least (about one per SM of an H200), splitting K below it.
 _MIN_BLOCKS = 128
+#: Weights (N * K) up to which the fused norm GEMV takes four columns per warp.
+_SMALL_NORM_GEMV = 12 << 20
 
 
 def _row_tiles(M: int):
@@ -30,19 +32,24 @@ def _row_tiles(M: int):
 def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> tuple[int, int]:
     """``(G, S)`` of a ``gemv_norm.cu`` launch: G output columns per warp, S warps splitting K
     (``ATLAS_CUDA_GEMV_TILE``). ``auto``, from the qwen3-8b shapes on an H200
-    (docs/benchmarks.md): ``linear`` takes four columns per warp for N in 2048..4096 (o_proj), four
-    K splits for K >= 8192 (down), else two (qkv, gate_up, lm_head); the fused norm GEMV reads
-    two weight rows per warp (two columns, or the gate and up row of one), no split. Small grids
-    split K further until they have :data:`_MIN_BLOCKS` blocks."""
+    (docs/benchmarks.md, session 4): ``linear`` with N in 2048..4096 (o_proj, the 8B down) takes
+    four columns per warp and splits K until there are about two blocks per SM (2 x
+    :data:`_MIN_BLOCKS`; 8B o_proj 11.2 -> 9.8 us, down 29.7 -> 25.5, the MoE models' o_proj 6.9
+    -> 5.8); other shapes four K splits for K >= 8192, else two (qkv, gate_up, lm_head). The
+    fused norm GEMV reads two weight rows per warp (two columns, or the gate and up row of
+    one), four columns for matrices of at most :data:`_SMALL_NORM_GEMV` weights (30B qkv 8.9 ->
+    7.4 us), no split. Small grids split K further until they have :data:`_MIN_BLOCKS` blocks."""
     tile = cuda_env.gemv_tile()
     if tile not in ("auto", "old"):
-        return min(int(tile[1]), 2 if fused_norm else 4), int(tile[3])
+        return min(int(tile[1]), 2 if pair else 4), int(tile[3])
     if fused_norm:
-        g, s = (1 if pair else 2), 1
-    elif K >= 8192:
-        g, s = 1, 4
+        g, s = (1 if pair else 4 if N * K <= _SMALL_NORM_GEMV else 2), 1
     elif 2048 <= N <= 4096:
         g, s = 4, 1
+        while s < 8 and -(-N // (8 // s * g)) < 2 * _MIN_BLOCKS and K >= 1024 * s:
+            s *= 2
+    elif K >= 8192:
+        g, s = 1, 4
     else:
         g, s = 1, 2
     while s < 8 and -(-N // (8 // s * g)) < _MIN_BLOCKS and K >= 512 * s:

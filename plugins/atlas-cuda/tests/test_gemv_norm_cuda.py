@@ -13,7 +13,7 @@ from cuda_probe import rel_error as rel
 pytestmark = pytest.mark.gpu
 rng = np.random.default_rng(5)
 SHAPES = [(1, 72, 4096), (3, 40, 1024), (8, 24, 3072 + 8), (5, 16, 12288), (2, 9, 264)]
-TILES = ["g1s1", "g2s1", "g4s1", "g1s2", "g2s4", "g1s8"]
+TILES = ["g1s1", "g2s1", "g4s1", "g1s2", "g4s2", "g2s4", "g4s4", "g1s8"]
 
 
 def rand(*shape, dtype=bfloat16, scale=1.0):
@@ -32,7 +32,8 @@ def test_linear_tiles(cuda_backend, monkeypatch, tile, dtype, m, n, k):
 
 
 @pytest.mark.parametrize("fused,tile", [("1", "g1s1"), ("1", "g2s2"), ("1", "g1s8"),
-                                        ("1", "auto"), ("0", "auto")])
+                                        ("1", "g4s1"), ("1", "g4s2"), ("1", "auto"),
+                                        ("0", "auto")])
 @pytest.mark.parametrize("residual,zc,activation", [(True, False, None), (False, False, None),
                                                     (True, True, "silu"), (True, False, "gelu_tanh")])
 @pytest.mark.parametrize("m,n,k", SHAPES)

@@ -1,0 +1,27 @@
+"""The decode GEMV tile picks (no GPU needed): measured bests on an H200, docs/benchmarks.md."""
+
+import pytest
+
+from atlas_cuda.ops_gemv import gemv_tile
+
+
+@pytest.mark.parametrize("n,k,fused_norm,pair,want", [
+    (4096, 4096, False, False, (4, 2)),     # qwen3-8b o_proj: two blocks per SM
+    (4096, 12288, False, False, (4, 2)),    # qwen3-8b down
+    (2048, 4096, False, False, (4, 4)),     # 30B / 35B o_proj
+    (2048, 768, False, False, (4, 2)),      # short K: at least 128 blocks
+    (6144, 4096, False, False, (1, 2)),     # qkv without the norm
+    (151936, 4096, False, False, (1, 2)),   # lm_head
+    (6144, 4096, True, False, (2, 1)),      # 8B qkv after the input norm
+    (5120, 2048, True, False, (4, 1)),      # 30B qkv: small, four columns per warp
+    (12288, 4096, True, True, (1, 1)),      # gate_up + SiLU: gate and up row per column
+])
+def test_auto_tiles(monkeypatch, n, k, fused_norm, pair, want):
+    monkeypatch.delenv("ATLAS_CUDA_GEMV_TILE", raising=False)
+    assert gemv_tile(n, k, fused_norm, pair) == want
+
+
+def test_forced_tile_caps_gate_up_columns(monkeypatch):
+    monkeypatch.setenv("ATLAS_CUDA_GEMV_TILE", "g4s2")
+    assert gemv_tile(4096, 4096, True, False) == (4, 2)
+    assert gemv_tile(4096, 4096, True, True) == (2, 2)
