@@ -72,11 +72,13 @@ def moe_experts(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, topk_w
 
 def compose_moe_block(ops, x, router_weight, w_gate_up, w_down, top_k, renormalize,
                       scoring="softmax", activation="silu", shared_gate_up=None,
-                      shared_down=None, shared_gate=None):
+                      shared_down=None, shared_gate=None, router_logits=None):
     """:func:`moe_block` as the separate ops of ``ops`` (any op table: the references, a
-    backend's ``backend.ops``), one op after another."""
-    topk_weights, topk_ids = ops.moe_route(ops.linear(x, router_weight), top_k, renormalize,
-                                           scoring)
+    backend's ``backend.ops``), one op after another; ``router_logits``: ``linear(x,
+    router_weight)`` when the caller has already computed it (a backend's fused norm GEMV)."""
+    if router_logits is None:
+        router_logits = ops.linear(x, router_weight)
+    topk_weights, topk_ids = ops.moe_route(router_logits, top_k, renormalize, scoring)
     out = ops.moe_experts(x, w_gate_up, w_down, topk_weights, topk_ids, activation)
     if shared_gate_up is None:
         return out

@@ -148,8 +148,10 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   __shared__ float sm_acc[NG][HB][D];
   __shared__ float sm_m[NG][HB], sm_l[NG][HB];
   __shared__ int sm_last;
-  pdl_trigger();
-  pdl_wait();  // launched with PDL after rope (or, FUSED, the qkv GEMV): wait before reading
+  if constexpr (!FUSED) {
+    pdl_trigger();
+    pdl_wait();  // launched with PDL after rope, which writes the newest key: wait first
+  }
   int t = blockIdx.x, split = blockIdx.z;
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, dl = lane % LPK;
   int g = warp * KPW + lane / LPK;
@@ -183,6 +185,11 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   for (int u = 0; u < U; u++)
     nrow[u] = dec_row(bt_row, base_row, start + R + u * NG + g, end, a.block_size, KH, kh);
   if constexpr (FUSED) {  // while the first keys load
+    // Launched with PDL after the qkv GEMV. Everything above reads only what the host wrote
+    // before the graph ran and cache rows of earlier steps (this step's key is scored from
+    // shared memory), so the first keys stream while the GEMV drains; q waits for it.
+    pdl_trigger();
+    pdl_wait();
     __shared__ __align__(16) T sm_q[HB * D];
     __shared__ C sm_kv[2 * D];
     dec_rope_prologue<T, C, D, HB>(sm_q, sm_kv, &sm_acc[0][0][0], q, kb, vb, t, h0, kh, sub,

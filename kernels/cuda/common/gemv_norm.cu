@@ -12,7 +12,8 @@
 // column group also asks L2 for its whole rows there, so a matrix that fits in L2 streams from
 // DRAM while short kernels before it (rope, attention, a recurrent step) still run.
 // With the norm, the prologue overlaps too: every block normalises the M rows itself (x and residual come from L2) into shared memory,
-// rounded to T exactly as rms_norm stores them; block 0 writes the summed residual stream.
+// rounded to T exactly as rms_norm stores them; block 0 writes the summed residual stream and,
+// when hn is given, the normed rows (the MoE router: its experts read them).
 #include "common.cuh"
 
 template <typename T, int R, int CH>
@@ -32,7 +33,8 @@ __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const 
 
 // Normalise rows m0 .. m0 + MT - 1 (those below M) into xs[MT][K] (T, as rms_norm stores them).
 template <typename T, int MT>
-__device__ void gemvn_norm_rows(T* xs, T* r_out, const T* x, const T* residual, const T* nw,
+__device__ void gemvn_norm_rows(T* xs, T* r_out, T* h_out, const T* x, const T* residual,
+                                const T* nw,
                                 float eps, int zc, int M, int K, int m0) {
   __shared__ float scratch[32];
   for (int m = 0; m < MT && m0 + m < M; m++) {
@@ -58,13 +60,14 @@ __device__ void gemvn_norm_rows(T* xs, T* r_out, const T* x, const T* residual, 
 #pragma unroll
       for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (zc ? wf[j] + 1.f : wf[j]);
       a.from_float(v); a.store(xs + m * K + i);
+      if (h_out && blockIdx.x == 0) a.store(h_out + row + i);
     }
   }
   __syncthreads();
 }
 
 template <typename T, int MT, int G, bool PAIR, bool NORM>
-__device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* residual,
+__device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, const T* residual,
                            const T* nw, float eps, int zc, const T* __restrict__ w,
                            const T* __restrict__ bias, int M, int N, int K, int m0, int S,
                            int pf, int gelu) {
@@ -91,7 +94,7 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* res
   const T* xb = x + (long long)m0 * K;
   if (NORM) {
     T* xs = reinterpret_cast<T*>(gemvn_smem);
-    gemvn_norm_rows<T, MT>(xs, r_out, x, residual, nw, eps, zc, M, K, m0);
+    gemvn_norm_rows<T, MT>(xs, r_out, h_out, x, residual, nw, eps, zc, M, K, m0);
     xb = xs;
   }
   float acc[R][MT];
@@ -171,23 +174,23 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, const T* x, const T* res
   extern "C" __global__ void __launch_bounds__(256) gemvn_##S##_m##MT##_g##G(                \
       T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0, int s,        \
       int pf) {                                                                               \
-    gemvn_impl<T, MT, G, false, false>(y, nullptr, x, nullptr, nullptr, 0.f, 0, w, bias, M,  \
-                                       N, K, m0, s, pf, 0);                                   \
+    gemvn_impl<T, MT, G, false, false>(y, nullptr, nullptr, x, nullptr, nullptr, 0.f, 0, w,  \
+                                       bias, M, N, K, m0, s, pf, 0);                          \
   }
 #define GEMVN_NORM_ONLY(T, S, MT, G)                                                          \
   extern "C" __global__ void __launch_bounds__(256) gemvn_norm_##S##_m##MT##_g##G(           \
-      T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
-      const T* bias, int M, int N, int K, int m0, int s, int pf) {                            \
-    gemvn_impl<T, MT, G, false, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, pf, \
-                                      0);                                                     \
+      T* y, T* r, T* hn, const T* x, const T* res, const T* nw, float eps, int zc,            \
+      const T* w, const T* bias, int M, int N, int K, int m0, int s, int pf) {                \
+    gemvn_impl<T, MT, G, false, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, \
+                                      pf, 0);                                                 \
   }
 #define GEMVN_NORM(T, S, MT, G)                                                               \
   GEMVN_NORM_ONLY(T, S, MT, G)                                                                \
   extern "C" __global__ void __launch_bounds__(256) gemvn_norm_act_##S##_m##MT##_g##G(       \
-      T* y, T* r, const T* x, const T* res, const T* nw, float eps, int zc, const T* w,       \
-      const T* bias, int M, int N, int K, int m0, int s, int pf, int gelu) {                  \
-    gemvn_impl<T, MT, G, true, true>(y, r, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, pf, \
-                                     gelu);                                                   \
+      T* y, T* r, T* hn, const T* x, const T* res, const T* nw, float eps, int zc,            \
+      const T* w, const T* bias, int M, int N, int K, int m0, int s, int pf, int gelu) {      \
+    gemvn_impl<T, MT, G, true, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K, m0, s,  \
+                                     pf, gelu);                                               \
   }
 #define GEMVN_MT(T, S, MT)                                                                    \
   GEMVN(T, S, MT, 1) GEMVN(T, S, MT, 2) GEMVN(T, S, MT, 4)                                    \

@@ -38,12 +38,12 @@ def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> t
     -> 5.8); other shapes four K splits for K >= 8192, else two (qkv, gate_up, lm_head). The
     fused norm GEMV reads two weight rows per warp (two columns, or the gate and up row of
     one), four columns for matrices of at most :data:`_SMALL_NORM_GEMV` weights (30B qkv 8.9 ->
-    7.4 us), no split. Small grids split K further until they have :data:`_MIN_BLOCKS` blocks."""
+    7.4 us), one below 1,024 columns (a MoE router), no split. Small grids split K further until they have :data:`_MIN_BLOCKS` blocks."""
     tile = cuda_env.gemv_tile()
     if tile not in ("auto", "old"):
         return min(int(tile[1]), 2 if pair else 4), int(tile[3])
     if fused_norm:
-        g, s = (1 if pair else 4 if N * K <= _SMALL_NORM_GEMV else 2), 1
+        g, s = (1 if pair or N < 1024 else 4 if N * K <= _SMALL_NORM_GEMV else 2), 1
     elif 2048 <= N <= 4096:
         g, s = 4, 1
         while s < 8 and -(-N // (8 // s * g)) < 2 * _MIN_BLOCKS and K >= 1024 * s:
@@ -134,16 +134,32 @@ class GemvOps:
         if activation is not None and rows_w % 2:
             raise ValueError(f"rms_norm_linear: weight has {rows_w} rows; gate and up need an "
                              "even count")
-        fused = (cuda_env.norm_gemv() and 0 < M <= GEMV_MAX_M and K % 8 == 0
-                 and next(_row_tiles(M))[1] * K * x.dtype.itemsize <= NORM_GEMV_SHMEM
-                 and weight.dtype == x.dtype and norm_weight.dtype == x.dtype
-                 and all(a is None or a.ptr % 16 == 0 for a in (x, residual, norm_weight, weight)))
-        if not fused:
+        if not self._norm_gemv_fusable(x, residual, norm_weight, weight):
             return compose_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias,
                                            zero_centered, activation)
+        y, r, _ = self._norm_gemv(x, residual, norm_weight, eps, weight, bias, zero_centered,
+                                  activation)
+        return y, (r if residual is not None else x)
+
+    def _norm_gemv_fusable(self, x, residual, norm_weight, weight) -> bool:
+        """Whether ``gemv_norm.cu``'s fused norm GEMV serves these operands."""
+        K = x.shape[-1]
+        M = x.size // K if K else 0
+        return (cuda_env.norm_gemv() and 0 < M <= GEMV_MAX_M and K % 8 == 0
+                and next(_row_tiles(M))[1] * K * x.dtype.itemsize <= NORM_GEMV_SHMEM
+                and weight.dtype == x.dtype and norm_weight.dtype == x.dtype
+                and all(a is None or a.ptr % 16 == 0 for a in (x, residual, norm_weight, weight)))
+
+    def _norm_gemv(self, x, residual, norm_weight, eps, weight, bias, zero_centered,
+                   activation, normed: bool = False):
+        """One fused norm GEMV launch per row tile: ``(y, summed residual or None, the normed
+        rows when ``normed`` else None)``."""
+        K, rows_w = x.shape[-1], weight.shape[0]
+        M = x.size // K
         n = rows_w // 2 if activation else rows_w
         y = self._out((*x.shape[:-1], n), x.dtype)
         r = self._out(x.shape, x.dtype) if residual is not None else None
+        h = self._out(x.shape, x.dtype) if normed else None
         v = variant_of(x.dtype)
         g, s = gemv_tile(n, K, fused_norm=True, pair=activation is not None)
         name = "gemvn_norm_act" if activation else "gemvn_norm"
@@ -151,7 +167,8 @@ class GemvOps:
         for m0, mt in _row_tiles(M):
             shmem = mt * K * x.dtype.itemsize
             k = self.be.kernels.kernel("gemv_norm", v, f"{name}_{v}_m{mt}_g{g}", NORM_GEMV_SHMEM)
-            self.be.kernels.launch(k, -(-n // (8 // s * g)), 256, y, r, x, residual, norm_weight,
-                                   float(eps), int(zero_centered), weight, bias, M, n, K, m0, s,
-                                   self._l2_prefetch(weight), *extra, shmem=shmem, pdl=self._pdl)
-        return y, (r if residual is not None else x)
+            self.be.kernels.launch(k, -(-n // (8 // s * g)), 256, y, r, h, x, residual,
+                                   norm_weight, float(eps), int(zero_centered), weight, bias, M,
+                                   n, K, m0, s, self._l2_prefetch(weight), *extra, shmem=shmem,
+                                   pdl=self._pdl)
+        return y, r, h

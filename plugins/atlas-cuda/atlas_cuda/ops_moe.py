@@ -88,7 +88,9 @@ class MoeOps:
                            shared_gate: DeviceArray | None = None):
         """``moe_block(rms_norm(x, norm_weight, eps, residual), ...)`` and the new residual; see
         :func:`atlas_core.ops.moe.rms_norm_moe_block`. On the ``block`` kernels the norm runs in
-        every router block (``ATLAS_CUDA_MOE_NORM_FOLD``), else ``rms_norm`` then ``moe_block``."""
+        every router block (``ATLAS_CUDA_MOE_NORM_FOLD``); where the MoE runs as separate ops
+        (plain MoE blocks, e.g. qwen3-30b-a3b) the router is a fused norm GEMV that also
+        writes the normed rows for the experts; else ``rms_norm`` then ``moe_block``."""
         moe = (router_weight, w_gate_up, w_down, top_k, renormalize, scoring, activation,
                shared_gate_up, shared_down, shared_gate)
         t, hidden = x.shape
@@ -100,6 +102,14 @@ class MoeOps:
                 and self._moe_fusable(x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
                                       shared_down, shared_gate))
         if not fold:
+            if (not self._moe_fusable(x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
+                                      shared_down, shared_gate)
+                    and self._norm_gemv_fusable(x, residual, norm_weight, router_weight)):
+                # the pre-norm rides on the router GEMV, which also writes the normed rows
+                logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, router_weight,
+                                               None, zero_centered, None, normed=True)
+                out = compose_moe_block(self, h, *moe, router_logits=logits)
+                return out, (r if residual is not None else x)
             return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
                                               *moe)
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))

@@ -15,6 +15,8 @@ from atlas_cuda.ops_gemv import gemv_tile
     (6144, 4096, True, False, (2, 1)),      # 8B qkv after the input norm
     (5120, 2048, True, False, (4, 1)),      # 30B qkv: small, four columns per warp
     (12288, 4096, True, True, (1, 1)),      # gate_up + SiLU: gate and up row per column
+    (128, 2048, True, False, (1, 8)),       # 30B router after the post-attention norm
+    (128, 2048, False, False, (1, 8)),      # the same without the norm
 ])
 def test_auto_tiles(monkeypatch, n, k, fused_norm, pair, want):
     monkeypatch.delenv("ATLAS_CUDA_GEMV_TILE", raising=False)
