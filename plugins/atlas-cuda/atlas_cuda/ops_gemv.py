@@ -38,7 +38,8 @@ def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> t
     -> 5.8); other shapes four K splits for K >= 8192, else two (qkv, gate_up, lm_head). The
     fused norm GEMV reads two weight rows per warp (two columns, or the gate and up row of
     one), four columns for matrices of at most :data:`_SMALL_NORM_GEMV` weights (30B qkv 8.9 ->
-    7.4 us), one below 1,024 columns (a MoE router), no split. Small grids split K further until they have :data:`_MIN_BLOCKS` blocks."""
+    7.4 us), one below 1,024 columns (a MoE router), no split. Small grids split K further
+    until they have :data:`_MIN_BLOCKS` blocks."""
     tile = cuda_env.gemv_tile()
     if tile not in ("auto", "old"):
         return min(int(tile[1]), 2 if pair else 4), int(tile[3])
