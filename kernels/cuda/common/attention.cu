@@ -51,11 +51,7 @@ __device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, c
     }
 #pragma unroll
     for (int hh = 0; hh < HB; hh++) {
-      float s = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; e++) s += qf[hh][e] * kf[e];
-#pragma unroll
-      for (int o = LPK / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      float s = lane_group_dot(qf[hh], kf, LPK);
       if (valid) {
         float mn = fmaxf(m[hh], s), corr = exp2f(m[hh] - mn), p = exp2f(s - mn);
         l[hh] = l[hh] * corr + p;

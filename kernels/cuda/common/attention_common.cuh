@@ -1,5 +1,5 @@
 // Shared by the attention kernels (attention.cu, attention_decode.cuh): launch arguments, the
-// query token -> sequence lookup and the merge of a block's lane-group partials.
+// query token -> sequence lookup, the lane-group score and the merge of a block's partials.
 #pragma once
 #include "common.cuh"
 
@@ -16,6 +16,16 @@ __device__ __forceinline__ int find_seq(const int* cu, int n, int t) {
     if (cu[mid] <= t) lo = mid; else hi = mid - 1;
   }
   return lo;
+}
+
+// A key's score against one query head: the lane's 8 dimensions, summed over the group of lpk
+// lanes that holds the whole head (every lane of the group gets the sum).
+__device__ __forceinline__ float lane_group_dot(const float* q, const float* k, int lpk) {
+  float s = 0.f;
+#pragma unroll
+  for (int e = 0; e < 8; e++) s += q[e] * k[e];
+  for (int o = lpk / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
 }
 
 // Merge the NG lane groups' online-softmax partials of head hh at column d (in shared memory):

@@ -73,10 +73,7 @@ __device__ __forceinline__ void dec_fold_new(const C* k, const C* v, const float
   for (int e = 0; e < 8; e++) { kf[e] = to_f32(k[e]); vf[e] = to_f32(v[e]); }
 #pragma unroll
   for (int hh = 0; hh < HB; hh++) {
-    float x = 0.f;
-#pragma unroll
-    for (int e = 0; e < 8; e++) x += qf[hh][e] * kf[e];
-    for (int o = lpk / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    float x = lane_group_dot(qf[hh], kf, lpk);
     if (!apply) continue;
     float mn = fmaxf(m[hh], x), corr = exp2f(m[hh] - mn), p = exp2f(x - mn);
     l[hh] = l[hh] * corr + p;
@@ -225,11 +222,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
       float kf[8]; kv[u].to_float(kf);
 #pragma unroll
       for (int hh = 0; hh < HB; hh++) {
-        float x = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; e++) x += qf[hh][e] * kf[e];
-#pragma unroll
-        for (int o = LPK / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        float x = lane_group_dot(qf[hh], kf, LPK);
         s[u][hh] = valid[u] ? x : NEG_INF;
       }
     }

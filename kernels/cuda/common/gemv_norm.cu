@@ -15,6 +15,7 @@
 // rounded to T exactly as rms_norm stores them; block 0 writes the summed residual stream and,
 // when hn is given, the normed rows (the MoE router: its experts read them).
 #include "common.cuh"
+#include "norm_rows.cuh"
 
 template <typename T, int R, int CH>
 __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const (&rows)[R],
@@ -29,41 +30,6 @@ __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const 
       else wv[r][c] = Vec8<T>();
     }
   }
-}
-
-// Normalise rows m0 .. m0 + MT - 1 (those below M) into xs[MT][K] (T, as rms_norm stores them).
-template <typename T, int MT>
-__device__ void gemvn_norm_rows(T* xs, T* r_out, T* h_out, const T* x, const T* residual,
-                                const T* nw,
-                                float eps, int zc, int M, int K, int m0) {
-  __shared__ float scratch[32];
-  for (int m = 0; m < MT && m0 + m < M; m++) {
-    long long row = (long long)(m0 + m) * K;
-    float ss = 0.f;
-    for (int i = threadIdx.x * 8; i < K; i += blockDim.x * 8) {
-      float v[8]; Vec8<T> a; a.load(x + row + i); a.to_float(v);
-      if (residual) {
-        float b[8]; Vec8<T> bv; bv.load(residual + row + i); bv.to_float(b);
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = to_f32(from_f32<T>(v[j] + b[j]));
-        Vec8<T> o; o.from_float(v);
-        if (blockIdx.x == 0) o.store(r_out + row + i);
-      }
-#pragma unroll
-      for (int j = 0; j < 8; j++) ss += v[j] * v[j];
-      Vec8<T> o; o.from_float(v); o.store(xs + m * K + i);
-    }
-    float inv = rsqrtf(block_sum(ss, scratch) / K + eps);
-    for (int i = threadIdx.x * 8; i < K; i += blockDim.x * 8) {
-      float v[8], wf[8]; Vec8<T> a, wv; a.load(xs + m * K + i); a.to_float(v);
-      wv.load(nw + i); wv.to_float(wf);
-#pragma unroll
-      for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (zc ? wf[j] + 1.f : wf[j]);
-      a.from_float(v); a.store(xs + m * K + i);
-      if (h_out && blockIdx.x == 0) a.store(h_out + row + i);
-    }
-  }
-  __syncthreads();
 }
 
 template <typename T, int MT, int G, bool PAIR, bool NORM>
@@ -94,7 +60,7 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
   const T* xb = x + (long long)m0 * K;
   if (NORM) {
     T* xs = reinterpret_cast<T*>(gemvn_smem);
-    gemvn_norm_rows<T, MT>(xs, r_out, h_out, x, residual, nw, eps, zc, M, K, m0);
+    norm_rows_to_shared<T, MT>(xs, r_out, h_out, x, residual, nw, eps, zc, M, K, m0);
     xb = xs;
   }
   float acc[R][MT];

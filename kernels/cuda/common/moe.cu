@@ -7,6 +7,7 @@
 // moe_combine sums each token's experts in slot order (deterministic, no atomics).
 #include "common.cuh"
 #include "mma.cuh"
+#include "moe_topk.cuh"
 
 // One block per token; num_experts <= 4 * blockDim.x.
 template <typename T>
@@ -62,28 +63,7 @@ __device__ void moe_gate_up_impl(float* h, const T* __restrict__ x, const T* __r
   const T* wg = w + ((long long)e * 2 * inter + n) * hidden;
   const T* wu = wg + (long long)inter * hidden;
   float g = 0.f, u = 0.f;
-  int k = lane * 8;
-  for (; k + 3 * 256 < hidden; k += 4 * 256) {
-    Vec8<T> gv[4], uv[4], xv[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) { gv[c].load(wg + k + c * 256); uv[c].load(wu + k + c * 256); }
-#pragma unroll
-    for (int c = 0; c < 4; c++) xv[c].load(xr + k + c * 256);
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-      float xf[8], gf[8], uf[8];
-      xv[c].to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
-    }
-  }
-  for (; k < hidden; k += 256) {
-    float xf[8], gf[8], uf[8];
-    Vec8<T> xv, gv, uv; gv.load(wg + k); uv.load(wu + k); xv.load(xr + k);
-    xv.to_float(xf); gv.to_float(gf); uv.to_float(uf);
-#pragma unroll
-    for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
-  }
+  moe_gate_up_dot<T, 4>(g, u, wg, wu, xr, hidden, lane);
   g = warp_sum(g); u = warp_sum(u);
   if (lane == 0) h[(long long)p * inter + n] = gated_act(g, gelu) * u;
 }
@@ -97,19 +77,9 @@ __device__ void moe_down_impl(T* out, const float* __restrict__ h, const T* __re
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
   if (n >= hidden) return;
-  float total = 0.f;
-  for (int k = lane * 8; k < inter; k += 256) {
-#pragma unroll 8
-    for (int j = 0; j < top_k; j++) {
-      int p = t * top_k + j;
-      float wf[8], hf[8], s = 0.f;
-      Vec8<T> wv; wv.load(w + ((long long)ids[p] * hidden + n) * inter + k); wv.to_float(wf);
-      Vec8<float> hv; hv.load(h + (long long)p * inter + k); hv.to_float(hf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-      total += s * weights[p];
-    }
-  }
+  float total = moe_down_lane<T, 0>(w, h + (long long)t * top_k * inter, ids + t * top_k,
+                                    weights + t * top_k, top_k, hidden, inter, n, nullptr,
+                                    nullptr, 0, 1.f);
   total = warp_sum(total);
   if (lane == 0) out[(long long)t * hidden + n] = from_f32<T>(total);
 }

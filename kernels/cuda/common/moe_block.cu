@@ -12,50 +12,9 @@
 //                launched it) and may ask L2 for its expert rows while mb_gate_up still runs.
 #include "common.cuh"
 #include "moe_topk.cuh"
+#include "norm_rows.cuh"
 
 #define MB_MAX_TOKENS 8
-
-__device__ __forceinline__ void mb_prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
-}
-
-// Rows 0..M-1 of x (+ residual) normalised into xs[M][H] (T, rounded as rms_norm stores them).
-// Block 0 also writes the residual sum (r_out) and the normed rows (xn).
-template <typename T>
-__device__ void mb_norm_rows(T* xs, T* r_out, T* xn, const T* x, const T* res, const T* nw,
-                             float eps, int zc, int M, int H) {
-  __shared__ float scratch[32];
-  bool first = blockIdx.x == 0;
-  for (int m = 0; m < M; m++) {
-    long long row = (long long)m * H;
-    float ss = 0.f;
-    for (int i = threadIdx.x * 8; i < H; i += blockDim.x * 8) {
-      float v[8];
-      Vec8<T> a; a.load(x + row + i); a.to_float(v);
-      if (res) {
-        float b[8];
-        Vec8<T> bv; bv.load(res + row + i); bv.to_float(b);
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = to_f32(from_f32<T>(v[j] + b[j]));
-        if (first) { Vec8<T> o; o.from_float(v); o.store(r_out + row + i); }
-      }
-#pragma unroll
-      for (int j = 0; j < 8; j++) ss += v[j] * v[j];
-      Vec8<T> o; o.from_float(v); o.store(xs + row + i);
-    }
-    float inv = rsqrtf(block_sum(ss, scratch) / H + eps);
-    for (int i = threadIdx.x * 8; i < H; i += blockDim.x * 8) {
-      float v[8], wf[8];
-      Vec8<T> a, wv; a.load(xs + row + i); a.to_float(v);
-      wv.load(nw + i); wv.to_float(wf);
-#pragma unroll
-      for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (zc ? wf[j] + 1.f : wf[j]);
-      a.from_float(v); a.store(xs + row + i);
-      if (first) a.store(xn + row + i);
-    }
-  }
-  __syncthreads();
-}
 
 // Grid ceil(rows / warps), rows = E (+1 with a shared gate): a warp per router row, every token.
 // Dynamic shared memory ntok * H elements when nw (the norm weight) is given.
@@ -77,7 +36,7 @@ __device__ void mb_router_impl(float* logits, T* xn, T* r_out, const T* x, const
   const T* xs = x;
   if (nw) {
     T* s = reinterpret_cast<T*>(mb_smem);
-    mb_norm_rows<T>(s, r_out, xn, x, res, nw, eps, zc, ntok, H);
+    norm_rows_to_shared<T, MB_MAX_TOKENS>(s, r_out, xn, x, res, nw, eps, zc, ntok, H, 0);
     xs = s;
   }
   if (r < rows) moe_row_logits<T, 8, MB_MAX_TOKENS>(logits, pre, wrow, xs, ntok, H, rows, r);
@@ -96,14 +55,8 @@ __device__ void mb_gate_up_impl(float* h, float* hs, const T* x, const T* __rest
   bool shared = p >= ntok * top_k;
   int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
   if (n >= inter) return;
-  const T* wg = nullptr;
-  if (shared) {
-    wg = ws + (long long)n * H;
-    for (int k = lane * 64; k < H; k += 32 * 64) {
-      mb_prefetch_l2(wg + k);
-      mb_prefetch_l2(wg + (long long)Is * H + k);
-    }
-  }
+  const T* wg = shared ? ws + (long long)n * H : nullptr;
+  if (shared) moe_prefetch_shared_gate_up(ws, n, H, Is, lane);
   pdl_wait();
   pdl_trigger();
   if (!shared) {
@@ -116,24 +69,7 @@ __device__ void mb_gate_up_impl(float* h, float* hs, const T* x, const T* __rest
   const T* wu = wg + (long long)inter * H;
   const T* xr = x + (long long)t * H;
   float g = 0.f, u = 0.f;
-  for (int k0 = 0; k0 < H; k0 += GC * 256) {
-    Vec8<T> gv[GC], uv[GC];
-#pragma unroll
-    for (int c = 0; c < GC; c++) {
-      int k = k0 + c * 256 + lane * 8;
-      if (k < H) { gv[c].load(wg + k); uv[c].load(wu + k); }
-    }
-#pragma unroll
-    for (int c = 0; c < GC; c++) {
-      int k = k0 + c * 256 + lane * 8;
-      if (k >= H) break;
-      float xf[8], gf[8], uf[8];
-      Vec8<T> xv; xv.load(xr + k);
-      xv.to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
-    }
-  }
+  moe_gate_up_dot<T, GC>(g, u, wg, wu, xr, H, lane);
   g = warp_sum(g); u = warp_sum(u);
   if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
 }
@@ -166,9 +102,9 @@ __device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* _
     for (int j = 0; j < 8; j++)
       if (j < top_k)
         for (int k = lane * 64; k < I; k += 32 * 64)
-          mb_prefetch_l2(w + ((long long)e[j] * H + n) * I + k);
+          moe_prefetch_l2(w + ((long long)e[j] * H + n) * I + k);
     if (Is)
-      for (int k = lane * 64; k < Is; k += 32 * 64) mb_prefetch_l2(ws + (long long)n * Is + k);
+      for (int k = lane * 64; k < Is; k += 32 * 64) moe_prefetch_l2(ws + (long long)n * Is + k);
   }
   pdl_wait();
   pdl_trigger();

@@ -11,9 +11,6 @@
 
 #define MOE_DEC_MAX_TOKENS 8
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
-}
 __device__ __forceinline__ int load_cg(const int* p) {  // from L2: written by an earlier kernel
   int v;
   asm volatile("ld.global.cg.s32 %0, [%1];\n" : "=r"(v) : "l"(p));
@@ -71,42 +68,15 @@ __device__ void moe_dec_gate_up_impl(float* h, float* hs, const T* __restrict__ 
   bool shared = p >= ntok * top_k;
   int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
   if (n >= inter) return;
-  const T* wg = nullptr;
-  if (shared) {
-    wg = ws + (long long)n * H;
-    for (int k = lane * 64; k < H; k += 32 * 64) {
-      prefetch_l2(wg + k);
-      prefetch_l2(wg + (long long)Is * H + k);
-    }
-  }
+  const T* wg = shared ? ws + (long long)n * H : nullptr;
+  if (shared) moe_prefetch_shared_gate_up(ws, n, H, Is, lane);
   pdl_wait();
   pdl_trigger();  // after the wait: moe_dec_down may then read the router's ids before its own
   if (!shared) wg = w + ((long long)ids[p] * 2 * I + n) * H;
   const T* wu = wg + (long long)inter * H;
   const T* xr = x + (long long)t * H;
   float g = 0.f, u = 0.f;
-  int k = lane * 8;
-  for (; k + 3 * 256 < H; k += 4 * 256) {
-    Vec8<T> gv[4], uv[4], xv[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) { gv[c].load(wg + k + c * 256); uv[c].load(wu + k + c * 256); }
-#pragma unroll
-    for (int c = 0; c < 4; c++) xv[c].load(xr + k + c * 256);
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-      float xf[8], gf[8], uf[8];
-      xv[c].to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
-    }
-  }
-  for (; k < H; k += 256) {
-    float xf[8], gf[8], uf[8];
-    Vec8<T> xv, gv, uv; gv.load(wg + k); uv.load(wu + k); xv.load(xr + k);
-    xv.to_float(xf); gv.to_float(gf); uv.to_float(uf);
-#pragma unroll
-    for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
-  }
+  moe_gate_up_dot<T, 4>(g, u, wg, wu, xr, H, lane);
   g = warp_sum(g); u = warp_sum(u);
   if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
 }
@@ -126,10 +96,10 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   int lines = (I + 63) / 64;
   for (int q = lane; q < top_k * lines; q += 32) {
     int e = load_cg(ids + t * top_k + q / lines);
-    prefetch_l2(w + ((long long)e * H + n) * I + (q % lines) * 64);
+    moe_prefetch_l2(w + ((long long)e * H + n) * I + (q % lines) * 64);
   }
   if (Is)
-    for (int k = lane * 64; k < Is; k += 32 * 64) prefetch_l2(ws + (long long)n * Is + k);
+    for (int k = lane * 64; k < Is; k += 32 * 64) moe_prefetch_l2(ws + (long long)n * Is + k);
   pdl_wait();
   pdl_trigger();
   const int* e = ids + t * top_k;

@@ -1,5 +1,5 @@
-// Shared pieces of the fused decode MoE kernels (moe_decode.cu, moe_block.cu): the warp top-k of
-// one token's logits and the weighted expert down sum.
+// Shared pieces of the decode MoE kernels (moe_decode.cu, moe_block.cu; moe.cu's down sum): the
+// warp top-k of one token's logits, the gate/up row dot and the weighted expert down sum.
 #pragma once
 // Needs common.cuh included before it (the NVRTC inliner has no include guards).
 
@@ -8,23 +8,56 @@ __device__ __forceinline__ float ms_ldcg(const float* p) {  // L2: another block
   asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ u32 ms_max_u32(u32 v) {
+// Max (MAX) or min of v over the warp.
+template <bool MAX>
+__device__ __forceinline__ u32 ms_reduce_u32(u32 v) {
 #if __CUDA_ARCH__ >= 800
-  asm volatile("redux.sync.max.u32 %0, %0, 0xffffffff;\n" : "+r"(v));
+  if (MAX) asm volatile("redux.sync.max.u32 %0, %0, 0xffffffff;\n" : "+r"(v));
+  else asm volatile("redux.sync.min.u32 %0, %0, 0xffffffff;\n" : "+r"(v));
 #else
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) {
+    u32 w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = MAX ? max(v, w) : min(v, w);
+  }
 #endif
   return v;
 }
-__device__ __forceinline__ u32 ms_min_u32(u32 v) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("redux.sync.min.u32 %0, %0, 0xffffffff;\n" : "+r"(v));
-#else
+__device__ __forceinline__ void moe_prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
+}
+// Ask L2 for the gate and up rows n of the shared expert (ws [2 * Is, H]) before a PDL wait.
+template <typename T>
+__device__ __forceinline__ void moe_prefetch_shared_gate_up(const T* ws, int n, int H, int Is,
+                                                            int lane) {
+  const T* wg = ws + (long long)n * H;
+  for (int k = lane * 64; k < H; k += 32 * 64) {
+    moe_prefetch_l2(wg + k);
+    moe_prefetch_l2(wg + (long long)Is * H + k);
+  }
+}
+// The lane's part of x . gate_row and x . up_row (no warp sum), GC 256-element chunks of both
+// rows in flight at a time.
+template <typename T, int GC>
+__device__ __forceinline__ void moe_gate_up_dot(float& g, float& u, const T* wg, const T* wu,
+                                                const T* xr, int H, int lane) {
+  for (int k0 = 0; k0 < H; k0 += GC * 256) {
+    Vec8<T> gv[GC], uv[GC], xv[GC];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-#endif
-  return v;
+    for (int c = 0; c < GC; c++) {
+      int k = k0 + c * 256 + lane * 8;
+      if (k < H) { gv[c].load(wg + k); uv[c].load(wu + k); xv[c].load(xr + k); }
+    }
+#pragma unroll
+    for (int c = 0; c < GC; c++) {
+      int k = k0 + c * 256 + lane * 8;
+      if (k >= H) break;
+      float xf[8], gf[8], uf[8];
+      xv[c].to_float(xf); gv[c].to_float(gf); uv[c].to_float(uf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) { g += xf[i] * gf[i]; u += xf[i] * uf[i]; }
+    }
+  }
 }
 
 // Top-k of one token's logits by a warp (PL experts per lane, E <= 32 * PL): descending
@@ -63,8 +96,8 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const float* lg, int E,
 #pragma unroll
     for (int i = 0; i < PL; i++)
       if (key[i] > best) { best = key[i]; bi = i; }
-    u32 top = ms_max_u32(best);
-    u32 idx = ms_min_u32(best == top ? (u32)(lane + 32 * bi) : 0xffffffffu);
+    u32 top = ms_reduce_u32<true>(best);
+    u32 idx = ms_reduce_u32<false>(best == top ? (u32)(lane + 32 * bi) : 0xffffffffu);
 #pragma unroll
     for (int i = 0; i < PL; i++)
       if ((u32)(lane + 32 * i) == idx) key[i] = 0u;

@@ -94,22 +94,21 @@ class MoeOps:
         moe = (router_weight, w_gate_up, w_down, top_k, renormalize, scoring, activation,
                shared_gate_up, shared_down, shared_gate)
         t, hidden = x.shape
-        fold = (cuda_env.moe_norm_fold() and self._moe_block_kernels(x, router_weight, top_k)
+        fusable = self._moe_fusable(x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
+                                    shared_down, shared_gate)
+        fold = (fusable and cuda_env.moe_norm_fold()
+                and self._moe_block_kernels(x, router_weight, top_k)
                 and scoring in ("softmax", "sigmoid")
                 and t * hidden * x.dtype.itemsize <= _NORM_SHMEM
                 and all(a is not None and a.dtype == x.dtype and a.ptr % 16 == 0
-                        for a in (norm_weight,) + ((residual,) if residual is not None else ()))
-                and self._moe_fusable(x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
-                                      shared_down, shared_gate))
+                        for a in (norm_weight,) + ((residual,) if residual is not None else ())))
+        if not fusable and self._norm_gemv_fusable(x, residual, norm_weight, router_weight):
+            # the pre-norm rides on the router GEMV, which also writes the normed rows
+            logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, router_weight, None,
+                                           zero_centered, None, normed=True)
+            out = compose_moe_block(self, h, *moe, router_logits=logits)
+            return out, (r if residual is not None else x)
         if not fold:
-            if (not self._moe_fusable(x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
-                                      shared_down, shared_gate)
-                    and self._norm_gemv_fusable(x, residual, norm_weight, router_weight)):
-                # the pre-norm rides on the router GEMV, which also writes the normed rows
-                logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, router_weight,
-                                               None, zero_centered, None, normed=True)
-                out = compose_moe_block(self, h, *moe, router_logits=logits)
-                return out, (r if residual is not None else x)
             return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
                                               *moe)
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
