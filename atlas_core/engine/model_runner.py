@@ -162,24 +162,30 @@ class ModelRunner:
         bucket = next(b for b in self.buckets if b >= batch)
         self._ensure_graph(bucket)
         self._fill_decode(sched, bucket, chained=prev is not None)
-        self._upload(bucket, bucket, bucket)
-        self.sampler.upload_params(rows, bucket, ahead=int(prev is not None))
+        copies: list = []
+        self._upload(bucket, bucket, bucket, copies, device_ids=batch if prev is not None else 0)
+        self.sampler.upload_params(rows, bucket, ahead=int(prev is not None), copies=copies)
+        chained: list = []
         if prev is not None:
-            self._chain_inputs(sched, prev)
+            self._chain_inputs(sched, prev, chained)
             self.num_chained_steps += 1
+        self.backend.copy_many(copies, chained)
         tokens = self._replay(bucket)[:batch]
         return PendingStep(sched, rows, tokens, self.backend.to_host_async(tokens))
 
-    def _chain_inputs(self, sched: SchedulerOutput, prev: PendingStep) -> None:
-        # Device copies prev.tokens -> input_ids, one per run of rows that stay consecutive.
+    def _chain_inputs(self, sched: SchedulerOutput, prev: PendingStep, copies: list) -> None:
+        """Append ``(input ids rows, prev.tokens rows)`` device pairs to ``copies``."""
+        # Device copies prev.tokens -> input_ids, one per run of rows that stay consecutive
+        # (the host upload left those rows out: copy_many's destinations are disjoint).
         where = {s.seq.seq_id: i for i, s in enumerate(prev.sched.scheduled)}
         src = [where[s.seq.seq_id] for s in sched.scheduled]
         ids, j = self.device["input_ids"], 0
-        while j < len(src):
+        n = len(src)
+        while j < n:
             k = j + 1
-            while k < len(src) and src[k] == src[k - 1] + 1:
+            while k < n and src[k] == src[k - 1] + 1:
                 k += 1
-            self.backend.copy_(ids[j:k], prev.tokens[src[j]:src[j] + k - j])
+            copies.append((ids[j:k], prev.tokens[src[j]:src[j] + k - j]))
             j = k
 
     def _fill(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]],
@@ -251,14 +257,22 @@ class ModelRunner:
             self.host["block_tables"][b, :owner[2]] = 0
             self._table_owner[b] = None
 
-    def _upload(self, num_tokens: int, num_seqs: int, num_rows: int) -> dict:
+    def _upload(self, num_tokens: int, num_seqs: int, num_rows: int,
+                copies: list | None = None, device_ids: int = 0) -> dict:
+        """Device views of the step's inputs, copied from the host buffers now or, given
+        ``copies``, appended there as ``(device, host)`` pairs for one ``copy_many``; the first
+        ``device_ids`` input ids are left out (a chained step copies them on the device)."""
         sizes = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
                  "cu_seqlens_q": num_seqs + 1, "seq_lens": num_seqs, "block_tables": num_seqs,
                  "logits_indices": num_rows, "state_indices": num_seqs}
-        views = {}
-        for name, n in sizes.items():
-            self.backend.copy_from_host(self.device[name][:n], self.host[name][:n])
-            views[name] = self.device[name][:n]
+        views = {name: self.device[name][:n] for name, n in sizes.items()}
+        pairs = [(self.device[name][device_ids if name == "input_ids" else 0:n],
+                  self.host[name][device_ids if name == "input_ids" else 0:n])
+                 for name, n in sizes.items()]
+        if copies is None:
+            self.backend.copy_many(pairs)
+        else:
+            copies.extend(pairs)
         return views
 
     def _metadata(self, views: dict, num_tokens: int, num_seqs: int, num_rows: int,
@@ -294,8 +308,10 @@ class ModelRunner:
         rows_of = {s.seq.seq_id: [r] for s, r in zip(sched.scheduled, rows)}
         self._ensure_graph(bucket)
         self._fill(sched, rows_of, bucket)
-        self._upload(bucket, bucket, bucket)
-        self.sampler.upload_params(rows, bucket)
+        copies: list = []
+        self._upload(bucket, bucket, bucket, copies)
+        self.sampler.upload_params(rows, bucket, copies=copies)
+        self.backend.copy_many(copies)
         return self._replay(bucket)[:batch]
 
     def _ensure_graph(self, bucket: int) -> None:

@@ -59,12 +59,14 @@ class Sampler:
         self.device = {name: backend.from_host(arr) for name, arr in self.host.items()}
         self.token_bitmask = TokenBitmask(backend, vocab_size)
 
-    def upload_params(self, rows: list[LogitsRow], num_rows: int, ahead: int = 0) -> dict:
+    def upload_params(self, rows: list[LogitsRow], num_rows: int, ahead: int = 0,
+                      copies: list | None = None) -> dict:
         """Write per-row sampling params (pad rows greedy) and return device views of ``num_rows``.
 
         ``ahead``: output tokens sampled but not yet appended to each sequence (async
         scheduling plans a step before the previous one's token is known); seeded sampling
-        draws by output position, so it counts them.
+        draws by output position, so it counts them. ``copies``: append the ``(device, host)``
+        pairs there for the caller's one ``copy_many`` instead of copying now.
         """
         h = self.host
         for name in h:
@@ -80,10 +82,12 @@ class Sampler:
             h["steps"][i] = len(row.seq.output_token_ids) + ahead
         for i in range(len(rows), num_rows):
             h["top_p"][i] = 1.0
-        views = {}
-        for name in h:
-            self.backend.copy_from_host(self.device[name][:num_rows], h[name][:num_rows])
-            views[name] = self.device[name][:num_rows]
+        views = {name: self.device[name][:num_rows] for name in h}
+        pairs = [(views[name], h[name][:num_rows]) for name in h]
+        if copies is None:
+            self.backend.copy_many(pairs)
+        else:
+            copies.extend(pairs)
         return views
 
     @staticmethod

@@ -108,6 +108,17 @@ class GpuBackend(ABC):
     def synchronize(self) -> None:
         """Block until all submitted device work has finished."""
 
+    def copy_many(self, host_pairs: Sequence[tuple[Any, np.ndarray]],
+                  device_pairs: Sequence[tuple[Any, Any]] = ()) -> None:
+        """Optional. ``copy_from_host`` for each ``(dst, host src)`` then ``copy_`` for each
+        ``(dst, device src)``; no destination overlaps another or a source. A step's inputs go
+        through here, so a device backend may batch them into one transfer (the default
+        copies them one at a time)."""
+        for dst, src in host_pairs:
+            self.copy_from_host(dst, src)
+        for dst, src in device_pairs:
+            self.copy_(dst, src)
+
     def to_host_async(self, array: Any) -> HostRead:
         """Optional. Queue a copy of ``array`` to the host and return without waiting for it.
 

@@ -93,35 +93,95 @@ struct DecRope {
   RopeArgs r;
 };
 
-template <typename T, typename C>
-__device__ __forceinline__ void dec_rope_head(C* dst, const T* src, const void* norm,
-                                              const DecRope& p, const float* cs, float* scratch,
-                                              bool rotate, float out_scale) {
-  if (p.norm_f32)
-    rope_head<T, C, float>(dst, src, (const float*)norm, cs, scratch, p.r, rotate, out_scale);
-  else
-    rope_head<T, C, T>(dst, src, (const T*)norm, cs, scratch, p.r, rotate, out_scale);
+// What the rope prologue reads that does not depend on the qkv GEMV (cos/sin of this token's
+// position, the q/k norm weights: host-written or static), loaded before the PDL wait. Lane
+// `lane` owns elements lane + 32 c of a head.
+template <int D>
+struct DecRopePre {
+  float c[D / 32], s[D / 32], qn[D / 32], kn[D / 32];
+};
+
+// A q/k norm weight (T, or float with f32), 1 without a norm.
+template <typename T>
+__device__ __forceinline__ float dec_norm_at(const void* norm, int i, int f32) {
+  if (!norm) return 1.f;
+  return f32 ? ((const float*)norm)[i] : to_f32(((const T*)norm)[i]);
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void dec_rope_preload(DecRopePre<D>& pre, int t, const DecRope& p) {
+  int lane = threadIdx.x & 31, rot = p.r.rotary_dim, half = rot / 2;
+  const float* cs = p.cos_sin + (long long)p.positions[t] * rot;
+#pragma unroll
+  for (int c = 0; c < D / 32; c++) {
+    int i = lane + 32 * c, j = p.r.is_neox ? (i < half ? i : i - half) : i / 2;
+    pre.c[c] = i < rot ? cs[j] : 1.f;
+    pre.s[c] = i < rot ? cs[half + j] : 0.f;
+    pre.qn[c] = dec_norm_at<T>(p.q_norm, i, p.norm_f32);
+    pre.kn[c] = dec_norm_at<T>(p.k_norm, i, p.norm_f32);
+  }
 }
 
 // Norm and rotate the block's HB query heads of token t into sm_q and, with `sub` (last split,
 // the token has a cache slot), the newest key and value into sm_kv as the cache stores them;
-// `writer` (one block of the kv head) also writes those to the cache.
+// `writer` (one block of the kv head) also writes those to the cache. A warp takes heads warp
+// and warp + 4 together (their loads in flight at once), in registers: one L2 round trip after
+// the wait. Same arithmetic as rope_head (rope_common.cuh).
 template <typename T, typename C, int D, int HB>
 __device__ void dec_rope_prologue(T* sm_q, C* sm_kv, float* scratch, const T* qkv, C* kb, C* vb,
                                   int t, int h0, int kh, bool sub, bool writer,
-                                  const DecRope& p) {
-  int H = p.r.num_heads, KH = p.r.num_kv_heads, warp = threadIdx.x >> 5;
+                                  const DecRope& p, const DecRopePre<D>& pre) {
+  constexpr int EC = D / 32;
+  static_assert(HB + 2 <= 8, "at most two heads per warp");
+  int H = p.r.num_heads, KH = p.r.num_kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = HB + (sub ? 2 : 0), rot = p.r.rotary_dim, half = rot / 2;
   const T* row = qkv + (long long)t * (H + 2 * KH) * D;
-  const float* cs = p.cos_sin + (long long)p.positions[t] * p.r.rotary_dim;
-  float* sc = scratch + warp * D;
-  for (int i = warp; i < HB + (sub ? 2 : 0); i += blockDim.x >> 5) {
-    if (i < HB)
-      dec_rope_head<T, T>(sm_q + i * D, row + (h0 + i) * D, p.q_norm, p, cs, sc, true, 1.f);
-    else if (i == HB)
-      dec_rope_head<T, C>(sm_kv, row + (H + kh) * D, p.k_norm, p, cs, sc, true, p.r.inv_kv_scale);
-    else
-      dec_rope_head<T, C>(sm_kv + D, row + (H + KH + kh) * D, 0, p, cs, sc, false,
-                          p.r.inv_kv_scale);
+  float v[2][EC];
+#pragma unroll
+  for (int s = 0; s < 2; s++) {
+    int i = warp + 4 * s;
+    const T* src = row + (i < HB ? h0 + i : i == HB ? H + kh : H + KH + kh) * D;
+#pragma unroll
+    for (int c = 0; c < EC; c++) v[s][c] = i < n ? to_f32(src[lane + 32 * c]) : 0.f;
+  }
+#pragma unroll
+  for (int s = 0; s < 2; s++) {
+    int i = warp + 4 * s;
+    if (i >= n) break;
+    bool q = i < HB;
+    if (q ? p.q_norm != 0 : (i == HB && p.k_norm != 0)) {
+      float ss = 0.f;
+#pragma unroll
+      for (int c = 0; c < EC; c++) ss += v[s][c] * v[s][c];
+      float inv = rsqrtf(warp_sum(ss) / D + p.r.eps);
+#pragma unroll
+      for (int c = 0; c < EC; c++)
+        v[s][c] = to_f32(from_f32<T>(v[s][c] * inv * (q ? pre.qn[c] : pre.kn[c])));
+    }
+    float* sc = scratch + (warp * 2 + s) * D;
+#pragma unroll
+    for (int c = 0; c < EC; c++) sc[lane + 32 * c] = v[s][c];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int s = 0; s < 2; s++) {
+    int i = warp + 4 * s;
+    if (i >= n) break;
+    const float* sc = scratch + (warp * 2 + s) * D;
+    float scale = i < HB ? 1.f : p.r.inv_kv_scale;
+#pragma unroll
+    for (int c = 0; c < EC; c++) {
+      int e = lane + 32 * c;
+      float x = v[s][c];
+      if (i <= HB && e < rot) {
+        bool first = p.r.is_neox ? e < half : (e & 1) == 0;
+        int partner = p.r.is_neox ? (first ? e + half : e - half) : (first ? e + 1 : e - 1);
+        float y = sc[partner];
+        x = first ? x * pre.c[c] - y * pre.s[c] : x * pre.c[c] + y * pre.s[c];
+      }
+      if (i < HB) sm_q[i * D + e] = from_f32<T>(x);
+      else sm_kv[(i - HB) * D + e] = from_f32<C>(x * scale);
+    }
   }
   __syncthreads();
   if (sub && writer) {
@@ -185,12 +245,14 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     // Launched with PDL after the qkv GEMV. Everything above reads only what the host wrote
     // before the graph ran and cache rows of earlier steps (this step's key is scored from
     // shared memory), so the first keys stream while the GEMV drains; q waits for it.
+    DecRopePre<D> pre;
+    dec_rope_preload<T, D>(pre, t, rp);
     pdl_trigger();
     pdl_wait();
     __shared__ __align__(16) T sm_q[HB * D];
     __shared__ C sm_kv[2 * D];
     dec_rope_prologue<T, C, D, HB>(sm_q, sm_kv, &sm_acc[0][0][0], q, kb, vb, t, h0, kh, sub,
-                                   blockIdx.y % chunks == 0, rp);
+                                   blockIdx.y % chunks == 0, rp, pre);
     qrow = sm_q;
     if (sub) kv_new = sm_kv;
   }

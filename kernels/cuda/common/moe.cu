@@ -1,87 +1,25 @@
-// Mixture of experts: top-k routing and expert compute.
-// Few tokens (GEMV path): moe_gate_up is a warp per (token-slot, intermediate row) computing
-// act(gate) * up in float32; moe_down a warp per (token, hidden row) summing the token's experts.
-// Many tokens (grouped path): moe_align sorts the (token, slot) pairs by expert into BM-row
-// tiles, moe_gemm_gate_up / moe_gemm_down run one tensor-core GEMM tile per (expert tile,
-// column tile), so each expert's weights are read once per tile instead of once per token, and
-// moe_combine sums each token's experts in slot order (deterministic, no atomics).
+// Mixture of experts: top-k routing and the grouped expert path.
+// Routing: a warp per token picks its top-k (moe_route_w<PL>). Few tokens take the per-pair
+// GEMV kernels of moe_decode.cu. Many tokens (grouped path): moe_align sorts the (token, slot)
+// pairs by expert into BM-row tiles, moe_gemm_gate_up / moe_gemm_down run one tensor-core GEMM
+// tile per (expert tile, column tile), so each expert's weights are read once per tile instead
+// of once per token, and moe_combine sums each token's experts in slot order (deterministic, no
+// atomics).
 #include "common.cuh"
 #include "mma.cuh"
 #include "moe_topk.cuh"
 
-// One block per token; num_experts <= 4 * blockDim.x.
-template <typename T>
-__device__ void moe_route_impl(float* weights, int* ids, const T* logits, int E, int top_k,
-                               int renormalize, int sigmoid) {
-  __shared__ float scores[1024];
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  __shared__ float cw[64];
-  __shared__ int ci[64];
-  const T* row = logits + (long long)blockIdx.x * E;
-  float mx = NEG_INF;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) { scores[e] = to_f32(row[e]); mx = fmaxf(mx, scores[e]); }
-  mx = block_max(mx, sv);
-  float sum = 0.f;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    float s = sigmoid ? 1.f / (1.f + __expf(-scores[e])) : __expf(scores[e] - mx);
-    scores[e] = s; sum += s;
-  }
-  sum = sigmoid ? 1.f : block_sum(sum, sv);
-  float prev_v = __int_as_float(0x7f800000); int prev_i = -1;
-  float chosen = 0.f;
-  for (int j = 0; j < top_k; j++) {
-    float v = NEG_INF; int idx = 0x7fffffff;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      float s = scores[e];
-      bool after = s < prev_v || (s == prev_v && e > prev_i);
-      if (after) argmax_pair(v, idx, s, e);
-    }
-    block_argmax(v, idx, sv, si);
-    if (threadIdx.x == 0) { cw[j] = v / sum; ci[j] = idx; }
-    chosen += v / sum;
-    prev_v = v; prev_i = idx;
-  }
-  __syncthreads();
-  if (threadIdx.x < top_k) {
-    weights[blockIdx.x * top_k + threadIdx.x] = renormalize ? cw[threadIdx.x] / chosen : cw[threadIdx.x];
-    ids[blockIdx.x * top_k + threadIdx.x] = ci[threadIdx.x];
-  }
-}
-
-// h[p, n] = act(x[t] . Wgu[e, n]) * (x[t] . Wgu[e, I + n]) for pair p = (t, j), e = ids[p].
-// Four 256-element chunks of both rows are loaded before any arithmetic (8 x 16 bytes in
-// flight per lane): decode is bound by how many bytes are in flight, not by the math.
-template <typename T>
-__device__ void moe_gate_up_impl(float* h, const T* __restrict__ x, const T* __restrict__ w,
-                                 const int* ids, int top_k, int hidden, int inter, int gelu) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
-  if (n >= inter) return;
-  int e = ids[p];
-  const T* xr = x + (long long)(p / top_k) * hidden;
-  const T* wg = w + ((long long)e * 2 * inter + n) * hidden;
-  const T* wu = wg + (long long)inter * hidden;
-  float g = 0.f, u = 0.f;
-  moe_gate_up_dot<T, 4>(g, u, wg, wu, xr, hidden, lane);
-  g = warp_sum(g); u = warp_sum(u);
-  if (lane == 0) h[(long long)p * inter + n] = gated_act(g, gelu) * u;
-}
-
-// out[t, n] = sum_j weights[t, j] * (h[(t, j)] . Wd[ids[t, j], n]). The experts are the inner
-// loop (their rows' loads are independent, so they overlap) and the warp reduces once.
-template <typename T>
-__device__ void moe_down_impl(T* out, const float* __restrict__ h, const T* __restrict__ w,
-                              const float* weights, const int* ids, int top_k, int hidden,
-                              int inter) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
-  if (n >= hidden) return;
-  float total = moe_down_lane<T, 0>(w, h + (long long)t * top_k * inter, ids + t * top_k,
-                                    weights + t * top_k, top_k, hidden, inter, n, nullptr,
-                                    nullptr, 0, 1.f);
-  total = warp_sum(total);
-  if (lane == 0) out[(long long)t * hidden + n] = from_f32<T>(total);
+// A warp per token (E <= 32 * PL, top_k <= 32): the warp top-k of moe_topk.cuh over the
+// token's router logits (T, or float).
+template <typename T, int PL>
+__device__ void moe_route_impl(float* weights, int* ids, const T* logits, int ntok, int E,
+                               int top_k, int renorm, int sigmoid) {
+  pdl_wait();
+  pdl_trigger();
+  int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (t >= ntok) return;
+  ms_topk<PL, T>(weights + (long long)t * top_k, ids + (long long)t * top_k,
+                 logits + (long long)t * E, E, top_k, renorm, sigmoid);
 }
 
 // Grouped path, step 1 (one block of 1024 threads, E <= 1024): sorted[max_tiles * BM] lists the
@@ -237,20 +175,13 @@ __device__ void moe_combine_impl(T* out, const T* yp, const float* weights, int 
   }
 }
 
-#define MOE(T, S)                                                                             \
-  extern "C" __global__ void moe_route_##S(float* wts, int* ids, const T* logits, int E,     \
-                                           int k, int renorm, int sig) {                      \
-    moe_route_impl<T>(wts, ids, logits, E, k, renorm, sig);                                   \
-  }                                                                                           \
-  extern "C" __global__ void moe_gate_up_##S(float* h, const T* x, const T* w, const int* ids,\
-                                             int k, int hidden, int inter, int gelu) {        \
-    moe_gate_up_impl<T>(h, x, w, ids, k, hidden, inter, gelu);                                \
-  }                                                                                           \
-  extern "C" __global__ void moe_down_##S(T* out, const float* h, const T* w,                 \
-                                          const float* wts, const int* ids, int k, int hidden,\
-                                          int inter) {                                        \
-    moe_down_impl<T>(out, h, w, wts, ids, k, hidden, inter);                                  \
+#define MOE_ROUTE(T, S, PL)                                                                   \
+  extern "C" __global__ void moe_route_w##PL##_##S(float* wts, int* ids, const T* logits,      \
+                                                   int ntok, int E, int k, int renorm,         \
+                                                   int sig) {                                  \
+    moe_route_impl<T, PL>(wts, ids, logits, ntok, E, k, renorm, sig);                          \
   }
+#define MOE(T, S) MOE_ROUTE(T, S, 4) MOE_ROUTE(T, S, 8) MOE_ROUTE(T, S, 32)
 INSTANTIATE(MOE)
 
 #define MOE_GROUPED(T, S)                                                                     \

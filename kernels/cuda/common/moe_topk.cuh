@@ -1,5 +1,5 @@
-// Shared pieces of the decode MoE kernels (moe_decode.cu, moe_block.cu; moe.cu's down sum): the
-// warp top-k of one token's logits, the gate/up row dot and the weighted expert down sum.
+// Shared pieces of the MoE kernels (moe.cu's routing, moe_decode.cu, moe_block.cu): the warp
+// top-k of one token's logits, the gate/up row dot and the weighted expert down sum.
 #pragma once
 // Needs common.cuh included before it (the NVRTC inliner has no include guards).
 
@@ -7,6 +7,13 @@ __device__ __forceinline__ float ms_ldcg(const float* p) {  // L2: another block
   float v;
   asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
   return v;
+}
+// A router logit stored in the activation dtype (a separate router GEMV's output), from L2.
+template <typename L>
+__device__ __forceinline__ float ms_ldcg(const L* p) {
+  L v;
+  asm volatile("ld.global.cg.u16 %0, [%1];\n" : "=h"(v.x) : "l"(p) : "memory");
+  return to_f32(v);
 }
 // Max (MAX) or min of v over the warp.
 template <bool MAX>
@@ -60,12 +67,12 @@ __device__ __forceinline__ void moe_gate_up_dot(float& g, float& u, const T* wg,
   }
 }
 
-// Top-k of one token's logits by a warp (PL experts per lane, E <= 32 * PL): descending
-// weights, ties to the lower expert, like atlas_core.ops.moe.moe_route. Scores are >= 0, so
-// their bits order as unsigned keys; key 0 marks a taken (or absent) expert. Lane j < top_k
-// gets slot j's final weight and expert.
-template <int PL>
-__device__ void ms_topk_lanes(float& out_w, int& out_id, const float* lg, int E, int top_k,
+// Top-k of one token's logits (float, bf16 or f16) by a warp (PL experts per lane,
+// E <= 32 * PL, top_k <= 32): descending weights, ties to the lower expert, like
+// atlas_core.ops.moe.moe_route. Scores are >= 0, so their bits order as unsigned keys; key 0
+// marks a taken (or absent) expert. Lane j < top_k gets slot j's final weight and expert.
+template <int PL, typename L = float>
+__device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int top_k,
                               int renorm, int sigmoid) {
   int lane = threadIdx.x & 31;
   u32 key[PL];
@@ -108,12 +115,12 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const float* lg, int E,
   out_id = my_id;
 }
 
-template <int PL>
-__device__ void ms_topk(float* weights, int* ids, const float* lg, int E, int top_k, int renorm,
+template <int PL, typename L = float>
+__device__ void ms_topk(float* weights, int* ids, const L* lg, int E, int top_k, int renorm,
                         int sigmoid) {
   float w;
   int id;
-  ms_topk_lanes<PL>(w, id, lg, E, top_k, renorm, sigmoid);
+  ms_topk_lanes<PL, L>(w, id, lg, E, top_k, renorm, sigmoid);
   if ((int)(threadIdx.x & 31) < top_k) { weights[threadIdx.x & 31] = w; ids[threadIdx.x & 31] = id; }
 }
 

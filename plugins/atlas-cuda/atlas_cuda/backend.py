@@ -11,6 +11,7 @@ import numpy as np
 
 from atlas_core import env
 from atlas_core.interfaces.gpu_backend import DeviceInfo, GpuBackend, Graph, HostRead
+from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.driver import DeviceAllocation, check, drv
 from atlas_cuda.kernels_loader import KernelLibrary
@@ -92,6 +93,7 @@ class CudaBackend(GpuBackend):
         self.num_sms = self.device.properties.multiprocessor_count
         self.l2_bytes = self.device.properties.l2_cache_size
         self._capturing = False
+        self._copy_buffer: DeviceAllocation | None = None  # copy_many's device staging
         from atlas_cuda.ops import CudaOps
         self.ops = CudaOps(self)
 
@@ -126,6 +128,43 @@ class CudaBackend(GpuBackend):
         if src.nbytes:
             ring = self.small_staging if src.nbytes <= SMALL_COPY_BYTES else self.staging
             ring.upload(dst.ptr, src.astype(dst.dtype, copy=False), self.stream)
+
+    def copy_many(self, host_pairs: Sequence[tuple[DeviceArray, np.ndarray]],
+                  device_pairs: Sequence[tuple[DeviceArray, DeviceArray]] = ()) -> None:
+        """A batch of small copies (a decode step's inputs) as one pinned slot, one host-to-device
+        transfer and one ``copy_segments`` launch (``kernels/cuda/common/copy.cu``) instead of a
+        transfer per array; larger batches, or under graph capture, one copy at a time."""
+        hosts = [(d, np.asarray(s)) for d, s in host_pairs]
+        for dst, src in [*hosts, *device_pairs]:
+            if src.nbytes != dst.nbytes:
+                raise ValueError(f"copy_many: {src.nbytes} source bytes into {dst.nbytes} "
+                                 "device bytes")
+        hosts = [(d, s) for d, s in hosts if d.nbytes]
+        devs = [(d, s) for d, s in device_pairs if d.nbytes]
+        n = len(hosts) + len(devs)
+        header = -(-24 * n // 16) * 16
+        total = header + sum(-(-d.nbytes // 16) * 16 for d, _ in hosts)
+        if n < 2 or total > SMALL_COPY_BYTES or self._capturing or not cuda_env.batch_uploads():
+            return super().copy_many(hosts, devs)
+        if self._copy_buffer is None:
+            self._copy_buffer = DeviceAllocation(SMALL_COPY_BYTES)
+        base = self._copy_buffer.ptr
+        slot, event = self.small_staging.take()
+        buf = slot.array
+        table = np.empty((n, 3), np.uint64)
+        off = header
+        for i, (dst, src) in enumerate(hosts):
+            raw = np.ascontiguousarray(src.astype(dst.dtype, copy=False)).reshape(-1).view(np.uint8)
+            buf[off:off + raw.nbytes] = raw
+            table[i] = (dst.ptr, base + off, dst.nbytes)
+            off += -(-raw.nbytes // 16) * 16
+        for i, (dst, src) in enumerate(devs, len(hosts)):
+            table[i] = (dst.ptr, src.ptr, dst.nbytes)
+        buf[:table.nbytes] = table.reshape(-1).view(np.uint8)
+        check(drv().cuMemcpyHtoDAsync(base, slot.ptr, off, self.stream))
+        check(drv().cuEventRecord(event, self.stream))
+        self.kernels.launch(self.kernels.kernel("copy", "any", "copy_segments"), n, 128,
+                            np.uint64(base))
 
     def to_host(self, array: DeviceArray) -> np.ndarray:
         out = np.empty(array.shape, array.dtype)

@@ -83,6 +83,13 @@ def moe_fused() -> str:
     return _choice("ATLAS_CUDA_MOE_FUSED", MOE_FUSED_MODES)
 
 
+def batch_uploads() -> bool:
+    """``ATLAS_CUDA_BATCH_UPLOADS``: ``1`` (default) sends a step's inputs (``copy_many``) as one
+    host-to-device transfer and one scatter kernel; ``0`` copies each array on its own (about 15
+    transfers a decode step, each a few microseconds of device time between graph replays)."""
+    return _flag("ATLAS_CUDA_BATCH_UPLOADS", "1")
+
+
 def moe_decode_kernel() -> str:
     """``ATLAS_CUDA_MOE_DECODE``: kernels of the fused ``moe_block``: ``block`` (default,
     ``moe_block.cu``: router logits in many blocks, every expert warp picks its token's top-k

@@ -162,12 +162,15 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps, MoeOps):
         if scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"unsupported MoE scoring {scoring!r}; use softmax or sigmoid")
         t, e = router_logits.shape
-        if e > 1024 or top_k > 64:
-            raise ValueError(f"moe_route: at most 1024 experts and top_k 64 (got {e}, {top_k})")
+        if e > 1024 or not 0 < top_k <= min(32, e):
+            raise ValueError(f"moe_route: at most 1024 experts and top_k between 1 and "
+                             f"min(32, experts) on cuda (got {e} experts, top_k {top_k})")
         w, ids = self._out((t, top_k), np.float32), self._out((t, top_k), np.int32)
         if t:
-            self._launch(self._k("moe", router_logits.dtype, "moe_route"), t, 256, w, ids,
-                         router_logits, e, top_k, int(renormalize), int(scoring == "sigmoid"))
+            pl = 4 if e <= 128 else 8 if e <= 256 else 32
+            self._launch(self._k("moe", router_logits.dtype, f"moe_route_w{pl}"), -(-t // 4), 128,
+                         w, ids, router_logits, t, e, top_k, int(renormalize),
+                         int(scoring == "sigmoid"), pdl=self._pdl)
         return w, ids
 
     def moe_experts(self, x: DeviceArray, w_gate_up: DeviceArray, w_down: DeviceArray,
@@ -176,19 +179,16 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps, MoeOps):
         t, hidden = x.shape
         inter, k = w_down.shape[-1], topk_ids.shape[-1]
         _need_vec("moe_experts", x, w_gate_up, w_down, last=math.gcd(hidden, inter))
-        out = self._out(x.shape, x.dtype)
-        if not t:
-            return out
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
-        if self._moe_grouped(t * k, w_down.shape[0], x.dtype):
+        if t and self._moe_grouped(t * k, w_down.shape[0], x.dtype):
+            out = self._out(x.shape, x.dtype)
             self._moe_grouped_experts(out, x, w_gate_up, w_down, topk_weights, topk_ids, gelu)
             return out
-        h = self._out((t * k, inter), np.float32)
-        self._launch(self._k("moe", x.dtype, "moe_gate_up"), (-(-inter // 8), t * k), 256,
-                     h, x, w_gate_up, topk_ids, k, hidden, inter, gelu)
-        self._launch(self._k("moe", x.dtype, "moe_down"), (-(-hidden // 8), t), 256,
-                     out, h, w_down, topk_weights, topk_ids, k, hidden, inter)
-        return out
+        if not t:
+            return self._out(x.shape, x.dtype)
+        # per-pair GEMVs: moe_decode.cu's expert kernels without a shared expert
+        return self._moe_decode_experts(x, w_gate_up, w_down, topk_weights, topk_ids, None,
+                                        None, None, gelu)
 
     def _moe_grouped(self, pairs: int, experts: int, dtype: Any) -> bool:
         """Grouped GEMM once the pairs average two per expert (bf16/f16 only): below that the

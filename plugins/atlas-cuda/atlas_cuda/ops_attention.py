@@ -131,10 +131,7 @@ class AttentionOps:
         block_size, max_blocks = k_cache.shape[1], block_tables.shape[1]
         hb, splits = self._decode_plan(t, h, kh, d, max_blocks * block_size)
         out = self._out((t, h, d), qkv.dtype)
-        part_acc = part_ml = None
-        if splits > 1:
-            part_acc = self._out((t * h * splits * d,), np.float32)
-            part_ml = self._out((t * h * splits * 2,), np.float32)
+        part_acc, part_ml = self._dec_partials(t, h, d, splits)
         var = variant_of(qkv.dtype)
         name = f"rope_attn_dec{_cache_suffix(k_cache, qkv)}_{var}_d{d}_h{hb}"
         kern = self.be.kernels.kernel("attention_rope_decode", var, name)
@@ -170,15 +167,19 @@ class AttentionOps:
             self._attention_v1(out, args, fp8, var, max_ctx, scale, kv_scale)
             return out
         hb, splits = self._decode_plan(t, h, num_kv_heads, d, max_ctx)
-        part_acc = part_ml = None
-        if splits > 1:
-            part_acc = self._out((t * h * splits * d,), np.float32)
-            part_ml = self._out((t * h * splits * 2,), np.float32)
+        part_acc, part_ml = self._dec_partials(t, h, d, splits)
         kern = self.be.kernels.kernel("attention_decode", var, f"attn_dec{fp8}_{var}_d{d}_h{hb}")
         self._launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
                      part_acc, part_ml, self._sync_counters(), *args, splits,
                      float(scale * LOG2E), float(kv_scale), pdl=self._pdl_chain)
         return out
+
+    def _dec_partials(self, t: int, h: int, d: int, splits: int):
+        """The split partials of the decode kernel (accumulators, (max, sum) pairs), or Nones."""
+        if splits < 2:
+            return None, None
+        return (self._out((t * h * splits * d,), np.float32),
+                self._out((t * h * splits * 2,), np.float32))
 
     def _attention_v1(self, out, args, fp8, var, max_ctx, scale, kv_scale) -> None:
         """The previous decode kernel and its separate combine (``ATLAS_CUDA_ATTN_DECODE=old``,

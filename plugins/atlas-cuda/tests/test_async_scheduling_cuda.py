@@ -1,5 +1,6 @@
-"""Async scheduling on CUDA: ``to_host_async`` reads what was queued before it, and tiny Qwen3 /
-Qwen3.5 engines give the same tokens with the overlap on and off (also stepped on a thread)."""
+"""Async scheduling on CUDA: ``to_host_async`` reads what was queued before it, ``copy_many``
+(a step's inputs in one transfer), and tiny Qwen3 / Qwen3.5 engines give the same tokens with the
+overlap on and off (also stepped on a thread)."""
 
 import threading
 
@@ -18,6 +19,30 @@ def test_to_host_async_sees_the_queued_value(cuda_backend):
     be.copy_from_host(a, np.full(64, 7, np.int32))  # queued after the read
     np.testing.assert_array_equal(read.wait(), np.arange(64))
     np.testing.assert_array_equal(be.to_host(a), np.full(64, 7))
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_copy_many_batches_host_and_device_sources(cuda_backend, big):
+    """One transfer + one copy kernel (or, past the staging slot, one copy at a time): mixed
+    dtypes, odd sizes, slices at odd offsets, an empty pair and device sources."""
+    be = cuda_backend
+    rng = np.random.default_rng(3)
+    n = 70_000 if big else 13
+    dsts = [be.zeros((n,), np.int32), be.zeros((n,), np.float32), be.zeros((5,), np.int64),
+            be.zeros((7,), np.uint8), be.zeros((0,), np.int32), be.zeros((9, 3), np.int32)]
+    hosts = [rng.integers(-9, 9, n).astype(np.int32), rng.standard_normal(n).astype(np.float32),
+             np.arange(5, dtype=np.int64) << 40, np.arange(7, dtype=np.uint8),
+             np.zeros(0, np.int32), rng.integers(0, 99, (9, 3)).astype(np.int32)]
+    src = be.from_host(np.arange(11, dtype=np.int32))
+    out = be.zeros((16,), np.int32)
+    be.copy_many(list(zip(dsts, hosts)), [(out[3:9], src[5:11]), (out[10:11], src[0:1])])
+    for d, h in zip(dsts, hosts):
+        np.testing.assert_array_equal(be.to_host(d), h)
+    want = np.zeros(16, np.int32)
+    want[3:9], want[10] = np.arange(5, 11), 0
+    np.testing.assert_array_equal(be.to_host(out), want)
+    with pytest.raises(ValueError, match="copy_many"):
+        be.copy_many([(dsts[2], np.zeros(4, np.int64)), (dsts[3], hosts[3])])
 
 
 @pytest.fixture(scope="module")

@@ -167,17 +167,20 @@ def run_rope(be, args, kw, kv_scale=1.0, dev_caches=None):
     return out, dk, dv
 
 
-@pytest.mark.parametrize("h,kh,d,rot", [(32, 8, 128, None), (32, 4, 128, None),
-                                        (16, 2, 256, 64), (8, 8, 64, None), (4, 2, 16, None)])
+@pytest.mark.parametrize("h,kh,d,rot,neox", [
+    (32, 8, 128, None, True), (32, 4, 128, None, True), (32, 8, 128, 64, False),
+    (16, 2, 256, 64, True), (8, 8, 64, None, True), (8, 2, 64, 32, False), (4, 2, 16, None, True)])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_rope_attention_matches_reference(cuda_backend, monkeypatch, h, kh, d, rot, batch, cache):
+def test_rope_attention_matches_reference(cuda_backend, monkeypatch, h, kh, d, rot, neox, batch,
+                                          cache):
     if cache == "fp8" and d == 16:
         pytest.skip("fp8 KV needs head_dim >= 64")
     be = cuda_backend
     cache_dtype, kv_scale = (bfloat16, 1.0) if cache == "bf16" else (float8_e4m3fn, 0.5)
     args, kw = rope_case(batch, h, kh, d, 1200, cache_dtype, rot,
                          np.float32 if d in (64, 256) else bfloat16)
+    kw["is_neox"] = neox
     want_k, want_v = args[3].copy(), args[4].copy()
     want = ref.rope_cache_attention(*args[:3], want_k, want_v, *args[5:], d ** -0.5, kv_scale,
                                     **kw)

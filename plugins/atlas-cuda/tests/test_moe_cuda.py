@@ -186,3 +186,28 @@ def test_rms_norm_moe_block(cuda_backend, monkeypatch, fold, t, e, k, hidden, in
     want, want_r = ref.rms_norm_moe_block(raw, res, nw, 1e-6, zc, top_k=k, renormalize=True, **case)
     assert _rel_err(be.to_host(out), want) < 1.5e-2
     np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))
+
+
+@pytest.mark.parametrize("t,e,k,hidden,inter,scoring,residual", [
+    (1, 128, 8, 2048, 768, "softmax", True), (1, 256, 8, 512, 1024, "sigmoid", False),
+    (1, 64, 4, 256, 96, "softmax", True), (2, 128, 8, 256, 64, "softmax", True),
+    (3, 512, 32, 256, 64, "softmax", True), (1, 1024, 2, 128, 32, "sigmoid", True)])
+def test_plain_moe_after_router_gemv(cuda_backend, t, e, k, hidden, inter, scoring, residual):
+    """A MoE block without a shared expert (qwen3-30b-a3b): the norm rides on the router GEMV,
+    then the warp top-k (moe_route) and moe_decode.cu's expert kernels, all PDL launches."""
+    be = cuda_backend
+    case = dict(_block_case(t * e + k + 3, t, e, k, hidden, inter, 0, bfloat16))
+    rng = np.random.default_rng(t + e + 1)
+    x = case.pop("x")
+    res = rng.standard_normal(x.shape).astype(bfloat16) if residual else None
+    nw = np.ones(hidden, bfloat16)
+    raw = (x.astype(np.float32) - (res.astype(np.float32) if residual else 0)).astype(bfloat16)
+    be.reset_workspace()
+    dev = {name: be.from_host(a) for name, a in case.items()}
+    out, r = be.ops.rms_norm_moe_block(be.from_host(raw), None if res is None else be.from_host(res),
+                                       be.from_host(nw), 1e-6, False, top_k=k, renormalize=True,
+                                       scoring=scoring, **dev)
+    want, want_r = ref.rms_norm_moe_block(raw, res, nw, 1e-6, False, top_k=k, renormalize=True,
+                                          scoring=scoring, **case)
+    assert _rel_err(be.to_host(out), want) < 1.5e-2
+    np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))
