@@ -211,3 +211,30 @@ def test_plain_moe_after_router_gemv(cuda_backend, t, e, k, hidden, inter, scori
                                           scoring=scoring, **case)
     assert _rel_err(be.to_host(out), want) < 1.5e-2
     np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))
+
+
+def test_plain_moe_block_replays_in_a_graph(cuda_backend):
+    # Norm + router GEMV, warp top-k and the expert GEMVs as PDL launches: every replay routes
+    # afresh from the new x.
+    be = cuda_backend
+    case = dict(_block_case(11, 1, 128, 8, 256, 64, 0, bfloat16))
+    case.pop("x")
+    dev = {name: be.from_host(a) for name, a in case.items()}
+    nw = np.ones(256, bfloat16)
+    dx, dnw = be.from_host(np.zeros((1, 256), bfloat16)), be.from_host(nw)
+    graph = be.capture(lambda: be.ops.rms_norm_moe_block(dx, None, dnw, 1e-6, False, top_k=8,
+                                                         renormalize=True, **dev)[0])
+    rng = np.random.default_rng(12)
+    router = case["router_weight"].astype(np.float64)
+    for _ in range(3):
+        while True:
+            x = rng.standard_normal((1, 256)).astype(bfloat16)
+            xn = x.astype(np.float64) / np.sqrt((x.astype(np.float64) ** 2).mean() + 1e-6)
+            top = -np.sort(-(xn @ router.T), axis=-1)
+            if top[0, 7] - top[0, 8] > 0.05:
+                break
+        be.copy_from_host(dx, x)
+        graph.replay()
+        want, _ = ref.rms_norm_moe_block(x, None, nw, 1e-6, False, top_k=8, renormalize=True,
+                                         **case)
+        assert _rel_err(be.to_host(graph.output), want) < 1.5e-2
