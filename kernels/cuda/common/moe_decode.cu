@@ -1,11 +1,12 @@
-// Decode MoE block (at most 8 tokens) in three kernels, launched with PDL on sm_90+:
+// Decode MoE block (router: at most 8 tokens) in three kernels, launched with PDL on sm_90+;
+// the two expert kernels also serve moe_experts' per-pair path for any token count:
 //   moe_router:       router GEMV for every expert (and the shared-expert gate row), logits
 //                     rounded to the activation dtype as the separate `linear` does; the last
 //                     block to finish picks each token's top-k (a warp per token).
 //   moe_dec_gate_up:  act(gate) * up for every (token, slot) pair and each token's shared expert.
 //   moe_dec_down:     out = sum_j w_j * down_e(h_j) + sigmoid(gate) * shared_down(hs).
-// Static weights (and, in moe_dec_down, the chosen experts' rows) are prefetched to L2 before
-// griddepcontrol.wait, so they stream while the previous kernel drains.
+// Static weights (and, in moe_dec_down for at most 8 tokens, the chosen experts' rows) are
+// prefetched to L2 before griddepcontrol.wait, so they stream while the previous kernel drains.
 #include "common.cuh"
 #include "moe_topk.cuh"
 
@@ -87,18 +88,19 @@ template <typename T, int NC>
 __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const float* __restrict__ hs,
                                   const T* __restrict__ w, const T* __restrict__ ws,
                                   const float* weights, const int* ids, const float* shared_w,
-                                  int top_k, int H, int I, int Is) {
+                                  int top_k, int H, int I, int Is, int pf) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
   if (n >= H) return;
-  // moe_dec_gate_up triggers only after its wait, so the router's ids are final here: fetch this
-  // warp's expert rows into L2 while gate_up finishes.
+  // moe_dec_gate_up triggers only after its wait, so the router's ids are final here: with pf,
+  // fetch this warp's expert rows into L2 while gate_up finishes (a few tokens; with many, the
+  // prefetches double the L2 requests of loads that overlap well anyway).
   int lines = (I + 63) / 64;
-  for (int q = lane; q < top_k * lines; q += 32) {
+  for (int q = lane; pf && q < top_k * lines; q += 32) {
     int e = load_cg(ids + t * top_k + q / lines);
     moe_prefetch_l2(w + ((long long)e * H + n) * I + (q % lines) * 64);
   }
-  if (Is)
+  if (Is && pf)
     for (int k = lane * 64; k < Is; k += 32 * 64) moe_prefetch_l2(ws + (long long)n * Is + k);
   pdl_wait();
   pdl_trigger();
@@ -115,8 +117,8 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
 #define MOE_DEC_DOWN_WIDE(T, S, NC)                                                            \
   extern "C" __global__ void __launch_bounds__(256) moe_dec_down_w##NC##_##S(                  \
       T* out, const float* h, const float* hs, const T* w, const T* ws, const float* wts,      \
-      const int* ids, const float* sw, int k, int H, int I, int Is) {                          \
-    moe_dec_down_impl<T, NC>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                    \
+      const int* ids, const float* sw, int k, int H, int I, int Is, int pf) {                  \
+    moe_dec_down_impl<T, NC>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is, pf);                \
   }
 #define MOE_DECODE(T, S)                                                                       \
   extern "C" __global__ void moe_router_##S(float* wts, int* ids, float* sw, float* logits,    \
@@ -130,8 +132,8 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   }                                                                                            \
   extern "C" __global__ void moe_dec_down_##S(T* out, const float* h, const float* hs,         \
       const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k, int H,\
-      int I, int Is) {                                                                         \
-    moe_dec_down_impl<T, 0>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                     \
+      int I, int Is, int pf) {                                                                 \
+    moe_dec_down_impl<T, 0>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is, pf);                 \
   }                                                                                            \
   MOE_DEC_DOWN_WIDE(T, S, 1) MOE_DEC_DOWN_WIDE(T, S, 2) MOE_DEC_DOWN_WIDE(T, S, 3)             \
   MOE_DEC_DOWN_WIDE(T, S, 4)

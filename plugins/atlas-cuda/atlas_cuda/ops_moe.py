@@ -201,5 +201,5 @@ class MoeOps:
             wide = f"_w{chunks}"
         launch(self.be.kernels.kernel("moe_decode", v, f"moe_dec_down{wide}_{v}"),
                (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, weights, ids, shared_w,
-               k, hidden, inter, s_inter, pdl=self._pdl)
+               k, hidden, inter, s_inter, int(t <= FUSED_MAX_TOKENS), pdl=self._pdl)
         return out
