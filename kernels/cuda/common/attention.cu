@@ -62,13 +62,7 @@ __device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, c
     }
   }
   int g = warp * KPW + sub;
-#pragma unroll
-  for (int hh = 0; hh < HB; hh++) {
-#pragma unroll
-    for (int e = 0; e < 8; e++) sm_acc[g][hh][dl * 8 + e] = acc[hh][e];
-    if (dl == 0) { sm_m[g][hh] = m[hh]; sm_l[g][hh] = l[hh]; }
-  }
-  __syncthreads();
+  attn_group_store<NG, HB, D>(sm_acc, sm_m, sm_l, g, dl, acc, m, l);
   for (int idx = threadIdx.x; idx < HB * D; idx += blockDim.x) {
     int hh = idx / D, d = idx % D;
     float mx, L, A;

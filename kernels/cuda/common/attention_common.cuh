@@ -1,5 +1,6 @@
 // Shared by the attention kernels (attention.cu, attention_decode.cuh): launch arguments, the
-// query token -> sequence lookup, the lane-group score and the merge of a block's partials.
+// query token -> sequence lookup, the lane-group score and the store + merge of a block's
+// partials.
 #pragma once
 #include "common.cuh"
 
@@ -26,6 +27,22 @@ __device__ __forceinline__ float lane_group_dot(const float* q, const float* k, 
   for (int e = 0; e < 8; e++) s += q[e] * k[e];
   for (int o = lpk / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   return s;
+}
+
+// Lane group g's online-softmax partials (dl: the lane's 8 columns within the group) into
+// shared memory for attn_group_merge, then a block barrier.
+template <int NG, int HB, int D>
+__device__ __forceinline__ void attn_group_store(float (&sm_acc)[NG][HB][D], float (&sm_m)[NG][HB],
+                                                 float (&sm_l)[NG][HB], int g, int dl,
+                                                 const float (*acc)[8], const float* m,
+                                                 const float* l) {
+#pragma unroll
+  for (int hh = 0; hh < HB; hh++) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) sm_acc[g][hh][dl * 8 + e] = acc[hh][e];
+    if (dl == 0) { sm_m[g][hh] = m[hh]; sm_l[g][hh] = l[hh]; }
+  }
+  __syncthreads();
 }
 
 // Merge the NG lane groups' online-softmax partials of head hh at column d (in shared memory):

@@ -315,13 +315,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     for (int u = 0; u < U; u++) { kv[u] = kn[u]; vv[u] = vn[u]; }
   }
   if (kv_new) dec_fold_new<C, HB>(kv_new + dl * 8, kv_new + D + dl * 8, qf, m, l, acc, g == 0, LPK);
-#pragma unroll
-  for (int hh = 0; hh < HB; hh++) {
-#pragma unroll
-    for (int e = 0; e < 8; e++) sm_acc[g][hh][dl * 8 + e] = acc[hh][e];
-    if (dl == 0) { sm_m[g][hh] = m[hh]; sm_l[g][hh] = l[hh]; }
-  }
-  __syncthreads();
+  attn_group_store<NG, HB, D>(sm_acc, sm_m, sm_l, g, dl, acc, m, l);
   long long th0 = (long long)t * H + h0;
   for (int idx = threadIdx.x; idx < HB * D; idx += blockDim.x) {
     int hh = idx / D, d = idx % D;

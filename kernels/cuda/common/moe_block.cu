@@ -42,38 +42,6 @@ __device__ void mb_router_impl(float* logits, T* xn, T* r_out, const T* x, const
   if (r < rows) moe_row_logits<T, 8, MB_MAX_TOKENS>(logits, pre, wrow, xs, ntok, H, rows, r);
 }
 
-// Grid (ceil(max(I, Is) / warps), ntok * top_k (+ ntok with a shared expert)): a warp per
-// (pair, intermediate row) writes act(x . gate_row) * (x . up_row) in float32, GC 256-element
-// chunks of both rows in flight at a time.
-template <typename T, int GC>
-__device__ void mb_gate_up_impl(float* h, float* hs, const T* x, const T* __restrict__ w,
-                                const T* __restrict__ ws, const float* logits, int ntok,
-                                int top_k, int E, int rows, int renorm, int sig, int H, int I,
-                                int Is, int gelu) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
-  bool shared = p >= ntok * top_k;
-  int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
-  if (n >= inter) return;
-  const T* wg = shared ? ws + (long long)n * H : nullptr;
-  if (shared) moe_prefetch_shared_gate_up(ws, n, H, Is, lane);
-  pdl_wait();
-  pdl_trigger();
-  if (!shared) {
-    float wt;
-    int id;
-    ms_topk_lanes<8>(wt, id, logits + (long long)t * rows, E, top_k, renorm, sig);
-    int e = __shfl_sync(0xffffffffu, id, p - t * top_k);
-    wg = w + ((long long)e * 2 * I + n) * H;
-  }
-  const T* wu = wg + (long long)inter * H;
-  const T* xr = x + (long long)t * H;
-  float g = 0.f, u = 0.f;
-  moe_gate_up_dot<T, GC>(g, u, wg, wu, xr, H, lane);
-  g = warp_sum(g); u = warp_sum(u);
-  if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
-}
-
 // Grid (ceil(H / warps), ntok): a warp per (token, hidden row) sums the token's experts and its
 // gated shared expert. NC > 0 (I <= NC * 256): every expert row's loads in flight at once;
 // NC == 0: a loop over 256-column chunks. pf: ask L2 for the rows before the PDL wait.
@@ -118,7 +86,8 @@ __device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* _
   extern "C" __global__ void __launch_bounds__(256) mb_gate_up_c##GC##_##S(                    \
       float* h, float* hs, const T* x, const T* w, const T* ws, const float* lg, int ntok,     \
       int k, int E, int rows, int renorm, int sig, int H, int I, int Is, int gelu) {           \
-    mb_gate_up_impl<T, GC>(h, hs, x, w, ws, lg, ntok, k, E, rows, renorm, sig, H, I, Is, gelu); \
+    moe_pair_gate_up<T, GC, true>(h, hs, x, w, ws, nullptr, lg, ntok, k, E, rows, renorm, sig, \
+                                  H, I, Is, gelu);                                             \
   }
 #define MB_DOWN(T, S, NC)                                                                      \
   extern "C" __global__ void __launch_bounds__(256) mb_down_w##NC##_##S(                       \

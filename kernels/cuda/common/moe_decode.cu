@@ -57,31 +57,6 @@ __device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float
   if (threadIdx.x == 0) *counter = 0;
 }
 
-// Grid (ceil(max(I, Is) / warps), ntok * top_k (+ ntok with a shared expert)): a warp per
-// (pair, intermediate row) writes act(x . gate_row) * (x . up_row) in float32.
-template <typename T>
-__device__ void moe_dec_gate_up_impl(float* h, float* hs, const T* __restrict__ x,
-                                     const T* __restrict__ w, const T* __restrict__ ws,
-                                     const int* ids, int ntok, int top_k, int H, int I, int Is,
-                                     int gelu) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
-  bool shared = p >= ntok * top_k;
-  int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
-  if (n >= inter) return;
-  const T* wg = shared ? ws + (long long)n * H : nullptr;
-  if (shared) moe_prefetch_shared_gate_up(ws, n, H, Is, lane);
-  pdl_wait();
-  pdl_trigger();  // after the wait: moe_dec_down may then read the router's ids before its own
-  if (!shared) wg = w + ((long long)ids[p] * 2 * I + n) * H;
-  const T* wu = wg + (long long)inter * H;
-  const T* xr = x + (long long)t * H;
-  float g = 0.f, u = 0.f;
-  moe_gate_up_dot<T, 4>(g, u, wg, wu, xr, H, lane);
-  g = warp_sum(g); u = warp_sum(u);
-  if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
-}
-
 // Grid (ceil(H / warps), ntok): a warp per (token, hidden row) sums the token's experts (and
 // its gated shared expert) and writes the block's output.
 template <typename T, int NC>
@@ -128,7 +103,8 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   }                                                                                            \
   extern "C" __global__ void moe_dec_gate_up_##S(float* h, float* hs, const T* x, const T* w,  \
       const T* ws, const int* ids, int ntok, int k, int H, int I, int Is, int gelu) {          \
-    moe_dec_gate_up_impl<T>(h, hs, x, w, ws, ids, ntok, k, H, I, Is, gelu);                    \
+    moe_pair_gate_up<T, 4, false>(h, hs, x, w, ws, ids, nullptr, ntok, k, 0, 0, 0, 0, H, I,    \
+                                  Is, gelu);                                                   \
   }                                                                                            \
   extern "C" __global__ void moe_dec_down_##S(T* out, const float* h, const float* hs,         \
       const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k, int H,\

@@ -1,5 +1,6 @@
 // Shared pieces of the MoE kernels (moe.cu's routing, moe_decode.cu, moe_block.cu): the warp
-// top-k of one token's logits, the gate/up row dot and the weighted expert down sum.
+// top-k of one token's logits, the gate/up row dot, the per-pair gate_up kernel body and the
+// weighted expert down sum.
 #pragma once
 // Needs common.cuh included before it (the NVRTC inliner has no include guards).
 
@@ -124,6 +125,46 @@ __device__ void ms_topk(float* weights, int* ids, const L* lg, int E, int top_k,
   if ((int)(threadIdx.x & 31) < top_k) { weights[threadIdx.x & 31] = w; ids[threadIdx.x & 31] = id; }
 }
 
+
+// Grid (ceil(max(I, Is) / warps), ntok * top_k (+ ntok with a shared expert)): a warp per
+// (pair, intermediate row) writes act(x . gate_row) * (x . up_row) in float32, GC 256-element
+// chunks of both rows in flight at a time. The pair's expert is ids[p] or, with LOGITS, the
+// warp's own top-k pick from the token's router logits [ntok, rows] (moe_block.cu: routing
+// costs no kernel). The next PDL kernel is triggered only after the wait, so a down kernel may
+// read the routing before its own wait.
+template <typename T, int GC, bool LOGITS>
+__device__ void moe_pair_gate_up(float* h, float* hs, const T* x, const T* __restrict__ w,
+                                 const T* __restrict__ ws, const int* ids, const float* logits,
+                                 int ntok, int top_k, int E, int rows, int renorm, int sig, int H,
+                                 int I, int Is, int gelu) {
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
+  bool shared = p >= ntok * top_k;
+  int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
+  if (n >= inter) return;
+  const T* wg = shared ? ws + (long long)n * H : nullptr;
+  if (shared) moe_prefetch_shared_gate_up(ws, n, H, Is, lane);
+  pdl_wait();
+  pdl_trigger();
+  if (!shared) {
+    int e;
+    if constexpr (LOGITS) {
+      float wt;
+      int id;
+      ms_topk_lanes<8>(wt, id, logits + (long long)t * rows, E, top_k, renorm, sig);
+      e = __shfl_sync(0xffffffffu, id, p - t * top_k);
+    } else {
+      e = ids[p];
+    }
+    wg = w + ((long long)e * 2 * I + n) * H;
+  }
+  const T* wu = wg + (long long)inter * H;
+  const T* xr = x + (long long)t * H;
+  float g = 0.f, u = 0.f;
+  moe_gate_up_dot<T, GC>(g, u, wg, wu, xr, H, lane);
+  g = warp_sum(g); u = warp_sum(u);
+  if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
+}
 
 // Router row r for every token: logits[m * rows + r] = x[m] . wrow (rounded to T like linear).
 // pre holds the row's first 256 * CH weights, loaded before the PDL wait (weights are static).

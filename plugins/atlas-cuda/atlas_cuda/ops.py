@@ -180,15 +180,15 @@ class CudaOps(AttentionOps, SamplingOps, GdnOps, GuidedOps, GemvOps, MoeOps):
         inter, k = w_down.shape[-1], topk_ids.shape[-1]
         _need_vec("moe_experts", x, w_gate_up, w_down, last=math.gcd(hidden, inter))
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
-        if t and self._moe_grouped(t * k, w_down.shape[0], x.dtype):
-            out = self._out(x.shape, x.dtype)
-            self._moe_grouped_experts(out, x, w_gate_up, w_down, topk_weights, topk_ids, gelu)
-            return out
         if not t:
             return self._out(x.shape, x.dtype)
-        # per-pair GEMVs: moe_decode.cu's expert kernels without a shared expert
-        return self._moe_decode_experts(x, w_gate_up, w_down, topk_weights, topk_ids, None,
-                                        None, None, gelu)
+        if not self._moe_grouped(t * k, w_down.shape[0], x.dtype):
+            # per-pair GEMVs: moe_decode.cu's expert kernels without a shared expert
+            return self._moe_decode_experts(x, w_gate_up, w_down, topk_weights, topk_ids, None,
+                                            None, None, gelu)
+        out = self._out(x.shape, x.dtype)
+        self._moe_grouped_experts(out, x, w_gate_up, w_down, topk_weights, topk_ids, gelu)
+        return out
 
     def _moe_grouped(self, pairs: int, experts: int, dtype: Any) -> bool:
         """Grouped GEMM once the pairs average two per expert (bf16/f16 only): below that the
