@@ -63,21 +63,9 @@ __device__ void attn_impl(T* out, float* part_acc, float* part_ml, const T* q, c
   }
   int g = warp * KPW + sub;
   attn_group_store<NG, HB, D>(sm_acc, sm_m, sm_l, g, dl, acc, m, l);
-  for (int idx = threadIdx.x; idx < HB * D; idx += blockDim.x) {
-    int hh = idx / D, d = idx % D;
-    float mx, L, A;
-    attn_group_merge<NG, HB, D>(sm_acc, sm_m, sm_l, hh, d, mx, L, A);
-    long long th = (long long)t * H + h0 + hh;
-    if (a.num_splits == 1) {
-      out[th * D + d] = from_f32<T>(L > 0.f ? A / L * a.kv_scale : 0.f);
-    } else {
-      part_acc[(th * a.num_splits + split) * D + d] = A;
-      if (d == 0) {
-        part_ml[(th * a.num_splits + split) * 2] = mx;
-        part_ml[(th * a.num_splits + split) * 2 + 1] = L;
-      }
-    }
-  }
+  attn_group_write<T, NG, HB, D>(out, part_acc, part_ml, sm_acc, sm_m, sm_l,
+                                 (long long)t * H + h0, split, a.num_splits,
+                                 a.num_splits == 1, a.kv_scale);
 }
 
 // Merge split partials: grid (num_tokens, num_heads), block >= 32 threads.

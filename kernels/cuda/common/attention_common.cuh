@@ -1,6 +1,6 @@
 // Shared by the attention kernels (attention.cu, attention_decode.cuh): launch arguments, the
-// query token -> sequence lookup, the lane-group score and the store + merge of a block's
-// partials.
+// query token -> sequence lookup, the lane-group score and the store, merge and write of a
+// block's partials.
 #pragma once
 #include "common.cuh"
 
@@ -61,6 +61,32 @@ __device__ __forceinline__ void attn_group_merge(const float (&sm_acc)[NG][HB][D
       float w = exp2f(sm_m[gg][hh] - mx);
       L += sm_l[gg][hh] * w;
       A += sm_acc[gg][hh][d] * w;
+    }
+  }
+}
+
+// After attn_group_store: merge the block's lane groups and write head th0 + hh's output (one
+// split) or this split's partial (accumulator row, then (max, sum)) for the combine.
+template <typename T, int NG, int HB, int D>
+__device__ __forceinline__ void attn_group_write(T* out, float* part_acc, float* part_ml,
+                                                 const float (&sm_acc)[NG][HB][D],
+                                                 const float (&sm_m)[NG][HB],
+                                                 const float (&sm_l)[NG][HB], long long th0,
+                                                 int split, int num_splits, bool single,
+                                                 float kv_scale) {
+  for (int idx = threadIdx.x; idx < HB * D; idx += blockDim.x) {
+    int hh = idx / D, d = idx % D;
+    float mx, L, A;
+    attn_group_merge<NG, HB, D>(sm_acc, sm_m, sm_l, hh, d, mx, L, A);
+    long long th = th0 + hh;
+    if (single) {
+      out[th * D + d] = from_f32<T>(L > 0.f ? A / L * kv_scale : 0.f);
+    } else {
+      part_acc[(th * num_splits + split) * D + d] = A;
+      if (d == 0) {
+        part_ml[(th * num_splits + split) * 2] = mx;
+        part_ml[(th * num_splits + split) * 2 + 1] = L;
+      }
     }
   }
 }

@@ -317,21 +317,8 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   if (kv_new) dec_fold_new<C, HB>(kv_new + dl * 8, kv_new + D + dl * 8, qf, m, l, acc, g == 0, LPK);
   attn_group_store<NG, HB, D>(sm_acc, sm_m, sm_l, g, dl, acc, m, l);
   long long th0 = (long long)t * H + h0;
-  for (int idx = threadIdx.x; idx < HB * D; idx += blockDim.x) {
-    int hh = idx / D, d = idx % D;
-    float mx, L, A;
-    attn_group_merge<NG, HB, D>(sm_acc, sm_m, sm_l, hh, d, mx, L, A);
-    long long th = th0 + hh;
-    if (n_act == 1) {
-      out[th * D + d] = from_f32<T>(L > 0.f ? A / L * a.kv_scale : 0.f);
-    } else {
-      part_acc[(th * a.num_splits + split) * D + d] = A;
-      if (d == 0) {
-        part_ml[(th * a.num_splits + split) * 2] = mx;
-        part_ml[(th * a.num_splits + split) * 2 + 1] = L;
-      }
-    }
-  }
+  attn_group_write<T, NG, HB, D>(out, part_acc, part_ml, sm_acc, sm_m, sm_l, th0, split,
+                                 a.num_splits, n_act == 1, a.kv_scale);
   if (n_act == 1) return;
   __threadfence();
   __syncthreads();

@@ -23,14 +23,11 @@ __device__ void mb_router_impl(float* logits, T* xn, T* r_out, const T* x, const
                                const T* nw, float eps, int zc, const T* __restrict__ wr,
                                const T* __restrict__ wsg, int ntok, int E, int H) {
   extern __shared__ __align__(16) unsigned char mb_smem[];
-  int lane = threadIdx.x & 31, rows = E + (wsg ? 1 : 0);
+  int rows = E + (wsg ? 1 : 0);
   int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const T* wrow = r < E ? wr + (long long)r * H : wsg;
-  Vec8<T> pre[8];  // the row's first 2,048 weights: static, loaded while the previous kernel drains
-  if (r < rows)
-#pragma unroll
-    for (int c = 0; c < 8; c++)
-      if ((lane + 32 * c) * 8 < H) pre[c].load(wrow + (lane + 32 * c) * 8);
+  Vec8<T> pre[8];
+  if (r < rows) moe_row_preload<T, 8>(pre, wrow, H);
   pdl_trigger();
   pdl_wait();
   const T* xs = x;

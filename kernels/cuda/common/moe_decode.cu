@@ -28,13 +28,8 @@ __device__ void moe_router_impl(float* weights, int* ids, float* shared_w, float
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
   int rows = E + (wsg ? 1 : 0), r = blockIdx.x * nw + warp;
   const T* wrow = r < E ? wr + (long long)r * H : wsg;
-  // The row's first 2,048 weights go to registers before the wait: static, so their DRAM
-  // latency overlaps the previous kernel's tail.
   Vec8<T> pre[8];
-  if (r < rows)
-#pragma unroll
-    for (int c = 0; c < 8; c++)
-      if ((lane + 32 * c) * 8 < H) pre[c].load(wrow + (lane + 32 * c) * 8);
+  if (r < rows) moe_row_preload<T, 8>(pre, wrow, H);
   pdl_trigger();
   pdl_wait();
   if (r < rows) moe_row_logits<T, 8, MOE_DEC_MAX_TOKENS>(logits, pre, wrow, x, ntok, H, rows, r);

@@ -166,6 +166,16 @@ __device__ void moe_pair_gate_up(float* h, float* hs, const T* x, const T* __res
   if (lane == 0) (shared ? hs + (long long)t * Is : h + (long long)p * I)[n] = gated_act(g, gelu) * u;
 }
 
+// The first 256 * CH weights of router row wrow into registers: called before the PDL wait
+// (weights are static, so their DRAM latency overlaps the previous kernel's tail).
+template <typename T, int CH>
+__device__ __forceinline__ void moe_row_preload(Vec8<T> (&pre)[CH], const T* wrow, int H) {
+  int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int c = 0; c < CH; c++)
+    if ((lane + 32 * c) * 8 < H) pre[c].load(wrow + (lane + 32 * c) * 8);
+}
+
 // Router row r for every token: logits[m * rows + r] = x[m] . wrow (rounded to T like linear).
 // pre holds the row's first 256 * CH weights, loaded before the PDL wait (weights are static).
 template <typename T, int CH, int MAXT>
