@@ -4,7 +4,7 @@ changes values, never shapes or indices: routing and sampling always pick valid 
 replay, and report the difference to the full graph. Unlike ncu's isolated per-kernel times this
 includes what PDL overlap hides and what each kernel boundary costs.
 
-    python scripts/decode_leave_one_out.py qwen3-8b [--families rope_qkv,attn_dec,...]
+    python scripts/decode_leave_one_out.py qwen3-8b [--families rope_qkv,attn_dec,...] [--prompt 4096]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("--families", default="")
     p.add_argument("--reps", type=int, default=100)
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens (context of the step)")
     a = p.parse_args()
     from atlas_core.bench.graph_timing import replay_ms
     from atlas_core.bench.random_model import build_random_model
@@ -51,9 +52,10 @@ def main() -> None:
         skip.clear()
         skip.update(families)
         engine = LLMEngine(model, be, EngineArgs(
-            model=None, max_num_seqs=1, max_prefill_tokens=128, max_seq_len=512,
-            num_kv_blocks=64, enable_prefix_caching=False))
-        engine.add_request("r", list(range(1, 129)), SamplingParams(temperature=0, max_tokens=4,
+            model=None, max_num_seqs=1, max_prefill_tokens=min(a.prompt, 4096),
+            max_seq_len=a.prompt + 384, num_kv_blocks=-(-(a.prompt + 384) // 16) + 8,
+            enable_prefix_caching=False))
+        engine.add_request("r", list(range(1, a.prompt + 1)), SamplingParams(temperature=0, max_tokens=4,
                                                                     ignore_eos=True))
         seen.clear()
         while engine.has_unfinished_requests():

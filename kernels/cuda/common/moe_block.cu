@@ -42,24 +42,24 @@ __device__ void mb_router_impl(float* logits, T* xn, T* r_out, const T* x, const
 // Grid (ceil(H / warps), ntok): a warp per (token, hidden row) sums the token's experts and its
 // gated shared expert. NC > 0 (I <= NC * 256): every expert row's loads in flight at once;
 // NC == 0: a loop over 256-column chunks. pf: ask L2 for the rows before the PDL wait.
-template <typename T, int NC>
+template <typename T, int NC, typename L>
 __device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* __restrict__ hs,
-                             const T* __restrict__ w, const T* __restrict__ ws,
-                             const float* logits, int top_k, int E, int rows, int renorm, int sig,
-                             int H, int I, int Is, int pf) {
+                             const T* __restrict__ w, const T* __restrict__ ws, const L* logits,
+                             int top_k, int E, int rows, int renorm, int sig, int H, int I,
+                             int Is, int pf) {
+  __shared__ float s_w[8];
+  __shared__ int s_id[8];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, t = blockIdx.y;
+  const L* lt = logits + (long long)t * rows;
+  moe_block_topk<L>(s_w, s_id, lt, E, top_k, renorm, sig);
   if (n >= H) return;
-  const float* lt = logits + (long long)t * rows;
-  float my_w;
-  int my_id;
-  ms_topk_lanes<8>(my_w, my_id, lt, E, top_k, renorm, sig);
   float wt[8];
   int e[8];
 #pragma unroll
   for (int j = 0; j < 8; j++) {
-    wt[j] = __shfl_sync(0xffffffffu, my_w, j);
-    e[j] = j < top_k ? __shfl_sync(0xffffffffu, my_id, j) : 0;
+    wt[j] = j < top_k ? s_w[j] : 0.f;
+    e[j] = j < top_k ? s_id[j] : 0;
   }
   float shared_w = Is && rows > E ? 1.f / (1.f + expf(-ms_ldcg(lt + E))) : 1.f;
   if (pf) {
@@ -79,25 +79,29 @@ __device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* _
   if (lane == 0) out[(long long)t * H + n] = from_f32<T>(total);
 }
 
-#define MB_GATE_UP(T, S, GC)                                                                   \
-  extern "C" __global__ void __launch_bounds__(256) mb_gate_up_c##GC##_##S(                    \
-      float* h, float* hs, const T* x, const T* w, const T* ws, const float* lg, int ntok,     \
-      int k, int E, int rows, int renorm, int sig, int H, int I, int Is, int gelu) {           \
-    moe_pair_gate_up<T, GC, true>(h, hs, x, w, ws, nullptr, lg, ntok, k, E, rows, renorm, sig, \
-                                  H, I, Is, gelu);                                             \
+// Suffix "" reads the float logits of mb_router, "_t" the activation-dtype logits of a
+// separate router GEMV (plain MoE blocks: the fused norm + router GEMV of gemv_norm.cu).
+#define MB_GATE_UP(T, S, L, LS)                                                                \
+  extern "C" __global__ void __launch_bounds__(256) mb_gate_up##LS##_c4_##S(                   \
+      float* h, float* hs, const T* x, const T* w, const T* ws, const L* lg, int ntok, int k,  \
+      int E, int rows, int renorm, int sig, int H, int I, int Is, int gelu) {                 \
+    moe_pair_gate_up<T, 4, true, L>(h, hs, x, w, ws, nullptr, lg, ntok, k, E, rows, renorm,    \
+                                    sig, H, I, Is, gelu);                                      \
   }
-#define MB_DOWN(T, S, NC)                                                                      \
-  extern "C" __global__ void __launch_bounds__(256) mb_down_w##NC##_##S(                       \
-      T* out, const float* h, const float* hs, const T* w, const T* ws, const float* lg,       \
-      int k, int E, int rows, int renorm, int sig, int H, int I, int Is, int pf) {             \
-    mb_down_impl<T, NC>(out, h, hs, w, ws, lg, k, E, rows, renorm, sig, H, I, Is, pf);         \
+#define MB_DOWN(T, S, L, LS, NC)                                                               \
+  extern "C" __global__ void __launch_bounds__(256) mb_down##LS##_w##NC##_##S(                 \
+      T* out, const float* h, const float* hs, const T* w, const T* ws, const L* lg, int k,    \
+      int E, int rows, int renorm, int sig, int H, int I, int Is, int pf) {                    \
+    mb_down_impl<T, NC, L>(out, h, hs, w, ws, lg, k, E, rows, renorm, sig, H, I, Is, pf);      \
   }
+#define MB_EXPERTS(T, S, L, LS)                                                                \
+  MB_GATE_UP(T, S, L, LS) MB_DOWN(T, S, L, LS, 0) MB_DOWN(T, S, L, LS, 1)                      \
+  MB_DOWN(T, S, L, LS, 2) MB_DOWN(T, S, L, LS, 3) MB_DOWN(T, S, L, LS, 4)
 #define MOE_BLOCK(T, S)                                                                        \
   extern "C" __global__ void mb_router_##S(float* lg, T* xn, T* r_out, const T* x,             \
       const T* res, const T* nw, float eps, int zc, const T* wr, const T* wsg, int ntok,       \
       int E, int H) {                                                                          \
     mb_router_impl<T>(lg, xn, r_out, x, res, nw, eps, zc, wr, wsg, ntok, E, H);                \
   }                                                                                            \
-  MB_GATE_UP(T, S, 4)                                                                          \
-  MB_DOWN(T, S, 0) MB_DOWN(T, S, 1) MB_DOWN(T, S, 2) MB_DOWN(T, S, 3) MB_DOWN(T, S, 4)
+  MB_EXPERTS(T, S, float, ) MB_EXPERTS(T, S, T, _t)
 INSTANTIATE(MOE_BLOCK)

@@ -98,8 +98,8 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   }                                                                                            \
   extern "C" __global__ void moe_dec_gate_up_##S(float* h, float* hs, const T* x, const T* w,  \
       const T* ws, const int* ids, int ntok, int k, int H, int I, int Is, int gelu) {          \
-    moe_pair_gate_up<T, 4, false>(h, hs, x, w, ws, ids, nullptr, ntok, k, 0, 0, 0, 0, H, I,    \
-                                  Is, gelu);                                                   \
+    moe_pair_gate_up<T, 4, false, float>(h, hs, x, w, ws, ids, nullptr, ntok, k, 0, 0, 0, 0, H, \
+                                         I, Is, gelu);                                       \
   }                                                                                            \
   extern "C" __global__ void moe_dec_down_##S(T* out, const float* h, const float* hs,         \
       const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k, int H,\

@@ -126,38 +126,55 @@ __device__ void ms_topk(float* weights, int* ids, const L* lg, int E, int top_k,
 }
 
 
+// Warp 0 picks the top-k of one token's logits lt (E <= 256, top_k <= 8) into shared memory
+// and the whole block waits for it: the logits are read from L2 once per block, not by every
+// warp (thousands of warps reading the same few lines queue at one L2 slice).
+template <typename L>
+__device__ __forceinline__ void moe_block_topk(float* s_w, int* s_id, const L* lt, int E,
+                                               int top_k, int renorm, int sig) {
+  if (threadIdx.x < 32) {
+    float w;
+    int id;
+    if (E <= 128) ms_topk_lanes<4, L>(w, id, lt, E, top_k, renorm, sig);
+    else ms_topk_lanes<8, L>(w, id, lt, E, top_k, renorm, sig);
+    if ((int)threadIdx.x < top_k) { s_w[threadIdx.x] = w; s_id[threadIdx.x] = id; }
+  }
+  __syncthreads();
+}
+
 // Grid (ceil(max(I, Is) / warps), ntok * top_k (+ ntok with a shared expert)): a warp per
 // (pair, intermediate row) writes act(x . gate_row) * (x . up_row) in float32, GC 256-element
 // chunks of both rows in flight at a time. The pair's expert is ids[p] or, with LOGITS, the
-// warp's own top-k pick from the token's router logits [ntok, rows] (moe_block.cu: routing
-// costs no kernel). The next PDL kernel is triggered only after the wait, so a down kernel may
-// read the routing before its own wait.
-template <typename T, int GC, bool LOGITS>
+// block's own top-k pick (E <= 256, top_k <= 8) from the token's router logits [ntok, rows] of
+// type L (moe_block.cu: routing costs no kernel). The next PDL kernel is triggered only after
+// the wait, so a down kernel may read the routing (or the logits) before its own wait.
+template <typename T, int GC, bool LOGITS, typename L = float>
 __device__ void moe_pair_gate_up(float* h, float* hs, const T* x, const T* __restrict__ w,
-                                 const T* __restrict__ ws, const int* ids, const float* logits,
+                                 const T* __restrict__ ws, const int* ids, const L* logits,
                                  int ntok, int top_k, int E, int rows, int renorm, int sig, int H,
                                  int I, int Is, int gelu) {
+  __shared__ float s_w[8];
+  __shared__ int s_id[8];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * (blockDim.x >> 5) + warp, p = blockIdx.y;
-  bool shared = p >= ntok * top_k;
+  bool shared = p >= ntok * top_k;  // the same for the whole block
   int inter = shared ? Is : I, t = shared ? p - ntok * top_k : p / top_k;
-  if (n >= inter) return;
+  bool live = n < inter;
   const T* wg = shared ? ws + (long long)n * H : nullptr;
-  if (shared) moe_prefetch_shared_gate_up(ws, n, H, Is, lane);
+  if (shared && live) moe_prefetch_shared_gate_up(ws, n, H, Is, lane);
   pdl_wait();
   pdl_trigger();
   if (!shared) {
     int e;
     if constexpr (LOGITS) {
-      float wt;
-      int id;
-      ms_topk_lanes<8>(wt, id, logits + (long long)t * rows, E, top_k, renorm, sig);
-      e = __shfl_sync(0xffffffffu, id, p - t * top_k);
+      moe_block_topk<L>(s_w, s_id, logits + (long long)t * rows, E, top_k, renorm, sig);
+      e = s_id[p - t * top_k];
     } else {
-      e = ids[p];
+      e = live ? ids[p] : 0;
     }
     wg = w + ((long long)e * 2 * I + n) * H;
   }
+  if (!live) return;
   const T* wu = wg + (long long)inter * H;
   const T* xr = x + (long long)t * H;
   float g = 0.f, u = 0.f;

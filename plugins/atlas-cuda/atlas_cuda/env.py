@@ -9,6 +9,8 @@ ATTENTION_MODES = ("auto", "flash", "simt")
 MOE_MODES = ("auto", "grouped", "gemv")
 MOE_DECODE_KERNELS = ("block", "warp")
 MOE_FUSED_MODES = ("auto", "1", "0")
+MOE_PLAIN_MODES = ("logits", "route")
+MOE_EXPERTS1_MODES = ("auto", "1", "0")
 GEMV_CHUNKS = ("4", "8")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
 GDN_DECODE_KERNELS = ("auto", "split", "head")
@@ -81,6 +83,24 @@ def moe_fused() -> str:
     or ``0`` (never: router ``linear``, ``moe_route``, ``moe_experts`` and the shared expert's ops
     one by one)."""
     return _choice("ATLAS_CUDA_MOE_FUSED", MOE_FUSED_MODES)
+
+
+def moe_plain() -> str:
+    """``ATLAS_CUDA_MOE_PLAIN``: a plain MoE block (no shared expert, e.g. Qwen3-30B-A3B) of at
+    most 8 tokens after the fused norm + router GEMV: ``logits`` (default) runs ``moe_block.cu``'s
+    two expert kernels on the router logits (each block picks the top-k itself: no routing
+    kernel); ``route`` runs ``moe_route`` then ``moe_experts``."""
+    return _choice("ATLAS_CUDA_MOE_PLAIN", MOE_PLAIN_MODES)
+
+
+def moe_experts1() -> str:
+    """``ATLAS_CUDA_MOE_EXPERTS1``: one token's experts after the router as a single persistent
+    kernel (``moe_experts1.cu``: gate_up, a grid-wide barrier, down; the down weights stream
+    right behind the gate_up weights): ``auto`` (default) for MoE blocks without a shared expert
+    (H200 qwen3-30b-a3b batch 1 367.7 -> 396.4 tok/s; qwen3.5-35b-a3b, with a shared expert,
+    measured 371.7 -> 359.1, so it keeps ``moe_block.cu``'s two kernels), ``1`` (always) or
+    ``0`` (never)."""
+    return _choice("ATLAS_CUDA_MOE_EXPERTS1", MOE_EXPERTS1_MODES)
 
 
 def batch_uploads() -> bool:

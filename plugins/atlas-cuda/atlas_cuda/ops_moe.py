@@ -36,6 +36,9 @@ class MoeOps:
 
     _moe_counters: DeviceArray | None = None
     _moe_calls = 0
+    _moe_syncs: DeviceArray | None = None
+    _moe_sync_calls = 0
+    _experts1_occupancy: dict = {}
 
     def moe_block(self, x: DeviceArray, router_weight: DeviceArray, w_gate_up: DeviceArray,
                   w_down: DeviceArray, top_k: int, renormalize: bool, scoring: str = "softmax",
@@ -63,12 +66,18 @@ class MoeOps:
 
     def _moe_fusable(self, x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
                      shared_down, shared_gate) -> bool:
-        t, hidden = x.shape
-        experts, inter = w_down.shape[0], w_down.shape[-1]
-        arrays = (x, router_weight, w_gate_up, w_down, shared_gate_up, shared_down, shared_gate)
         mode = cuda_env.moe_fused()
         if mode == "0" or (mode == "auto" and shared_gate_up is None):
             return False
+        return self._moe_decode_shapes(x, router_weight, w_gate_up, w_down, top_k,
+                                       shared_gate_up, shared_down, shared_gate)
+
+    def _moe_decode_shapes(self, x, router_weight, w_gate_up, w_down, top_k, shared_gate_up,
+                           shared_down, shared_gate) -> bool:
+        """Whether the few-token expert kernels serve these operands."""
+        t, hidden = x.shape
+        experts, inter = w_down.shape[0], w_down.shape[-1]
+        arrays = (x, router_weight, w_gate_up, w_down, shared_gate_up, shared_down, shared_gate)
         if not 0 < t <= FUSED_MAX_TOKENS:
             return False
         if x.dtype.itemsize != 2 or any(a is not None and a.dtype != x.dtype for a in arrays):
@@ -106,7 +115,15 @@ class MoeOps:
             # the pre-norm rides on the router GEMV, which also writes the normed rows
             logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, router_weight, None,
                                            zero_centered, None, normed=True)
-            out = compose_moe_block(self, h, *moe, router_logits=logits)
+            if (cuda_env.moe_plain() == "logits" and shared_gate_up is None
+                    and router_weight.shape[0] <= 256 and top_k <= 8
+                    and self._moe_decode_shapes(h, router_weight, w_gate_up, w_down, top_k,
+                                                None, None, None)):
+                gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+                out = self._moe_logits_experts(h, logits, w_gate_up, w_down, top_k,
+                                               renormalize, scoring, gelu)
+            else:
+                out = compose_moe_block(self, h, *moe, router_logits=logits)
             return out, (r if residual is not None else x)
         if not fold:
             return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
@@ -144,6 +161,10 @@ class MoeOps:
         launch(self.be.kernels.kernel("moe_block", v, f"mb_router_{v}", _NORM_SHMEM),
                -(-rows // _ROUTER_ROWS), 32 * _ROUTER_ROWS, logits, xe, r_out, x, *nargs,
                router_weight, shared_gate, t, experts, hidden, shmem=shmem, pdl=self._pdl)
+        out = self._moe_experts1(xe, logits, rows, w_gate_up, w_down, shared_gate_up,
+                                 shared_down, k, renorm, sig, gelu, "")
+        if out is not None:
+            return out if norm is None else (out, r_out if norm[0] is not None else x)
         h = self._out((t * k, inter), np.float32)
         hs = self._out((t, s_inter), np.float32) if s_inter else None
         launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up_c4_{v}"),
@@ -158,6 +179,75 @@ class MoeOps:
         if norm is None:
             return out
         return out, (r_out if norm[0] is not None else x)
+
+    def _moe_logits_experts(self, x, logits, w_gate_up, w_down, top_k, renormalize, scoring,
+                            gelu) -> DeviceArray:
+        """A plain MoE block's experts on a router GEMV's logits ``[T, E]`` (dtype of x):
+        ``moe_block.cu``'s ``mb_gate_up_t`` / ``mb_down_t``, each block picking the top-k."""
+        t, hidden = x.shape
+        experts, inter, k = w_down.shape[0], w_down.shape[-1], top_k
+        launch, v = self.be.kernels.launch, variant_of(x.dtype)
+        sig, renorm = int(scoring == "sigmoid"), int(renormalize)
+        out = self._moe_experts1(x, logits, experts, w_gate_up, w_down, None, None, k, renorm,
+                                 sig, gelu, "_t")
+        if out is not None:
+            return out
+        h = self._out((t * k, inter), np.float32)
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up_t_c4_{v}"),
+               (-(-inter // 8), t * k), 256, h, None, x, w_gate_up, None, logits, t, k, experts,
+               experts, renorm, sig, hidden, inter, 0, gelu, pdl=self._pdl)
+        nc = -(-inter // 256) if t == 1 and inter <= 1024 and cuda_env.moe_down_wide() else 0
+        out = self._out(x.shape, x.dtype)
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_down_t_w{nc}_{v}"), (-(-hidden // 8), t),
+               256, out, h, None, w_down, None, logits, k, experts, experts, renorm, sig, hidden,
+               inter, 0, 1, pdl=self._pdl)
+        return out
+
+    def _moe_experts1(self, x, logits, rows, w_gate_up, w_down, shared_gate_up, shared_down,
+                      top_k, renorm, sig, gelu, suffix) -> DeviceArray | None:
+        """One token's routed and shared experts as ``moe_experts1.cu``'s single persistent
+        kernel (top-k from the logits, gate_up, a grid-wide barrier, down), or None where it does
+        not apply (``ATLAS_CUDA_MOE_EXPERTS1``: by default only without a shared expert; several
+        tokens, f32, widths over 1,024)."""
+        t, hidden = x.shape
+        experts, inter = w_down.shape[0], w_down.shape[-1]
+        s_inter = 0 if shared_down is None else shared_down.shape[-1]
+        nc = -(-max(inter, s_inter) // 256)
+        mode = cuda_env.moe_experts1()
+        if (mode == "0" or (mode == "auto" and s_inter) or t != 1 or x.dtype.itemsize != 2
+                or nc > 4 or experts > 256 or top_k > 8):
+            return None
+        v = variant_of(x.dtype)
+        kern = self.be.kernels.kernel("moe_experts1", v, f"moe_experts1{suffix}_w{nc}_{v}")
+        key = (self.be.device.device_id, suffix, nc, v)
+        per_sm = self._experts1_occupancy.get(key)
+        if per_sm is None:
+            per_sm = self._experts1_occupancy[key] = \
+                kern.occupancy.max_active_blocks_per_multiprocessor(256, 4 * (8 * 1024 + 1024))
+        # every block must be resident at once: the kernel has a grid-wide barrier
+        blocks = min(per_sm * self.be.num_sms, -(-hidden // 8))
+        if blocks < 1:
+            return None
+        h = self._out((top_k, inter), np.float32)
+        hs = self._out((s_inter,), np.float32) if s_inter else None
+        out = self._out(x.shape, x.dtype)
+        self.be.kernels.launch(kern, blocks, 256, out, h, hs, x, w_gate_up, w_down,
+                               shared_gate_up, shared_down, logits, self._moe_sync_pair(), top_k,
+                               experts, rows, renorm, sig, hidden, inter, s_inter, gelu,
+                               shmem=4 * (top_k * inter + s_inter), pdl=self._pdl)
+        return out
+
+    def _moe_sync_pair(self) -> DeviceArray:
+        """Two zeroed uint32 counters for ``moe_experts1``'s barrier (it leaves them at zero);
+        a different pair for each call in turn."""
+        if self._moe_syncs is None:
+            if self.be._capturing:
+                raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
+                                   "once eagerly first (CudaBackend.capture does)")
+            self._moe_syncs = self.be.zeros((2 * _COUNTERS,), np.uint32)
+        i = 2 * (self._moe_sync_calls % _COUNTERS)
+        self._moe_sync_calls += 1
+        return self._moe_syncs[i:i + 2]
 
     def _moe_counter(self) -> DeviceArray:
         if self._moe_counters is None:

@@ -117,19 +117,23 @@ def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     return {name: a.astype(dtype) for name, a in arrays.items()}
 
 
-@pytest.mark.parametrize("mode", ["block", "warp", "unfused"])
+@pytest.mark.parametrize("mode", ["block", "block-split", "warp", "unfused"])
 @pytest.mark.parametrize("dtype", [bfloat16, np.float16])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,scoring", [
     (1, 16, 8, 2048, 768, 0, "softmax"), (1, 16, 8, 2048, 512, 512, "softmax"),
     (5, 256, 8, 256, 64, 64, "softmax"), (8, 64, 4, 256, 96, 64, "sigmoid"),
     (2, 1024, 8, 64, 16, 16, "softmax"), (3, 16, 2, 128, 48, 0, "softmax"),
     (12, 16, 2, 128, 48, 32, "softmax"), (8, 16, 2, 128, 48, 32, "softmax"),
-    (4, 128, 8, 2048, 768, 0, "softmax"), (2, 32, 4, 4096, 1024, 0, "softmax")])
+    (4, 128, 8, 2048, 768, 0, "softmax"), (2, 32, 4, 4096, 1024, 0, "softmax"),
+    # one token, more hidden rows than moe_experts1 has warps: several down rows a warp
+    (1, 32, 4, 4096, 1024, 0, "softmax"), (1, 64, 8, 4096, 768, 256, "sigmoid")])
 def test_moe_block_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden, inter,
                          shared, scoring):
     fused = "0" if mode == "unfused" else "1"
     monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", fused)
-    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", "warp" if mode == "unfused" else mode)
+    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", "warp" if mode == "unfused" else mode[:5])
+    # block: one token's experts as moe_experts1.cu's one kernel; block-split: mb_gate_up + mb_down
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if mode == "block-split" else "1")
     be = cuda_backend
     case = _block_case(t * e + k + shared, t, e, k, hidden, inter, shared, dtype)
     calls = be.ops._moe_calls
@@ -141,11 +145,13 @@ def test_moe_block_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden
     assert (be.ops._moe_calls > calls) == (fused == "1" and t <= 8)
 
 
-@pytest.mark.parametrize("kernel", ["block", "warp"])
+@pytest.mark.parametrize("kernel", ["block", "block-split", "warp"])
 def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, kernel):
-    # The router's completion counter must return to zero: every replay routes afresh.
+    # The router's completion counter and moe_experts1's barrier counters must return to zero:
+    # every replay routes afresh.
     monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
-    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", kernel)
+    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", kernel[:5])
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if kernel == "block-split" else "1")
     be = cuda_backend
     case = _block_case(5, 1, 256, 8, 256, 64, 64, bfloat16)
     dev = {name: be.from_host(a) for name, a in case.items()}
@@ -188,13 +194,20 @@ def test_rms_norm_moe_block(cuda_backend, monkeypatch, fold, t, e, k, hidden, in
     np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))
 
 
+@pytest.mark.parametrize("plain", ["logits", "logits-split", "route"])
 @pytest.mark.parametrize("t,e,k,hidden,inter,scoring,residual", [
     (1, 128, 8, 2048, 768, "softmax", True), (1, 256, 8, 512, 1024, "sigmoid", False),
     (1, 64, 4, 256, 96, "softmax", True), (2, 128, 8, 256, 64, "softmax", True),
+    (5, 200, 6, 264, 1288, "softmax", False), (8, 128, 8, 256, 64, "sigmoid", True),
     (3, 512, 32, 256, 64, "softmax", True), (1, 1024, 2, 128, 32, "sigmoid", True)])
-def test_plain_moe_after_router_gemv(cuda_backend, t, e, k, hidden, inter, scoring, residual):
+def test_plain_moe_after_router_gemv(cuda_backend, monkeypatch, plain, t, e, k, hidden, inter,
+                                     scoring, residual):
     """A MoE block without a shared expert (qwen3-30b-a3b): the norm rides on the router GEMV,
-    then the warp top-k (moe_route) and moe_decode.cu's expert kernels, all PDL launches."""
+    then either moe_block.cu's expert kernels on its logits (each block picks the top-k; at most
+    256 experts and top-k 8, else the next) or the warp top-k (moe_route) and moe_decode.cu's
+    expert kernels, all PDL launches."""
+    monkeypatch.setenv("ATLAS_CUDA_MOE_PLAIN", plain[:6])
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if plain == "logits-split" else "1")
     be = cuda_backend
     case = dict(_block_case(t * e + k + 3, t, e, k, hidden, inter, 0, bfloat16))
     rng = np.random.default_rng(t + e + 1)
@@ -213,9 +226,12 @@ def test_plain_moe_after_router_gemv(cuda_backend, t, e, k, hidden, inter, scori
     np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))
 
 
-def test_plain_moe_block_replays_in_a_graph(cuda_backend):
-    # Norm + router GEMV, warp top-k and the expert GEMVs as PDL launches: every replay routes
+@pytest.mark.parametrize("plain", ["logits", "logits-split", "route"])
+def test_plain_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, plain):
+    # Norm + router GEMV, top-k and the expert GEMVs as PDL launches: every replay routes
     # afresh from the new x.
+    monkeypatch.setenv("ATLAS_CUDA_MOE_PLAIN", plain[:6])
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if plain == "logits-split" else "1")
     be = cuda_backend
     case = dict(_block_case(11, 1, 128, 8, 256, 64, 0, bfloat16))
     case.pop("x")

@@ -1,0 +1,47 @@
+"""Registers, spills and shared memory of each kernel of a module, from ptxas (no GPU needed):
+
+    python scripts/kernel_regs.py moe_block [bf16] [--hw hopper] [--grep mb_down]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("module")
+    p.add_argument("variant", nargs="?", default="bf16")
+    p.add_argument("--hw", default="hopper", choices=("hopper", "gb10"))
+    p.add_argument("--grep", default="")
+    a = p.parse_args()
+    from cuda.bindings import nvrtc
+    from atlas_cuda import compiler
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_kernels_compile import TARGETS, _dirs
+    sources = compiler.KernelSources(_dirs(a.hw))
+    opts = compiler.build_options(TARGETS[a.hw], a.variant)
+    args = [f"-arch={opts['arch']}", "-std=c++17", "-Xptxas", "-v"]
+    args += [f"-D{k}={v}" for k, v in opts.get("define_macro", [])]
+    _, prog = nvrtc.nvrtcCreateProgram(sources.text(a.module + ".cu").encode(), b"k.cu", 0, [], [])
+    err, = nvrtc.nvrtcCompileProgram(prog, len(args), [s.encode() for s in args])
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    text = log.decode(errors="replace")
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        sys.exit(text)
+    name = None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            name = m.group(1)
+        if name and a.grep in name and ("Used" in line or "spill" in line):
+            print(f"{name:40s} {line.split('info    :')[-1].strip()}")
+
+
+if __name__ == "__main__":
+    main()
