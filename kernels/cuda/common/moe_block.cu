@@ -4,12 +4,15 @@
 //                the activation dtype as `linear` does. With a norm weight, every block first
 //                normalises x (+ residual) itself, exactly as rms_norm stores it; block 0 writes
 //                the summed residual and the normed rows (xn) that the expert kernels read.
-//   mb_gate_up:  act(gate) * up of every (token, slot) pair and each token's shared expert; each
-//                warp picks its token's top-k from the logits itself (a warp-parallel selection,
-//                moe_topk.cuh), so routing costs no kernel of its own.
-//   mb_down:     out = sum_j w_j * down_e(h_j) + sigmoid(gate) * shared_down(hs). Every warp
+//   mb_gate_up:  act(gate) * up of every (token, slot) pair and each token's shared expert; warp 0
+//                of each block picks the token's top-k from the logits (a warp-parallel
+//                selection, moe_topk.cuh), so routing costs no kernel of its own.
+//   mb_down:     out = sum_j w_j * down_e(h_j) + sigmoid(gate) * shared_down(hs). Each block
 //                picks the top-k before its PDL wait (the logits are final once mb_gate_up has
 //                launched it) and may ask L2 for its expert rows while mb_gate_up still runs.
+// The "_t" expert kernels read a separate router GEMV's logits in the activation dtype (plain
+// MoE blocks after the fused norm + router GEMV). One token's experts may instead run as
+// moe_experts1.cu's single kernel.
 #include "common.cuh"
 #include "moe_topk.cuh"
 #include "norm_rows.cuh"

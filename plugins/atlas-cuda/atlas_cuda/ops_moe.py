@@ -1,15 +1,20 @@
 """``moe_block`` and ``rms_norm_moe_block`` on the cuda backend: the whole MoE feed-forward of a
-decode step in three PDL kernels, else the separate ops.
+decode step in a few PDL kernels, else the separate ops.
 
 Fused (at most :data:`FUSED_MAX_TOKENS` tokens, bf16/f16, per-pair GEMV routing). Default
 (``ATLAS_CUDA_MOE_DECODE=block``, ``kernels/cuda/common/moe_block.cu``; at most 256 experts, top-k
 <= 8): ``mb_router`` (router logits, many blocks; with ``rms_norm_moe_block`` every block also
-normalises x + residual itself), ``mb_gate_up`` (each warp picks its token's top-k from the logits,
-then act(gate) * up of its chosen or shared expert row), ``mb_down`` (top-k again before the PDL
-wait, the weighted sum of the experts' down rows). ``warp``
+normalises x + residual itself), ``mb_gate_up`` (each block picks its token's top-k from the
+logits, then act(gate) * up of its chosen or shared expert rows), ``mb_down`` (top-k again before
+the PDL wait, the weighted sum of the experts' down rows). ``warp``
 (``kernels/cuda/common/moe_decode.cu``): ``moe_router`` with a last-block top-k, then the two
 expert kernels. ``ATLAS_CUDA_MOE_FUSED=0`` and larger batches run ``linear``, ``moe_route``,
 ``moe_experts`` and the shared-expert ops one by one.
+
+Plain MoE blocks (no shared expert, e.g. qwen3-30b-a3b) take the fused norm + router GEMV, then
+(``ATLAS_CUDA_MOE_PLAIN=logits``) ``moe_block.cu``'s expert kernels on its logits. For one token
+the two expert kernels may be ``moe_experts1.cu``'s single persistent kernel
+(``ATLAS_CUDA_MOE_EXPERTS1``; by default for plain MoE blocks).
 """
 
 from __future__ import annotations
