@@ -32,7 +32,8 @@ FUSED_MAX_TOKENS = 8
 _ROUTER_ROWS = 4
 #: Largest normed-rows shared memory of ``mb_router`` (tokens * hidden elements).
 _NORM_SHMEM = 64 << 10
-#: Completion counters of ``moe_router`` (one per call in turn; each returns to zero).
+#: Counter slots (two ints each) of ``moe_router`` and ``moe_experts1``, one per call in turn;
+#: each kernel returns its counters to zero.
 _COUNTERS = 64
 
 
@@ -41,8 +42,6 @@ class MoeOps:
 
     _moe_counters: DeviceArray | None = None
     _moe_calls = 0
-    _moe_syncs: DeviceArray | None = None
-    _moe_sync_calls = 0
     _experts1_occupancy: dict = {}
 
     def moe_block(self, x: DeviceArray, router_weight: DeviceArray, w_gate_up: DeviceArray,
@@ -125,8 +124,9 @@ class MoeOps:
                     and self._moe_decode_shapes(h, router_weight, w_gate_up, w_down, top_k,
                                                 None, None, None)):
                 gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
-                out = self._moe_logits_experts(h, logits, w_gate_up, w_down, top_k,
-                                               renormalize, scoring, gelu)
+                out = self._mb_experts(h, logits, router_weight.shape[0], w_gate_up, w_down,
+                                       None, None, top_k, int(renormalize),
+                                       int(scoring == "sigmoid"), gelu, "_t")
             else:
                 out = compose_moe_block(self, h, *moe, router_logits=logits)
             return out, (r if residual is not None else x)
@@ -151,9 +151,8 @@ class MoeOps:
         """The three ``moe_block.cu`` kernels; ``norm``: ``(residual, weight, eps, zero_centered)``
         folds the pre-norm into the router. Returns ``out`` or, with ``norm``, ``(out, residual)``."""
         t, hidden = x.shape
-        experts, inter, k = router_weight.shape[0], w_down.shape[-1], top_k
+        experts = router_weight.shape[0]
         self._moe_calls += 1  # counts fused calls (moe_decode.cu's counters turn with it)
-        s_inter = 0 if shared_down is None else shared_down.shape[-1]
         rows = experts + (shared_gate is not None)
         sig, renorm = int(scoring == "sigmoid"), int(renormalize)
         launch, v = self.be.kernels.launch, variant_of(x.dtype)
@@ -166,46 +165,37 @@ class MoeOps:
         launch(self.be.kernels.kernel("moe_block", v, f"mb_router_{v}", _NORM_SHMEM),
                -(-rows // _ROUTER_ROWS), 32 * _ROUTER_ROWS, logits, xe, r_out, x, *nargs,
                router_weight, shared_gate, t, experts, hidden, shmem=shmem, pdl=self._pdl)
-        out = self._moe_experts1(xe, logits, rows, w_gate_up, w_down, shared_gate_up,
-                                 shared_down, k, renorm, sig, gelu, "")
-        if out is not None:
-            return out if norm is None else (out, r_out if norm[0] is not None else x)
-        h = self._out((t * k, inter), np.float32)
-        hs = self._out((t, s_inter), np.float32) if s_inter else None
-        launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up_c4_{v}"),
-               (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, xe,
-               w_gate_up, shared_gate_up, logits, t, k, experts, rows, renorm, sig, hidden, inter,
-               s_inter, gelu, pdl=self._pdl)
-        nc = -(-inter // 256) if t == 1 and inter <= 1024 else 0
-        out = self._out(x.shape, x.dtype)
-        launch(self.be.kernels.kernel("moe_block", v, f"mb_down_w{nc}_{v}"), (-(-hidden // 8), t),
-               256, out, h, hs, w_down, shared_down, logits, k, experts, rows, renorm, sig, hidden,
-               inter, s_inter, 1, pdl=self._pdl)
+        out = self._mb_experts(xe, logits, rows, w_gate_up, w_down, shared_gate_up, shared_down,
+                               top_k, renorm, sig, gelu, "")
         if norm is None:
             return out
         return out, (r_out if norm[0] is not None else x)
 
-    def _moe_logits_experts(self, x, logits, w_gate_up, w_down, top_k, renormalize, scoring,
-                            gelu) -> DeviceArray:
-        """A plain MoE block's experts on a router GEMV's logits ``[T, E]`` (dtype of x):
-        ``moe_block.cu``'s ``mb_gate_up_t`` / ``mb_down_t``, each block picking the top-k."""
-        t, hidden = x.shape
-        experts, inter, k = w_down.shape[0], w_down.shape[-1], top_k
-        launch, v = self.be.kernels.launch, variant_of(x.dtype)
-        sig, renorm = int(scoring == "sigmoid"), int(renormalize)
-        out = self._moe_experts1(x, logits, experts, w_gate_up, w_down, None, None, k, renorm,
-                                 sig, gelu, "_t")
+    def _mb_experts(self, x, logits, rows, w_gate_up, w_down, shared_gate_up, shared_down,
+                    top_k, renorm, sig, gelu, suffix) -> DeviceArray:
+        """The experts of a decode MoE block on its router logits ``[T, rows]`` (``suffix`` ""
+        for ``mb_router``'s float logits, "_t" for a router GEMV's in the dtype of x): one token
+        through :meth:`_moe_experts1` where it applies, else ``moe_block.cu``'s ``mb_gate_up`` /
+        ``mb_down``, each block picking the top-k itself."""
+        out = self._moe_experts1(x, logits, rows, w_gate_up, w_down, shared_gate_up, shared_down,
+                                 top_k, renorm, sig, gelu, suffix)
         if out is not None:
             return out
+        t, hidden = x.shape
+        experts, inter, k = w_down.shape[0], w_down.shape[-1], top_k
+        s_inter = 0 if shared_down is None else shared_down.shape[-1]
+        launch, v = self.be.kernels.launch, variant_of(x.dtype)
         h = self._out((t * k, inter), np.float32)
-        launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up_t_c4_{v}"),
-               (-(-inter // 8), t * k), 256, h, None, x, w_gate_up, None, logits, t, k, experts,
-               experts, renorm, sig, hidden, inter, 0, gelu, pdl=self._pdl)
+        hs = self._out((t, s_inter), np.float32) if s_inter else None
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_gate_up{suffix}_c4_{v}"),
+               (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, x,
+               w_gate_up, shared_gate_up, logits, t, k, experts, rows, renorm, sig, hidden, inter,
+               s_inter, gelu, pdl=self._pdl)
         nc = -(-inter // 256) if t == 1 and inter <= 1024 and cuda_env.moe_down_wide() else 0
         out = self._out(x.shape, x.dtype)
-        launch(self.be.kernels.kernel("moe_block", v, f"mb_down_t_w{nc}_{v}"), (-(-hidden // 8), t),
-               256, out, h, None, w_down, None, logits, k, experts, experts, renorm, sig, hidden,
-               inter, 0, 1, pdl=self._pdl)
+        launch(self.be.kernels.kernel("moe_block", v, f"mb_down{suffix}_w{nc}_{v}"),
+               (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, logits, k, experts,
+               rows, renorm, sig, hidden, inter, s_inter, 1, pdl=self._pdl)
         return out
 
     def _moe_experts1(self, x, logits, rows, w_gate_up, w_down, shared_gate_up, shared_down,
@@ -237,32 +227,23 @@ class MoeOps:
         hs = self._out((s_inter,), np.float32) if s_inter else None
         out = self._out(x.shape, x.dtype)
         self.be.kernels.launch(kern, blocks, 256, out, h, hs, x, w_gate_up, w_down,
-                               shared_gate_up, shared_down, logits, self._moe_sync_pair(), top_k,
+                               shared_gate_up, shared_down, logits, self._moe_counter(2), top_k,
                                experts, rows, renorm, sig, hidden, inter, s_inter, gelu,
                                shmem=4 * (top_k * inter + s_inter), pdl=self._pdl)
         return out
 
-    def _moe_sync_pair(self) -> DeviceArray:
-        """Two zeroed uint32 counters for ``moe_experts1``'s barrier (it leaves them at zero);
-        a different pair for each call in turn."""
-        if self._moe_syncs is None:
-            if self.be._capturing:
-                raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
-                                   "once eagerly first (CudaBackend.capture does)")
-            self._moe_syncs = self.be.zeros((2 * _COUNTERS,), np.uint32)
-        i = 2 * (self._moe_sync_calls % _COUNTERS)
-        self._moe_sync_calls += 1
-        return self._moe_syncs[i:i + 2]
-
-    def _moe_counter(self) -> DeviceArray:
+    def _moe_counter(self, width: int = 1) -> DeviceArray:
+        """``width`` (<= 2) zeroed int32 counters for a kernel that leaves them at zero
+        (``moe_router``'s completion counter, ``moe_experts1``'s barrier); a different slot for
+        each call in turn, allocated once, outside graph capture."""
         if self._moe_counters is None:
             if self.be._capturing:
                 raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
                                    "once eagerly first (CudaBackend.capture does)")
-            self._moe_counters = self.be.zeros((_COUNTERS,), np.int32)
-        i = self._moe_calls % _COUNTERS
+            self._moe_counters = self.be.zeros((2 * _COUNTERS,), np.int32)
+        i = 2 * (self._moe_calls % _COUNTERS)
         self._moe_calls += 1
-        return self._moe_counters[i:i + 1]
+        return self._moe_counters[i:i + width]
 
     def _moe_router(self, x, router_weight, shared_gate, top_k, renormalize, scoring):
         """``(topk_weights [T, k] f32, topk_ids [T, k] i32, shared gate [T] f32 or None)``."""

@@ -1,0 +1,91 @@
+"""Which kernels a decode MoE block's experts launch, with which grids (no GPU needed: a fake
+backend records the launches). The numerics of every path are tested on the GPU in
+test_moe_cuda.py."""
+
+import numpy as np
+import pytest
+
+from atlas_core.ops._dtypes import bfloat16
+from atlas_cuda.ops_moe import MoeOps
+
+
+class _Arr:
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+
+class _Kernel:
+    def __init__(self, name):
+        self.name = name
+        self.occupancy = self
+
+    def max_active_blocks_per_multiprocessor(self, block, shmem):
+        return 1 if "_w4_" in self.name else 2
+
+
+class _Backend:
+    num_sms, _capturing = 132, False
+
+    def __init__(self):
+        self.launches = []
+        self.kernels = self
+        self.device = type("D", (), {"device_id": 0})()
+
+    def kernel(self, module, variant, name, *_):
+        return _Kernel(name)
+
+    def launch(self, kernel, grid, block, *args, shmem=0, pdl=False):
+        self.launches.append((kernel.name, grid, shmem, args))
+
+    def zeros(self, shape, dtype):
+        return np.zeros(shape, dtype)
+
+
+class _Ops(MoeOps):
+    _pdl = True
+
+    def __init__(self):
+        self.be = _Backend()
+        self._experts1_occupancy = {}
+
+    def _out(self, shape, dtype):
+        return _Arr(shape, dtype)
+
+
+def _plan(monkeypatch, mode, t, experts, inter, shared, suffix):
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", mode)
+    monkeypatch.delenv("ATLAS_CUDA_MOE_DOWN_WIDE", raising=False)
+    ops, hidden = _Ops(), 2048
+    wsg = _Arr((2 * shared, hidden), bfloat16) if shared else None
+    wsd = _Arr((hidden, shared), bfloat16) if shared else None
+    out = ops._mb_experts(_Arr((t, hidden), bfloat16), _Arr((t, experts), bfloat16), experts,
+                          _Arr((experts, 2 * inter, hidden), bfloat16),
+                          _Arr((experts, hidden, inter), bfloat16), wsg, wsd, 8, 1, 0, 0, suffix)
+    assert out.shape == (t, hidden)
+    return [(name, grid, shmem) for name, grid, shmem, _ in ops.be.launches]
+
+
+@pytest.mark.parametrize("mode,t,inter,shared,want", [
+    # qwen3-30b-a3b, one token: the one persistent kernel, a block per 8 hidden rows (<= 2 a SM)
+    ("auto", 1, 768, 0, [("moe_experts1_t_w3_bf16", 256, 4 * 8 * 768)]),
+    # wider experts hold more registers: one block a SM, so fewer warps than hidden rows
+    ("auto", 1, 1024, 0, [("moe_experts1_t_w4_bf16", 132, 4 * 8 * 1024)]),
+    ("0", 1, 768, 0, [("mb_gate_up_t_c4_bf16", (96, 8), 0), ("mb_down_t_w3_bf16", (256, 1), 0)]),
+    # several tokens: the two kernels, the down kernel's chunk loop
+    ("1", 2, 768, 0, [("mb_gate_up_t_c4_bf16", (96, 16), 0), ("mb_down_t_w0_bf16", (256, 2), 0)]),
+    # a shared expert (qwen3.5-35b-a3b): `auto` keeps the two kernels, `1` forces the one
+    ("auto", 1, 512, 512, [("mb_gate_up_t_c4_bf16", (64, 9), 0), ("mb_down_t_w2_bf16", (256, 1), 0)]),
+    ("1", 1, 512, 512, [("moe_experts1_t_w2_bf16", 256, 4 * (8 * 512 + 512))]),
+])
+def test_expert_kernels(monkeypatch, mode, t, inter, shared, want):
+    assert _plan(monkeypatch, mode, t, 128, inter, shared, "_t") == want
+
+
+def test_counter_slots_turn_and_stay_zeroed():
+    ops = _Ops()
+    first = ops._moe_counter(2)
+    assert first.shape == (2,) and not first.any()
+    slots = [ops._moe_counter(1) for _ in range(63)]
+    assert all(s.shape == (1,) for s in slots)
+    assert np.shares_memory(ops._moe_counter(2), first)  # the 65th call reuses the first slot
+    assert not any(np.shares_memory(a, b) for a, b in zip(slots, slots[1:]))
