@@ -62,9 +62,9 @@ def pdl_chain() -> bool:
 
 
 def moe_down_wide() -> bool:
-    """``ATLAS_CUDA_MOE_DOWN_WIDE``: ``1`` (default) runs the fused ``moe_block``'s down kernel for
-    one token with all of a warp's chosen-expert row loads in flight at once (top-k <= 8, expert
-    width <= 1,024: ``moe_dec_down_w<chunks>``; H200 qwen3.5-35b-a3b batch 1 309.6 -> 316.0
+    """``ATLAS_CUDA_MOE_DOWN_WIDE``: ``1`` (default) runs the decode MoE down kernel for one token
+    with all of a warp's chosen-expert row loads in flight at once (top-k <= 8, expert width
+    <= 1,024: ``moe_dec_down_w<chunks>``, ``mb_down[_t]_w<chunks>``; H200 qwen3.5-35b-a3b batch 1 309.6 -> 316.0
     tok/s); ``0``: the loop over 256-column chunks. Not used for 2+ tokens, where it measured
     slower (30B block at 8 tokens 167 -> 200 us in the per-pair path)."""
     return _flag("ATLAS_CUDA_MOE_DOWN_WIDE", "1")
