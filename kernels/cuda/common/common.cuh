@@ -127,6 +127,23 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Phase timestamps for scripts/kernel_phases.py: built only with ATLAS_CUDA_NVRTC_DEFINES=
+// ATLAS_PROFILE (a separate cache entry); thread 0 of each of the first 2,048 blocks writes the
+// global timer (ns) into slot i (< 8) of its row of the module's atlas_profile array. A no-op in
+// normal builds.
+#ifdef ATLAS_PROFILE
+__device__ unsigned long long atlas_profile[2048 * 8];
+__device__ __forceinline__ void profile_stamp(int i) {
+  if (threadIdx.x == 0 && blockIdx.x < 2048) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    atlas_profile[blockIdx.x * 8 + i] = t;
+  }
+}
+#else
+__device__ __forceinline__ void profile_stamp(int) {}
+#endif
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

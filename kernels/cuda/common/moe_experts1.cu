@@ -69,8 +69,11 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   unsigned nw = gridDim.x * (blockDim.x >> 5);
   int gw = blockIdx.x * (blockDim.x >> 5) + warp;
+  profile_stamp(0);
   pdl_wait();
+  profile_stamp(1);
   moe_block_topk<L>(s_w, s_id, logits, E, top_k, renorm, sig);
+  profile_stamp(2);
   int routed = top_k * I, gu = routed + Is;
   for (int i = gw; i < gu; i += nw) {
     bool sh = i >= routed;
@@ -96,6 +99,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     }
     if (first) {  // the grid-wide barrier: every block's gate_up rows are written
       __syncthreads();
+      profile_stamp(3);
       if (threadIdx.x == 0) {
         atomicAdd(sync, 1u);  // one arrival and one poller per block
         const volatile unsigned* arrived = sync;
@@ -107,6 +111,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
         }
       }
       __syncthreads();
+      profile_stamp(4);
       pdl_trigger();
       // every h row into shared memory once per block (L2 only: other SMs wrote them)
       for (int q = threadIdx.x * 8; q < gu; q += blockDim.x * 8) {
@@ -116,6 +121,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
         reinterpret_cast<float4*>(sh_h + q)[1] = make_float4(f[4], f[5], f[6], f[7]);
       }
       __syncthreads();
+      profile_stamp(5);
       first = false;
     }
     if (!have) break;
@@ -127,6 +133,10 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     total = warp_sum(total);
     if (lane == 0) out[n] = from_f32<T>(total);
   }
+#ifdef ATLAS_PROFILE
+  __syncthreads();
+  profile_stamp(6);
+#endif
 }
 
 // Suffix "" reads mb_router's float logits, "_t" logits in the activation dtype.

@@ -76,7 +76,27 @@ def build_options(arch: str, variant: str) -> dict:
     if variant in DTYPE_VARIANTS:
         t, s, mma = DTYPE_VARIANTS[variant]
         opts["define_macro"] = [("ATLAS_T", t), ("ATLAS_S", s), ("ATLAS_MMA", str(mma))]
+    extra = extra_defines()
+    if extra:
+        opts["define_macro"] = list(opts.get("define_macro", [])) + extra
     return opts
+
+
+def extra_defines() -> list:
+    """``ATLAS_CUDA_NVRTC_DEFINES``: comma-separated ``NAME`` or ``NAME=VALUE`` macros added to
+    every build (profiling builds, e.g. ``ATLAS_PROFILE`` for scripts/kernel_phases.py); they
+    are part of the cache key, so such builds never replace the normal cubins."""
+    out: list = []
+    for item in os.environ.get("ATLAS_CUDA_NVRTC_DEFINES", "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"ATLAS_CUDA_NVRTC_DEFINES: {name!r} is not a macro name; use "
+                             "NAME or NAME=VALUE, comma-separated")
+        out.append((name, value) if value else name)
+    return out
 
 
 def compile_module(sources: KernelSources, module: str, variant: str, arch: str,

@@ -1,0 +1,87 @@
+"""Where the time goes inside one kernel of a batch-1 decode step, in the replayed graph.
+
+Kernels mark phases with ``profile_stamp(i)`` (common.cuh): in a build with
+``ATLAS_CUDA_NVRTC_DEFINES=ATLAS_PROFILE`` thread 0 of every block writes the global timer into
+slot i of its row of the module's ``atlas_profile`` array (a no-op otherwise). This script
+builds the bench model with that define (a separate kernel-cache entry), replays the decode
+graph, reads the array after each replay (the last launch of the module in the step wins: the
+last layer) and prints, per slot, when the blocks reached it relative to the first block's slot 0
+(min / median / max over blocks, median over replays), in microseconds.
+
+    ATLAS_CUDA_MOE_EXPERTS1=1 python scripts/kernel_phases.py qwen3-30b-a3b --module moe_experts1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+SLOTS, MAX_BLOCKS = 8, 2048
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--module", default="moe_experts1")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--prompt", type=int, default=128)
+    a = p.parse_args()
+    defines = os.environ.get("ATLAS_CUDA_NVRTC_DEFINES", "")
+    if "ATLAS_PROFILE" not in defines:
+        os.environ["ATLAS_CUDA_NVRTC_DEFINES"] = ",".join(x for x in (defines, "ATLAS_PROFILE") if x)
+    from atlas_core.bench.graph_timing import replay_ms
+    from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+    from atlas_core.engine.loading import create_backend
+    from atlas_cuda.driver import check, drv
+
+    be, registry = create_backend("cuda")
+    model = build_random_model(shape_config(a.model), be, registry)
+    engine = LLMEngine(model, be, EngineArgs(
+        model=None, max_num_seqs=1, max_prefill_tokens=min(a.prompt, 4096),
+        max_seq_len=a.prompt + 384, num_kv_blocks=-(-(a.prompt + 384) // 16) + 8,
+        enable_prefix_caching=False))
+    engine.add_request("r", list(range(1, a.prompt + 1)),
+                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    graph = engine.runner.graphs[1][0]
+    print(f"{a.model}: decode graph {replay_ms(be, graph, 50):.3f} ms (profiling build)")
+    mods = [m for (name, _v), m in be.kernels.modules.items() if name == a.module]
+    if not mods:
+        raise SystemExit(f"module {a.module} was not used by this model's decode step")
+    d = drv()
+    handle = mods[0].handle
+    getter = d.cuLibraryGetGlobal if isinstance(handle, d.CUlibrary) else d.cuModuleGetGlobal
+    ptr, size = check(getter(handle, b"atlas_profile"))
+    nbytes = SLOTS * MAX_BLOCKS * 8
+    host = np.zeros((MAX_BLOCKS, SLOTS), np.uint64)
+    runs = []
+    for _ in range(a.reps):
+        be.synchronize()
+        check(d.cuMemsetD8(ptr, 0, nbytes))
+        graph.replay()
+        be.synchronize()
+        check(d.cuMemcpyDtoH(host.ctypes.data, ptr, nbytes))
+        used = host[:, 0] > 0
+        if not used.any():
+            raise SystemExit(f"no stamps written: does {a.module} call profile_stamp()?")
+        t = host[used].astype(np.int64)
+        t0 = t[:, 0].min()
+        runs.append([(np.nan, np.nan, np.nan) if not (t[:, s] > 0).all() else
+                     tuple(np.percentile((t[:, s] - t0) / 1e3, q) for q in (0, 50, 100))
+                     for s in range(SLOTS)])
+    r = np.median(np.array(runs), axis=0)
+    print(f"{a.module}: {int(used.sum())} blocks, us from the first block's slot 0 "
+          f"(median of {a.reps} replays)")
+    print("slot      min   median      max")
+    for s in range(SLOTS):
+        if not np.isnan(r[s, 0]):
+            print(f"{s:4d} {r[s, 0]:8.2f} {r[s, 1]:8.2f} {r[s, 2]:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
