@@ -13,7 +13,9 @@
 //   2. gate_up rows i = warp, warp + NW, ... of the top_k * I routed rows and Is shared rows:
 //      h[j, n] = act(x . gate_row) * (x . up_row) in float32;
 //   3. load the first down row's weights, then the block arrives (sync[0]) and waits for every
-//      block; the last block past the barrier returns both counters to zero;
+//      block: the last arrival returns the count to zero and bumps the generation (sync[1]),
+//      which the others poll (no second atomic round on the way out; the generation only grows,
+//      so graph replays need no reset);
 //   4. every block copies h and hs into shared memory (dynamic, (top_k * I + Is) floats); down
 //      rows n = warp, warp + NW, ...: out[n] = sum_j w_j * (down_e_j[n] . h_j)
 //      + sigmoid(gate) * (shared_down[n] . hs).
@@ -100,15 +102,18 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     if (first) {  // the grid-wide barrier: every block's gate_up rows are written
       __syncthreads();
       profile_stamp(3);
-      if (threadIdx.x == 0) {
-        atomicAdd(sync, 1u);  // one arrival and one poller per block
-        const volatile unsigned* arrived = sync;
-        while (*arrived < gridDim.x) __nanosleep(64);
-        __threadfence();
-        if (atomicAdd(sync + 1, 1u) == gridDim.x - 1) {  // the last block past it resets both
-          sync[0] = 0u;
-          sync[1] = 0u;
+      if (threadIdx.x == 0) {  // one arrival and one poller per block
+        volatile unsigned* vs = sync;
+        unsigned gen = vs[1];  // cannot change before this block has arrived
+        __threadfence();       // read it before arriving; this block's h rows are out
+        if (atomicAdd(sync, 1u) == gridDim.x - 1) {  // the last arrival opens the barrier
+          vs[0] = 0u;
+          __threadfence();
+          vs[1] = gen + 1u;
+        } else {
+          while (vs[1] == gen) __nanosleep(32);
         }
+        __threadfence();
       }
       __syncthreads();
       profile_stamp(4);

@@ -126,18 +126,58 @@ __device__ void ms_topk(float* weights, int* ids, const L* lg, int E, int top_k,
 }
 
 
-// Warp 0 picks the top-k of one token's logits lt (E <= 256, top_k <= 8) into shared memory
-// and the whole block waits for it: the logits are read from L2 once per block, not by every
-// warp (thousands of warps reading the same few lines queue at one L2 slice).
+// The whole block picks the top-k of one token's logits lt (E <= blockDim.x <= 256, top_k <= 8)
+// into shared memory, with the same scores, order and tie rule as ms_topk_lanes: thread e reads
+// logit e (the logits are read from L2 once per block, not by every warp: thousands of warps
+// reading the same few lines queue at one L2 slice), the block reduces the softmax max and sum,
+// and each expert's rank is the number of keys above it (ties: lower experts first), counted
+// over the keys in shared memory: no serial top_k rounds of warp reductions.
 template <typename L>
 __device__ __forceinline__ void moe_block_topk(float* s_w, int* s_id, const L* lt, int E,
                                                int top_k, int renorm, int sig) {
-  if (threadIdx.x < 32) {
-    float w;
-    int id;
-    if (E <= 128) ms_topk_lanes<4, L>(w, id, lt, E, top_k, renorm, sig);
-    else ms_topk_lanes<8, L>(w, id, lt, E, top_k, renorm, sig);
-    if ((int)threadIdx.x < top_k) { s_w[threadIdx.x] = w; s_id[threadIdx.x] = id; }
+  __shared__ __align__(16) u32 tk_key[256];
+  __shared__ float tk_max[8], tk_sum[8], tk_s[8];
+  int t = threadIdx.x, lane = t & 31, warp = t >> 5, nwarp = blockDim.x >> 5;
+  bool ok = t < E;
+  float v = ok ? ms_ldcg(lt + t) : NEG_INF;
+  float m = warp_max(v);
+  if (lane == 0) tk_max[warp] = m;
+  __syncthreads();
+  float mx = tk_max[0];
+  for (int i = 1; i < nwarp; i++) mx = fmaxf(mx, tk_max[i]);
+  float sc = ok ? (sig ? 1.f / (1.f + expf(-v)) : expf(v - mx)) : 0.f;
+  u32 key = ok ? __float_as_uint(sc) + 1u : 0u;  // scores >= 0 order as unsigned bits
+  tk_key[t] = key;
+  float ps = warp_sum(sc);
+  if (lane == 0) tk_sum[warp] = ps;
+  __syncthreads();
+  if (ok) {
+    int rank = 0;
+    const uint4* k4 = reinterpret_cast<const uint4*>(tk_key);
+    for (int j = 0; j < (E + 3) >> 2; j++) {  // keys past E are 0: never above a valid key
+      uint4 q = k4[j];
+      int b = 4 * j;
+      rank += (q.x > key) | ((q.x == key) & (b < t));
+      rank += (q.y > key) | ((q.y == key) & (b + 1 < t));
+      rank += (q.z > key) | ((q.z == key) & (b + 2 < t));
+      rank += (q.w > key) | ((q.w == key) & (b + 3 < t));
+    }
+    if (rank < top_k) { s_id[rank] = t; tk_s[rank] = sc; }
+  }
+  __syncthreads();
+  if (t < top_k) {
+    float sum = 1.f;
+    if (!sig) {
+      sum = 0.f;
+      for (int i = 0; i < nwarp; i++) sum += tk_sum[i];
+    }
+    float w = tk_s[t] / sum;
+    if (renorm) {
+      float chosen = 0.f;
+      for (int j = 0; j < top_k; j++) chosen += tk_s[j] / sum;
+      w /= chosen;
+    }
+    s_w[t] = w;
   }
   __syncthreads();
 }

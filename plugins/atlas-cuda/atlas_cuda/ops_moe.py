@@ -233,9 +233,10 @@ class MoeOps:
         return out
 
     def _moe_counter(self, width: int = 1) -> DeviceArray:
-        """``width`` (<= 2) zeroed int32 counters for a kernel that leaves them at zero
-        (``moe_router``'s completion counter, ``moe_experts1``'s barrier); a different slot for
-        each call in turn, allocated once, outside graph capture."""
+        """``width`` (<= 2) int32 counters: the first (even slot) zeroed and left at zero by the
+        kernel (``moe_router``'s completion counter, ``moe_experts1``'s barrier count), the
+        second only ever counted up (``moe_experts1``'s barrier generation); a different pair
+        for each call in turn, allocated once, outside graph capture."""
         if self._moe_counters is None:
             if self.be._capturing:
                 raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
