@@ -12,10 +12,11 @@
 //   1. warp 0 of every block picks the top-k from the logits (E <= 256, top_k <= 8);
 //   2. gate_up rows i = warp, warp + NW, ... of the top_k * I routed rows and Is shared rows:
 //      h[j, n] = act(x . gate_row) * (x . up_row) in float32;
-//   3. load the first down row's weights, then the block arrives (sync[0]) and waits for every
-//      block: the last arrival returns the count to zero and bumps the generation (sync[1]),
-//      which the others poll (no second atomic round on the way out; the generation only grows,
-//      so graph replays need no reset);
+//   3. load the first down row's weights, then the block arrives and waits for every block:
+//      sync is a 64-bit count that only grows (graph replays need no reset); each block reads
+//      it at its start, adds one on arrival (a reduction, no round trip) and polls, with an
+//      acquire load, until the count has grown by gridDim.x. No fence waits on the down-row
+//      loads in flight: each warp fenced its h rows before issuing them;
 //   4. every block copies h and hs into shared memory (dynamic, (top_k * I + Is) floats); down
 //      rows n = warp, warp + NW, ...: out[n] = sum_j w_j * (down_e_j[n] . h_j)
 //      + sigmoid(gate) * (shared_down[n] . hs).
@@ -49,6 +50,12 @@ __device__ __forceinline__ float me1_dot(const Vec8<T> (&wv)[NC], const float* h
   return s;
 }
 
+__device__ __forceinline__ unsigned long long me1_ld_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 template <typename T, int NC>
 __device__ __forceinline__ void me1_load(Vec8<T> (&wv)[NC], const T* row, int I) {
   int lane = threadIdx.x & 31;
@@ -63,14 +70,18 @@ template <typename T, int NC, int GC, typename L>
 __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restrict__ x,
                                   const T* __restrict__ wgu, const T* __restrict__ wd,
                                   const T* __restrict__ wsgu, const T* __restrict__ wsd,
-                                  const L* logits, unsigned* sync, int top_k, int E, int rows,
-                                  int renorm, int sig, int H, int I, int Is, int gelu) {
+                                  const L* logits, unsigned long long* sync, int top_k, int E,
+                                  int rows, int renorm, int sig, int H, int I, int Is, int gelu) {
   __shared__ float s_w[8];
   __shared__ int s_id[8];
   extern __shared__ __align__(16) float sh_h[];  // (top_k * I + Is) floats
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   unsigned nw = gridDim.x * (blockDim.x >> 5);
   int gw = blockIdx.x * (blockDim.x >> 5) + warp;
+  // the barrier's count before this launch: every arrival of the launch before on this slot
+  // happened in a kernel that has completed; this launch's blocks add gridDim.x in all
+  __shared__ unsigned long long s_target;  // (shared memory: no register held to the barrier)
+  if (threadIdx.x == 0) s_target = me1_ld_acquire(sync) + gridDim.x;
   profile_stamp(0);
   pdl_wait();
   profile_stamp(1);
@@ -103,17 +114,8 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
       __syncthreads();
       profile_stamp(3);
       if (threadIdx.x == 0) {  // one arrival and one poller per block
-        volatile unsigned* vs = sync;
-        unsigned gen = vs[1];  // cannot change before this block has arrived
-        __threadfence();       // read it before arriving; this block's h rows are out
-        if (atomicAdd(sync, 1u) == gridDim.x - 1) {  // the last arrival opens the barrier
-          vs[0] = 0u;
-          __threadfence();
-          vs[1] = gen + 1u;
-        } else {
-          while (vs[1] == gen) __nanosleep(32);
-        }
-        __threadfence();
+        atomicAdd(sync, 1ull);  // no return value: a fire-and-forget reduction
+        while (me1_ld_acquire(sync) < s_target) __nanosleep(64);
       }
       __syncthreads();
       profile_stamp(4);
@@ -148,8 +150,8 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
 #define MOE_EXPERTS1_NC(T, S, L, LS, NC, GC, MB)                                               \
   extern "C" __global__ void __launch_bounds__(256, MB) moe_experts1##LS##_w##NC##_##S(        \
       T* out, float* h, float* hs, const T* x, const T* wgu, const T* wd, const T* wsgu,       \
-      const T* wsd, const L* lg, unsigned* sync, int k, int E, int rows, int renorm, int sig,  \
-      int H, int I, int Is, int gelu) {                                                        \
+      const T* wsd, const L* lg, unsigned long long* sync, int k, int E, int rows, int renorm, \
+      int sig, int H, int I, int Is, int gelu) {                                               \
     moe_experts1_impl<T, NC, GC, L>(out, h, hs, x, wgu, wd, wsgu, wsd, lg, sync, k, E, rows,   \
                                     renorm, sig, H, I, Is, gelu);                              \
   }

@@ -68,22 +68,58 @@ __device__ __forceinline__ void moe_gate_up_dot(float& g, float& u, const T* wg,
   }
 }
 
+// PL (4 or 8) consecutive logits from L2 in one or two 16-byte loads (p 16-byte aligned when
+// PL * sizeof(L) >= 16, else 8-byte aligned).
+template <int PL>
+__device__ __forceinline__ void ms_ldcg_vec(float (&v)[PL], const float* p) {
+#pragma unroll
+  for (int q = 0; q < PL; q += 4)
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v[q]), "=f"(v[q + 1]), "=f"(v[q + 2]), "=f"(v[q + 3]) : "l"(p + q)
+                 : "memory");
+}
+template <int PL, typename L>
+__device__ __forceinline__ void ms_ldcg_vec(float (&v)[PL], const L* p) {
+  u32 b[PL / 2];
+  if constexpr (PL == 8)
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "l"(p) : "memory");
+  else
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];\n"
+                 : "=r"(b[0]), "=r"(b[1]) : "l"(p) : "memory");
+#pragma unroll
+  for (int i = 0; i < PL; i++) {
+    L e;
+    e.x = (unsigned short)(b[i / 2] >> (16 * (i & 1)));
+    v[i] = to_f32(e);
+  }
+}
+
 // Top-k of one token's logits (float, bf16 or f16) by a warp (PL experts per lane,
 // E <= 32 * PL, top_k <= 32): descending weights, ties to the lower expert, like
 // atlas_core.ops.moe.moe_route. Scores are >= 0, so their bits order as unsigned keys; key 0
 // marks a taken (or absent) expert. Lane j < top_k gets slot j's final weight and expert.
-template <int PL, typename L = float>
+// CONTIG: lane l holds experts l * PL + i, read with vector loads (lg 16-byte aligned,
+// E % PL == 0); else experts l + 32 * i, one load each.
+template <int PL, typename L = float, bool CONTIG = false>
 __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int top_k,
                               int renorm, int sigmoid) {
   int lane = threadIdx.x & 31;
   u32 key[PL];
   float mx = NEG_INF;
+  float lv[PL];
+  if (CONTIG) {
+    if (lane * PL < E) ms_ldcg_vec<PL>(lv, lg + lane * PL);
+#pragma unroll
+    for (int i = 0; i < PL; i++) lv[i] = lane * PL < E ? lv[i] : NEG_INF;
+  } else {
+#pragma unroll
+    for (int i = 0; i < PL; i++) lv[i] = lane + 32 * i < E ? ms_ldcg(lg + lane + 32 * i) : NEG_INF;
+  }
 #pragma unroll
   for (int i = 0; i < PL; i++) {
-    int e = lane + 32 * i;
-    float v = e < E ? ms_ldcg(lg + e) : NEG_INF;
-    key[i] = __float_as_uint(v);
-    mx = fmaxf(mx, v);
+    key[i] = __float_as_uint(lv[i]);
+    mx = fmaxf(mx, lv[i]);
   }
   mx = warp_max(mx);
   float sum = 0.f;
@@ -91,7 +127,7 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
   for (int i = 0; i < PL; i++) {
     float v = __uint_as_float(key[i]);
     float s = sigmoid ? 1.f / (1.f + expf(-v)) : expf(v - mx);
-    bool ok = lane + 32 * i < E;
+    bool ok = (CONTIG ? lane * PL + i : lane + 32 * i) < E;
     sum += ok ? s : 0.f;
     key[i] = ok ? __float_as_uint(s) + 1u : 0u;
   }
@@ -105,10 +141,11 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     for (int i = 0; i < PL; i++)
       if (key[i] > best) { best = key[i]; bi = i; }
     u32 top = ms_reduce_u32<true>(best);
-    u32 idx = ms_reduce_u32<false>(best == top ? (u32)(lane + 32 * bi) : 0xffffffffu);
+    u32 mine = CONTIG ? (u32)(lane * PL + bi) : (u32)(lane + 32 * bi);
+    u32 idx = ms_reduce_u32<false>(best == top ? mine : 0xffffffffu);
 #pragma unroll
     for (int i = 0; i < PL; i++)
-      if ((u32)(lane + 32 * i) == idx) key[i] = 0u;
+      if ((CONTIG ? (u32)(lane * PL + i) : (u32)(lane + 32 * i)) == idx) key[i] = 0u;
     if (lane == j) { my_w = __uint_as_float(top - 1u) / sum; my_id = (int)idx; }
   }
   float chosen = warp_sum(lane < top_k ? my_w : 0.f);
@@ -126,58 +163,26 @@ __device__ void ms_topk(float* weights, int* ids, const L* lg, int E, int top_k,
 }
 
 
-// The whole block picks the top-k of one token's logits lt (E <= blockDim.x <= 256, top_k <= 8)
-// into shared memory, with the same scores, order and tie rule as ms_topk_lanes: thread e reads
-// logit e (the logits are read from L2 once per block, not by every warp: thousands of warps
-// reading the same few lines queue at one L2 slice), the block reduces the softmax max and sum,
-// and each expert's rank is the number of keys above it (ties: lower experts first), counted
-// over the keys in shared memory: no serial top_k rounds of warp reductions.
+// Warp 0 picks the top-k of one token's logits lt (E <= 256, top_k <= 8) into shared memory
+// and the whole block waits for it. The logits are read from L2 once per block, not by every
+// warp, and where they are 16-byte aligned with a lane's PL experts side by side in one or two
+// vector loads: 256 blocks reading the same few lines queue at one L2 slice, so the request
+// count is what costs (a whole-block rank of one logit per thread measured slower).
 template <typename L>
 __device__ __forceinline__ void moe_block_topk(float* s_w, int* s_id, const L* lt, int E,
                                                int top_k, int renorm, int sig) {
-  __shared__ __align__(16) u32 tk_key[256];
-  __shared__ float tk_max[8], tk_sum[8], tk_s[8];
-  int t = threadIdx.x, lane = t & 31, warp = t >> 5, nwarp = blockDim.x >> 5;
-  bool ok = t < E;
-  float v = ok ? ms_ldcg(lt + t) : NEG_INF;
-  float m = warp_max(v);
-  if (lane == 0) tk_max[warp] = m;
-  __syncthreads();
-  float mx = tk_max[0];
-  for (int i = 1; i < nwarp; i++) mx = fmaxf(mx, tk_max[i]);
-  float sc = ok ? (sig ? 1.f / (1.f + expf(-v)) : expf(v - mx)) : 0.f;
-  u32 key = ok ? __float_as_uint(sc) + 1u : 0u;  // scores >= 0 order as unsigned bits
-  tk_key[t] = key;
-  float ps = warp_sum(sc);
-  if (lane == 0) tk_sum[warp] = ps;
-  __syncthreads();
-  if (ok) {
-    int rank = 0;
-    const uint4* k4 = reinterpret_cast<const uint4*>(tk_key);
-    for (int j = 0; j < (E + 3) >> 2; j++) {  // keys past E are 0: never above a valid key
-      uint4 q = k4[j];
-      int b = 4 * j;
-      rank += (q.x > key) | ((q.x == key) & (b < t));
-      rank += (q.y > key) | ((q.y == key) & (b + 1 < t));
-      rank += (q.z > key) | ((q.z == key) & (b + 2 < t));
-      rank += (q.w > key) | ((q.w == key) & (b + 3 < t));
+  if (threadIdx.x < 32) {
+    float w;
+    int id;
+    bool vec = ((unsigned long long)lt & 15) == 0;
+    if (E <= 128) {
+      if (vec && E % 4 == 0) ms_topk_lanes<4, L, true>(w, id, lt, E, top_k, renorm, sig);
+      else ms_topk_lanes<4, L>(w, id, lt, E, top_k, renorm, sig);
+    } else {
+      if (vec && E % 8 == 0) ms_topk_lanes<8, L, true>(w, id, lt, E, top_k, renorm, sig);
+      else ms_topk_lanes<8, L>(w, id, lt, E, top_k, renorm, sig);
     }
-    if (rank < top_k) { s_id[rank] = t; tk_s[rank] = sc; }
-  }
-  __syncthreads();
-  if (t < top_k) {
-    float sum = 1.f;
-    if (!sig) {
-      sum = 0.f;
-      for (int i = 0; i < nwarp; i++) sum += tk_sum[i];
-    }
-    float w = tk_s[t] / sum;
-    if (renorm) {
-      float chosen = 0.f;
-      for (int j = 0; j < top_k; j++) chosen += tk_s[j] / sum;
-      w /= chosen;
-    }
-    s_w[t] = w;
+    if ((int)threadIdx.x < top_k) { s_w[threadIdx.x] = w; s_id[threadIdx.x] = id; }
   }
   __syncthreads();
 }

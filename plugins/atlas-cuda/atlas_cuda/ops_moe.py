@@ -227,24 +227,24 @@ class MoeOps:
         hs = self._out((s_inter,), np.float32) if s_inter else None
         out = self._out(x.shape, x.dtype)
         self.be.kernels.launch(kern, blocks, 256, out, h, hs, x, w_gate_up, w_down,
-                               shared_gate_up, shared_down, logits, self._moe_counter(2), top_k,
+                               shared_gate_up, shared_down, logits, self._moe_counter(True), top_k,
                                experts, rows, renorm, sig, hidden, inter, s_inter, gelu,
                                shmem=4 * (top_k * inter + s_inter), pdl=self._pdl)
         return out
 
-    def _moe_counter(self, width: int = 1) -> DeviceArray:
-        """``width`` (<= 2) int32 counters: the first (even slot) zeroed and left at zero by the
-        kernel (``moe_router``'s completion counter, ``moe_experts1``'s barrier count), the
-        second only ever counted up (``moe_experts1``'s barrier generation); a different pair
-        for each call in turn, allocated once, outside graph capture."""
+    def _moe_counter(self, barrier: bool = False) -> DeviceArray:
+        """A zeroed counter slot of 4 int32 (16 bytes), a different one for each call in turn,
+        allocated once, outside graph capture: ``moe_router``'s completion counter is int32 0
+        (the kernel leaves it at zero); with ``barrier``, ints 2-3 as one 64-bit count that
+        only grows (``moe_experts1``'s grid barrier)."""
         if self._moe_counters is None:
             if self.be._capturing:
                 raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
                                    "once eagerly first (CudaBackend.capture does)")
-            self._moe_counters = self.be.zeros((2 * _COUNTERS,), np.int32)
-        i = 2 * (self._moe_calls % _COUNTERS)
+            self._moe_counters = self.be.zeros((4 * _COUNTERS,), np.int32)
+        i = 4 * (self._moe_calls % _COUNTERS)
         self._moe_calls += 1
-        return self._moe_counters[i:i + width]
+        return self._moe_counters[i + 2:i + 4] if barrier else self._moe_counters[i:i + 1]
 
     def _moe_router(self, x, router_weight, shared_gate, top_k, renormalize, scoring):
         """``(topk_weights [T, k] f32, topk_ids [T, k] i32, shared gate [T] f32 or None)``."""

@@ -83,9 +83,12 @@ def test_expert_kernels(monkeypatch, mode, t, inter, shared, want):
 
 def test_counter_slots_turn_and_stay_zeroed():
     ops = _Ops()
-    first = ops._moe_counter(2)
+    first = ops._moe_counter(True)  # moe_experts1's 64-bit barrier count: 8-byte aligned
     assert first.shape == (2,) and not first.any()
-    slots = [ops._moe_counter(1) for _ in range(63)]
+    assert (first.__array_interface__["data"][0] - ops._moe_counters.__array_interface__["data"][0]) % 8 == 0
+    slots = [ops._moe_counter() for _ in range(63)]
     assert all(s.shape == (1,) for s in slots)
-    assert np.shares_memory(ops._moe_counter(2), first)  # the 65th call reuses the first slot
+    assert np.shares_memory(ops._moe_counter(True), first)  # the 65th call reuses the first slot
+    # a router counter never shares memory with any call's barrier count
     assert not any(np.shares_memory(a, b) for a, b in zip(slots, slots[1:]))
+    assert not any(np.shares_memory(s, first) for s in slots)
