@@ -68,58 +68,22 @@ __device__ __forceinline__ void moe_gate_up_dot(float& g, float& u, const T* wg,
   }
 }
 
-// PL (4 or 8) consecutive logits from L2 in one or two 16-byte loads (p 16-byte aligned when
-// PL * sizeof(L) >= 16, else 8-byte aligned).
-template <int PL>
-__device__ __forceinline__ void ms_ldcg_vec(float (&v)[PL], const float* p) {
-#pragma unroll
-  for (int q = 0; q < PL; q += 4)
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v[q]), "=f"(v[q + 1]), "=f"(v[q + 2]), "=f"(v[q + 3]) : "l"(p + q)
-                 : "memory");
-}
-template <int PL, typename L>
-__device__ __forceinline__ void ms_ldcg_vec(float (&v)[PL], const L* p) {
-  u32 b[PL / 2];
-  if constexpr (PL == 8)
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3]) : "l"(p) : "memory");
-  else
-    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];\n"
-                 : "=r"(b[0]), "=r"(b[1]) : "l"(p) : "memory");
-#pragma unroll
-  for (int i = 0; i < PL; i++) {
-    L e;
-    e.x = (unsigned short)(b[i / 2] >> (16 * (i & 1)));
-    v[i] = to_f32(e);
-  }
-}
-
 // Top-k of one token's logits (float, bf16 or f16) by a warp (PL experts per lane,
 // E <= 32 * PL, top_k <= 32): descending weights, ties to the lower expert, like
 // atlas_core.ops.moe.moe_route. Scores are >= 0, so their bits order as unsigned keys; key 0
 // marks a taken (or absent) expert. Lane j < top_k gets slot j's final weight and expert.
-// CONTIG: lane l holds experts l * PL + i, read with vector loads (lg 16-byte aligned,
-// E % PL == 0); else experts l + 32 * i, one load each.
-template <int PL, typename L = float, bool CONTIG = false>
+template <int PL, typename L = float>
 __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int top_k,
                               int renorm, int sigmoid) {
   int lane = threadIdx.x & 31;
   u32 key[PL];
   float mx = NEG_INF;
-  float lv[PL];
-  if (CONTIG) {
-    if (lane * PL < E) ms_ldcg_vec<PL>(lv, lg + lane * PL);
-#pragma unroll
-    for (int i = 0; i < PL; i++) lv[i] = lane * PL < E ? lv[i] : NEG_INF;
-  } else {
-#pragma unroll
-    for (int i = 0; i < PL; i++) lv[i] = lane + 32 * i < E ? ms_ldcg(lg + lane + 32 * i) : NEG_INF;
-  }
 #pragma unroll
   for (int i = 0; i < PL; i++) {
-    key[i] = __float_as_uint(lv[i]);
-    mx = fmaxf(mx, lv[i]);
+    int e = lane + 32 * i;
+    float v = e < E ? ms_ldcg(lg + e) : NEG_INF;
+    key[i] = __float_as_uint(v);
+    mx = fmaxf(mx, v);
   }
   mx = warp_max(mx);
   float sum = 0.f;
@@ -127,7 +91,7 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
   for (int i = 0; i < PL; i++) {
     float v = __uint_as_float(key[i]);
     float s = sigmoid ? 1.f / (1.f + expf(-v)) : expf(v - mx);
-    bool ok = (CONTIG ? lane * PL + i : lane + 32 * i) < E;
+    bool ok = lane + 32 * i < E;
     sum += ok ? s : 0.f;
     key[i] = ok ? __float_as_uint(s) + 1u : 0u;
   }
@@ -141,11 +105,10 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     for (int i = 0; i < PL; i++)
       if (key[i] > best) { best = key[i]; bi = i; }
     u32 top = ms_reduce_u32<true>(best);
-    u32 mine = CONTIG ? (u32)(lane * PL + bi) : (u32)(lane + 32 * bi);
-    u32 idx = ms_reduce_u32<false>(best == top ? mine : 0xffffffffu);
+    u32 idx = ms_reduce_u32<false>(best == top ? (u32)(lane + 32 * bi) : 0xffffffffu);
 #pragma unroll
     for (int i = 0; i < PL; i++)
-      if ((CONTIG ? (u32)(lane * PL + i) : (u32)(lane + 32 * i)) == idx) key[i] = 0u;
+      if ((u32)(lane + 32 * i) == idx) key[i] = 0u;
     if (lane == j) { my_w = __uint_as_float(top - 1u) / sum; my_id = (int)idx; }
   }
   float chosen = warp_sum(lane < top_k ? my_w : 0.f);
@@ -164,24 +127,16 @@ __device__ void ms_topk(float* weights, int* ids, const L* lg, int E, int top_k,
 
 
 // Warp 0 picks the top-k of one token's logits lt (E <= 256, top_k <= 8) into shared memory
-// and the whole block waits for it. The logits are read from L2 once per block, not by every
-// warp, and where they are 16-byte aligned with a lane's PL experts side by side in one or two
-// vector loads: 256 blocks reading the same few lines queue at one L2 slice, so the request
-// count is what costs (a whole-block rank of one logit per thread measured slower).
+// and the whole block waits for it: the logits are read from L2 once per block, not by every
+// warp (thousands of warps reading the same few lines queue at one L2 slice).
 template <typename L>
 __device__ __forceinline__ void moe_block_topk(float* s_w, int* s_id, const L* lt, int E,
                                                int top_k, int renorm, int sig) {
   if (threadIdx.x < 32) {
     float w;
     int id;
-    bool vec = ((unsigned long long)lt & 15) == 0;
-    if (E <= 128) {
-      if (vec && E % 4 == 0) ms_topk_lanes<4, L, true>(w, id, lt, E, top_k, renorm, sig);
-      else ms_topk_lanes<4, L>(w, id, lt, E, top_k, renorm, sig);
-    } else {
-      if (vec && E % 8 == 0) ms_topk_lanes<8, L, true>(w, id, lt, E, top_k, renorm, sig);
-      else ms_topk_lanes<8, L>(w, id, lt, E, top_k, renorm, sig);
-    }
+    if (E <= 128) ms_topk_lanes<4, L>(w, id, lt, E, top_k, renorm, sig);
+    else ms_topk_lanes<8, L>(w, id, lt, E, top_k, renorm, sig);
     if ((int)threadIdx.x < top_k) { s_w[threadIdx.x] = w; s_id[threadIdx.x] = id; }
   }
   __syncthreads();
