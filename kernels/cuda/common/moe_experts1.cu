@@ -71,7 +71,8 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
                                   const T* __restrict__ wgu, const T* __restrict__ wd,
                                   const T* __restrict__ wsgu, const T* __restrict__ wsd,
                                   const L* logits, unsigned long long* sync, int top_k, int E,
-                                  int rows, int renorm, int sig, int H, int I, int Is, int gelu) {
+                                  int rows, int renorm, int sig, int H, int I, int Is, int gelu,
+                                  int overlap) {
   __shared__ float s_w[8];
   __shared__ int s_id[8];
   extern __shared__ __align__(16) float sh_h[];  // (top_k * I + Is) floats
@@ -81,21 +82,48 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   // the barrier's count before this launch: every arrival of the launch before on this slot
   // happened in a kernel that has completed; this launch's blocks add gridDim.x in all
   __shared__ unsigned long long s_target;  // (shared memory: no register held to the barrier)
-  if (threadIdx.x == 0) s_target = me1_ld_acquire(sync) + gridDim.x;
+  __shared__ int s_ready, s_next;
+  if (threadIdx.x == 0) {
+    s_target = me1_ld_acquire(sync) + gridDim.x;
+    s_ready = 0;
+    s_next = 0;
+  }
+  __syncthreads();
   profile_stamp(0);
   pdl_wait();
   profile_stamp(1);
-  moe_block_topk<L>(s_w, s_id, logits, E, top_k, renorm, sig);
+  if (!overlap) {
+    moe_block_topk<L>(s_w, s_id, logits, E, top_k, renorm, sig);
+  } else if (warp == 0) {  // publishes each slot's expert as soon as it is picked
+    float w;
+    int id;
+    if (E <= 128) ms_topk_lanes<4, L>(w, id, logits, E, top_k, renorm, sig, s_id, &s_ready);
+    else ms_topk_lanes<8, L>(w, id, logits, E, top_k, renorm, sig, s_id, &s_ready);
+    if (lane < top_k) s_w[lane] = w;  // read after the barrier's __syncthreads
+  }
   profile_stamp(2);
-#ifdef ATLAS_PROFILE  // the same selection again: slot 7 - slot 2 is its cost with warm caches
-  moe_block_topk<L>(s_w, s_id, logits, E, top_k, renorm, sig);
-  profile_stamp(7);
-#endif
+  // gate_up rows q: the Is shared-expert rows first (they need no routing), then slot j's I
+  // rows. overlap: the block's rows blockIdx.x, + gridDim.x, ... are handed out to its warps
+  // one at a time, so the other warps start while warp 0 still picks the later slots (a
+  // routed row waits only for its own slot) and warp 0 takes fewer rows; else a fixed warp
+  // stride.
   int routed = top_k * I, gu = routed + Is;
-  for (int i = gw; i < gu; i += nw) {
-    bool sh = i >= routed;
-    int j = sh ? 0 : i / I, n = sh ? i - routed : i - j * I;
-    const T* wg = sh ? wsgu + (long long)n * H : wgu + ((long long)s_id[j] * 2 * I + n) * H;
+  for (int k = 0;; k++) {
+    int q = gw + k * (int)nw;
+    if (overlap) {
+      int next = 0;
+      if (lane == 0) next = atomicAdd(&s_next, 1);
+      q = blockIdx.x + __shfl_sync(0xffffffffu, next, 0) * gridDim.x;
+    }
+    if (q >= gu) break;
+    bool sh = q < Is;
+    int j = sh ? 0 : (q - Is) / I, n = sh ? q : q - Is - j * I;
+    if (overlap && !sh) {
+      while (*(volatile int*)&s_ready <= j) __nanosleep(32);
+      __threadfence_block();
+    }
+    const T* wg = sh ? wsgu + (long long)n * H
+                     : wgu + ((long long)((volatile int*)s_id)[j] * 2 * I + n) * H;
     float g = 0.f, u = 0.f;
     moe_gate_up_dot<T, GC>(g, u, wg, wg + (long long)(sh ? Is : I) * H, x, H, lane);
     g = warp_sum(g);
@@ -155,9 +183,9 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   extern "C" __global__ void __launch_bounds__(256, MB) moe_experts1##LS##_w##NC##_##S(        \
       T* out, float* h, float* hs, const T* x, const T* wgu, const T* wd, const T* wsgu,       \
       const T* wsd, const L* lg, unsigned long long* sync, int k, int E, int rows, int renorm, \
-      int sig, int H, int I, int Is, int gelu) {                                               \
+      int sig, int H, int I, int Is, int gelu, int ov) {                                       \
     moe_experts1_impl<T, NC, GC, L>(out, h, hs, x, wgu, wd, wsgu, wsd, lg, sync, k, E, rows,   \
-                                    renorm, sig, H, I, Is, gelu);                              \
+                                    renorm, sig, H, I, Is, gelu, ov);                          \
   }
 #define MOE_EXPERTS1_L(T, S, L, LS)                                                            \
   MOE_EXPERTS1_NC(T, S, L, LS, 1, 8, 2) MOE_EXPERTS1_NC(T, S, L, LS, 2, 8, 2)                  \

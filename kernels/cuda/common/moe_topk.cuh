@@ -72,9 +72,12 @@ __device__ __forceinline__ void moe_gate_up_dot(float& g, float& u, const T* wg,
 // E <= 32 * PL, top_k <= 32): descending weights, ties to the lower expert, like
 // atlas_core.ops.moe.moe_route. Scores are >= 0, so their bits order as unsigned keys; key 0
 // marks a taken (or absent) expert. Lane j < top_k gets slot j's final weight and expert.
+// With pub, slot j's expert is also stored to pub[j] as soon as round j has picked it and
+// *ready is then set to j + 1 (shared memory: the block's other warps may start on slot j).
 template <int PL, typename L = float>
 __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int top_k,
-                              int renorm, int sigmoid) {
+                              int renorm, int sigmoid, int* pub = nullptr,
+                              volatile int* ready = nullptr) {
   int lane = threadIdx.x & 31;
   u32 key[PL];
   float mx = NEG_INF;
@@ -110,6 +113,11 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     for (int i = 0; i < PL; i++)
       if ((u32)(lane + 32 * i) == idx) key[i] = 0u;
     if (lane == j) { my_w = __uint_as_float(top - 1u) / sum; my_id = (int)idx; }
+    if (pub && lane == 0) {
+      pub[j] = (int)idx;
+      __threadfence_block();
+      *ready = j + 1;
+    }
   }
   float chosen = warp_sum(lane < top_k ? my_w : 0.f);
   out_w = renorm ? my_w / chosen : my_w;

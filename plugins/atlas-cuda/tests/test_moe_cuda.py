@@ -117,7 +117,7 @@ def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     return {name: a.astype(dtype) for name, a in arrays.items()}
 
 
-@pytest.mark.parametrize("mode", ["block", "block-split", "warp", "unfused"])
+@pytest.mark.parametrize("mode", ["block", "block-fixed", "block-split", "warp", "unfused"])
 @pytest.mark.parametrize("dtype", [bfloat16, np.float16])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,scoring", [
     (1, 16, 8, 2048, 768, 0, "softmax"), (1, 16, 8, 2048, 512, 512, "softmax"),
@@ -132,8 +132,10 @@ def test_moe_block_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden
     fused = "0" if mode == "unfused" else "1"
     monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", fused)
     monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", "warp" if mode == "unfused" else mode[:5])
-    # block: one token's experts as moe_experts1.cu's one kernel; block-split: mb_gate_up + mb_down
+    # block: one token's experts as moe_experts1.cu's one kernel (block-fixed: each warp's
+    # gate_up rows fixed, after the whole top-k); block-split: mb_gate_up + mb_down
     monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if mode == "block-split" else "1")
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1_OVERLAP", "0" if mode == "block-fixed" else "1")
     be = cuda_backend
     case = _block_case(t * e + k + shared, t, e, k, hidden, inter, shared, dtype)
     calls = be.ops._moe_calls
