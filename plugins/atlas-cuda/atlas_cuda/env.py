@@ -97,10 +97,10 @@ def moe_plain() -> str:
 def moe_experts1() -> str:
     """``ATLAS_CUDA_MOE_EXPERTS1``: one token's experts after the router as a single persistent
     kernel (``moe_experts1.cu``: gate_up, a grid-wide barrier, down; the down weights stream
-    right behind the gate_up weights): ``auto`` (default) for MoE blocks without a shared expert
-    (H200 qwen3-30b-a3b batch 1 367.7 -> 396.4 tok/s; qwen3.5-35b-a3b, with a shared expert,
-    measured 371.7 -> 359.1, so it keeps ``moe_block.cu``'s two kernels), ``1`` (always) or
-    ``0`` (never)."""
+    right behind the gate_up weights): ``auto`` (default) and ``1`` wherever it applies (one
+    token, bf16/f16, at most 256 experts, top-k <= 8, widths <= 1,024; H200 batch 1 with its
+    selection overlapped: qwen3-30b-a3b 405 tok/s against 367.7 for ``moe_block.cu``'s two
+    kernels, qwen3.5-35b-a3b 382.9 against 371.8), ``0`` never."""
     return _choice("ATLAS_CUDA_MOE_EXPERTS1", MOE_EXPERTS1_MODES)
 
 

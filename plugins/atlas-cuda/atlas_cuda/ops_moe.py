@@ -202,14 +202,14 @@ class MoeOps:
                       top_k, renorm, sig, gelu, suffix) -> DeviceArray | None:
         """One token's routed and shared experts as ``moe_experts1.cu``'s single persistent
         kernel (top-k from the logits, gate_up, a grid-wide barrier, down), or None where it does
-        not apply (``ATLAS_CUDA_MOE_EXPERTS1``: by default only without a shared expert; several
-        tokens, f32, widths over 1,024)."""
+        not apply (``ATLAS_CUDA_MOE_EXPERTS1=0``; several tokens, f32, widths over 1,024, more
+        than 256 experts or top-k over 8)."""
         t, hidden = x.shape
         experts, inter = w_down.shape[0], w_down.shape[-1]
         s_inter = 0 if shared_down is None else shared_down.shape[-1]
         nc = -(-max(inter, s_inter) // 256)
         mode = cuda_env.moe_experts1()
-        if (mode == "0" or (mode == "auto" and s_inter) or t != 1 or x.dtype.itemsize != 2
+        if (mode == "0" or t != 1 or x.dtype.itemsize != 2
                 or nc > 4 or experts > 256 or top_k > 8):
             return None
         v = variant_of(x.dtype)

@@ -73,9 +73,10 @@ def _plan(monkeypatch, mode, t, experts, inter, shared, suffix):
     ("0", 1, 768, 0, [("mb_gate_up_t_c4_bf16", (96, 8), 0), ("mb_down_t_w3_bf16", (256, 1), 0)]),
     # several tokens: the two kernels, the down kernel's chunk loop
     ("1", 2, 768, 0, [("mb_gate_up_t_c4_bf16", (96, 16), 0), ("mb_down_t_w0_bf16", (256, 2), 0)]),
-    # a shared expert (qwen3.5-35b-a3b): `auto` keeps the two kernels, `1` forces the one
-    ("auto", 1, 512, 512, [("mb_gate_up_t_c4_bf16", (64, 9), 0), ("mb_down_t_w2_bf16", (256, 1), 0)]),
+    # a shared expert (qwen3.5-35b-a3b): the one kernel too, unless turned off
+    ("auto", 1, 512, 512, [("moe_experts1_t_w2_bf16", 256, 4 * (8 * 512 + 512))]),
     ("1", 1, 512, 512, [("moe_experts1_t_w2_bf16", 256, 4 * (8 * 512 + 512))]),
+    ("0", 1, 512, 512, [("mb_gate_up_t_c4_bf16", (64, 9), 0), ("mb_down_t_w2_bf16", (256, 1), 0)]),
 ])
 def test_expert_kernels(monkeypatch, mode, t, inter, shared, want):
     assert _plan(monkeypatch, mode, t, 128, inter, shared, "_t") == want
