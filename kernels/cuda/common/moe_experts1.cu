@@ -9,9 +9,14 @@
 // Grid: at most as many blocks of 8 warps as can be resident at once (the host sizes it from
 // the kernel's occupancy), so the barrier cannot deadlock; the next PDL kernel is triggered only
 // after the barrier, when every block of this grid is running.
-//   1. warp 0 of every block picks the top-k from the logits (E <= 256, top_k <= 8);
-//   2. gate_up rows i = warp, warp + NW, ... of the top_k * I routed rows and Is shared rows:
-//      h[j, n] = act(x . gate_row) * (x . up_row) in float32;
+//   1. warp 0 of every block picks the top-k from the logits (E <= 256, top_k <= 8); with
+//      overlap it publishes each slot's expert in shared memory as soon as it is picked;
+//   2. gate_up rows q of the Is shared rows, then the top_k * I routed rows:
+//      h[j, n] = act(x . gate_row) * (x . up_row) in float32. overlap: the block's rows
+//      q = blockIdx.x + m * gridDim.x go to its warps one at a time (a shared-memory counter),
+//      a routed row waiting only for its own slot, so loads start during the selection
+//      (H200 qwen3-30b-a3b batch 1: 391.8 -> 404.9 tok/s); else fixed rows q = warp + m * NW
+//      after the whole top-k;
 //   3. load the first down row's weights, then the block arrives and waits for every block:
 //      sync is a 64-bit count that only grows (graph replays need no reset); each block reads
 //      it at its start, adds one on arrival (a reduction, no round trip) and polls, with an
