@@ -17,21 +17,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--backend", default=None)
     args = parser.parse_args()
-    from atlas_core.bench.graph_timing import replay_ms
+    from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
-    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
     from atlas_core.engine.loading import create_backend
     backend, registry = create_backend(args.backend)
     model = build_random_model(shape_config(args.model), backend, registry)
-    engine = LLMEngine(model, backend, EngineArgs(
-        model=None, max_num_seqs=1, max_prefill_tokens=128, max_seq_len=512,
-        enable_prefix_caching=False, gpu_memory_utilization=args.gpu_memory_utilization))
-    engine.add_request("r", list(range(1, 129)), SamplingParams(temperature=0, max_tokens=8,
-                                                                ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    ms = replay_ms(backend, engine.runner.graphs[1][0], args.reps)
+    _engine, graph = decode_graph(model, backend, 128, num_kv_blocks=None,
+                                  gpu_memory_utilization=args.gpu_memory_utilization)
+    ms = replay_ms(backend, graph, args.reps)
     layers = model.num_layers
     print(f"{args.model}: decode graph replay {ms:.3f} ms (median of {args.reps}), "
           f"{1e3 * ms / layers:.1f} us per layer over {layers} layers")

@@ -21,10 +21,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (context of the step)")
     a = p.parse_args()
-    from atlas_core.bench.graph_timing import replay_ms
+    from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
-    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
     from atlas_core.engine.loading import create_backend
     be, registry = create_backend("cuda")
     model = build_random_model(shape_config(a.model), be, registry)
@@ -51,16 +50,9 @@ def main() -> None:
     def graph_time(families: set[str]) -> float:
         skip.clear()
         skip.update(families)
-        engine = LLMEngine(model, be, EngineArgs(
-            model=None, max_num_seqs=1, max_prefill_tokens=min(a.prompt, 4096),
-            max_seq_len=a.prompt + 384, num_kv_blocks=-(-(a.prompt + 384) // 16) + 8,
-            enable_prefix_caching=False))
-        engine.add_request("r", list(range(1, a.prompt + 1)), SamplingParams(temperature=0, max_tokens=4,
-                                                                    ignore_eos=True))
         seen.clear()
-        while engine.has_unfinished_requests():
-            engine.step()
-        ms = replay_ms(be, engine.runner.graphs[1][0], a.reps)
+        engine, graph = decode_graph(model, be, a.prompt)
+        ms = replay_ms(be, graph, a.reps)
         skip.clear()
         del engine
         return ms

@@ -22,21 +22,13 @@ from collections import defaultdict
 def run(model_name: str, reps: int, context: int) -> None:
     from cuda.bindings import driver
 
-    from atlas_core.bench.graph_timing import replay_ms
+    from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
-    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
     from atlas_core.engine.loading import create_backend
     backend, registry = create_backend("cuda")
     model = build_random_model(shape_config(model_name), backend, registry)
-    engine = LLMEngine(model, backend, EngineArgs(
-        model=None, max_num_seqs=1, max_prefill_tokens=context, max_seq_len=context + 64,
-        enable_prefix_caching=False, gpu_memory_utilization=0.85))
-    engine.add_request("r", list(range(1, context + 1)),
-                       SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    graph = engine.runner.graphs[1][0]
+    _engine, graph = decode_graph(model, backend, context)
     ms = replay_ms(backend, graph, reps)
     print(f"# {model_name}: graph replay {ms:.3f} ms median of {reps}, {model.num_layers} layers",
           file=sys.stderr)

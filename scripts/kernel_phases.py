@@ -31,24 +31,15 @@ def main() -> None:
     defines = os.environ.get("ATLAS_CUDA_NVRTC_DEFINES", "")
     if "ATLAS_PROFILE" not in defines:
         os.environ["ATLAS_CUDA_NVRTC_DEFINES"] = ",".join(x for x in (defines, "ATLAS_PROFILE") if x)
-    from atlas_core.bench.graph_timing import replay_ms
+    from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
-    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
     from atlas_core.engine.loading import create_backend
     from atlas_cuda.driver import check, drv
 
     be, registry = create_backend("cuda")
     model = build_random_model(shape_config(a.model), be, registry)
-    engine = LLMEngine(model, be, EngineArgs(
-        model=None, max_num_seqs=1, max_prefill_tokens=min(a.prompt, 4096),
-        max_seq_len=a.prompt + 384, num_kv_blocks=-(-(a.prompt + 384) // 16) + 8,
-        enable_prefix_caching=False))
-    engine.add_request("r", list(range(1, a.prompt + 1)),
-                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    graph = engine.runner.graphs[1][0]
+    _engine, graph = decode_graph(model, be, a.prompt)
     print(f"{a.model}: decode graph {replay_ms(be, graph, 50):.3f} ms (profiling build)")
     mods = [m for (name, _v), m in be.kernels.modules.items() if name == a.module]
     if not mods:

@@ -36,3 +36,19 @@ def test_graph_ms_captures_the_callable():
     be = FakeBackend()
     fn = lambda: None  # noqa: E731
     assert graph_ms(be, fn, reps=3) == 3.0 and be.captured is fn
+
+
+def test_decode_graph_is_the_batch1_decode_graph_after_a_prompt():
+    import pytest
+
+    from atlas_core.bench.graph_timing import decode_graph
+    from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.engine.loading import create_backend
+    be, registry = create_backend("mock")
+    model = build_random_model(shape_config("tiny"), be, registry)
+    engine, graph = decode_graph(model, be, 20)
+    assert graph is engine.runner.graphs[1][0] and not engine.has_unfinished_requests()
+    np_be, registry = create_backend("numpy")
+    with pytest.raises(ValueError, match="no decode graph"):
+        decode_graph(build_random_model(shape_config("tiny"), np_be, registry), np_be, 20)

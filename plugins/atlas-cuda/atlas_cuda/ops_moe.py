@@ -32,8 +32,8 @@ FUSED_MAX_TOKENS = 8
 _ROUTER_ROWS = 4
 #: Largest normed-rows shared memory of ``mb_router`` (tokens * hidden elements).
 _NORM_SHMEM = 64 << 10
-#: Counter slots (two ints each) of ``moe_router`` and ``moe_experts1``, one per call in turn;
-#: each kernel returns its counters to zero.
+#: Counter slots (16 bytes each, see :meth:`MoeOps._moe_counter`) of ``moe_router`` and
+#: ``moe_experts1``, one per call in turn.
 _COUNTERS = 64
 
 
@@ -226,9 +226,10 @@ class MoeOps:
         h = self._out((top_k, inter), np.float32)
         hs = self._out((s_inter,), np.float32) if s_inter else None
         out = self._out(x.shape, x.dtype)
+        sync = self._moe_counter(barrier=True)
         self.be.kernels.launch(kern, blocks, 256, out, h, hs, x, w_gate_up, w_down,
-                               shared_gate_up, shared_down, logits, self._moe_counter(True), top_k,
-                               experts, rows, renorm, sig, hidden, inter, s_inter, gelu,
+                               shared_gate_up, shared_down, logits, sync, top_k, experts, rows,
+                               renorm, sig, hidden, inter, s_inter, gelu,
                                int(cuda_env.moe_experts1_overlap()),
                                shmem=4 * (top_k * inter + s_inter), pdl=self._pdl)
         return out

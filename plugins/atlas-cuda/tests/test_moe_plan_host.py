@@ -84,12 +84,30 @@ def test_expert_kernels(monkeypatch, mode, t, inter, shared, want):
 
 def test_counter_slots_turn_and_stay_zeroed():
     ops = _Ops()
-    first = ops._moe_counter(True)  # moe_experts1's 64-bit barrier count: 8-byte aligned
+    first = ops._moe_counter(barrier=True)  # moe_experts1's 64-bit barrier count: 8-byte aligned
     assert first.shape == (2,) and not first.any()
     assert (first.__array_interface__["data"][0] - ops._moe_counters.__array_interface__["data"][0]) % 8 == 0
     slots = [ops._moe_counter() for _ in range(63)]
     assert all(s.shape == (1,) for s in slots)
-    assert np.shares_memory(ops._moe_counter(True), first)  # the 65th call reuses the first slot
+    assert np.shares_memory(ops._moe_counter(barrier=True), first)  # the 65th call reuses the first slot
     # a router counter never shares memory with any call's barrier count
     assert not any(np.shares_memory(a, b) for a, b in zip(slots, slots[1:]))
     assert not any(np.shares_memory(s, first) for s in slots)
+
+
+def test_experts1_arguments_follow_the_kernel_signature(monkeypatch):
+    # moe_experts1[_t]_w<NC>(out, h, hs, x, wgu, wd, wsgu, wsd, logits, sync, k, E, rows,
+    # renorm, sig, H, I, Is, gelu, overlap)
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "auto")
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1_OVERLAP", "0")
+    ops, hidden = _Ops(), 2048
+    wgu, wd = _Arr((256, 1024, hidden), bfloat16), _Arr((256, hidden, 512), bfloat16)
+    wsg, wsd = _Arr((1024, hidden), bfloat16), _Arr((hidden, 512), bfloat16)
+    x, logits = _Arr((1, hidden), bfloat16), _Arr((1, 257), np.float32)
+    ops._mb_experts(x, logits, 257, wgu, wd, wsg, wsd, 8, 1, 0, 0, "")
+    (name, _, _, args), = ops.be.launches
+    assert name == "moe_experts1_w2_bf16" and len(args) == 20
+    assert args[3] is x and args[4] is wgu and args[5] is wd and args[6] is wsg
+    assert args[7] is wsd and args[8] is logits
+    assert args[9].shape == (2,) and np.shares_memory(args[9], ops._moe_counters)
+    assert args[10:] == (8, 256, 257, 1, 0, hidden, 512, 512, 0, 0)
