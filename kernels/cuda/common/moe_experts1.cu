@@ -77,10 +77,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
                                   const T* __restrict__ wsgu, const T* __restrict__ wsd,
                                   const L* logits, unsigned long long* sync, int top_k, int E,
                                   int rows, int renorm, int sig, int H, int I, int Is, int gelu,
-                                  int flags) {
-  // flags: 1 overlap the selection with the loads; 2 ask L2 for the shared expert's weights
-  // before the PDL wait (they need no routing; the router kernel still runs)
-  int overlap = flags & 1;
+                                  int overlap) {
   __shared__ float s_w[8];
   __shared__ int s_id[8];
   extern __shared__ __align__(16) float sh_h[];  // (top_k * I + Is) floats
@@ -95,12 +92,6 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     s_target = me1_ld_acquire(sync) + gridDim.x;
     s_ready = 0;
     s_next = 0;
-  }
-  if ((flags & 2) && Is && threadIdx.x < 2) {  // this block's slice of each shared matrix
-    unsigned long long total = 2ull * Is * H * sizeof(T) >> threadIdx.x;  // gate_up, down
-    unsigned long long slice = (total / gridDim.x + 255) & ~255ull, off = slice * blockIdx.x;
-    const char* base = reinterpret_cast<const char*>(threadIdx.x ? wsd : wsgu);
-    if (off < total) prefetch_l2_range(base + off, (unsigned)min(slice, total - off));
   }
   __syncthreads();
   profile_stamp(0);
@@ -197,9 +188,9 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   extern "C" __global__ void __launch_bounds__(256, MB) moe_experts1##LS##_w##NC##_##S(        \
       T* out, float* h, float* hs, const T* x, const T* wgu, const T* wd, const T* wsgu,       \
       const T* wsd, const L* lg, unsigned long long* sync, int k, int E, int rows, int renorm, \
-      int sig, int H, int I, int Is, int gelu, int flags) {                                    \
+      int sig, int H, int I, int Is, int gelu, int ov) {                                       \
     moe_experts1_impl<T, NC, GC, L>(out, h, hs, x, wgu, wd, wsgu, wsd, lg, sync, k, E, rows,   \
-                                    renorm, sig, H, I, Is, gelu, flags);                       \
+                                    renorm, sig, H, I, Is, gelu, ov);                          \
   }
 #define MOE_EXPERTS1_L(T, S, L, LS)                                                            \
   MOE_EXPERTS1_NC(T, S, L, LS, 1, 8, 2) MOE_EXPERTS1_NC(T, S, L, LS, 2, 8, 2)                  \

@@ -104,13 +104,6 @@ def moe_experts1() -> str:
     return _choice("ATLAS_CUDA_MOE_EXPERTS1", MOE_EXPERTS1_MODES)
 
 
-def moe_experts1_prefetch() -> bool:
-    """``ATLAS_CUDA_MOE_EXPERTS1_PREFETCH``: ``1`` (default) has ``moe_experts1`` ask L2 for the
-    shared expert's weights (each block a slice) before it waits for the router, so they stream
-    while the router runs; ``0`` off."""
-    return _flag("ATLAS_CUDA_MOE_EXPERTS1_PREFETCH", "1")
-
-
 def moe_experts1_overlap() -> bool:
     """``ATLAS_CUDA_MOE_EXPERTS1_OVERLAP``: ``1`` (default): in ``moe_experts1`` warp 0 publishes
     each routing slot's expert as soon as it is picked and the block's gate_up rows (shared
@@ -203,14 +196,6 @@ def gemv_prefetch_mb() -> float:
     except ValueError:
         raise ValueError(f"ATLAS_CUDA_GEMV_PREFETCH_MB={value!r} is not a number of MiB "
                          "(e.g. 40, or 0 to turn the L2 prefetch off)") from None
-
-
-def gemv_prefetch_after() -> bool:
-    """``ATLAS_CUDA_GEMV_PREFETCH_AFTER``: ``1`` (default) has the first decode GEMV after a
-    latency-bound kernel (decode attention, the Gated DeltaNet recurrent step) ask L2 for its
-    whole weight (at most 3/4 of the L2 cache) before its PDL wait, so the matrix (o_proj,
-    out_proj) streams from DRAM while that kernel runs; ``0`` off."""
-    return _flag("ATLAS_CUDA_GEMV_PREFETCH_AFTER", "1")
 
 
 def gemv_tile() -> str:

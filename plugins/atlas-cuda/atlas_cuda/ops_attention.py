@@ -141,7 +141,6 @@ class AttentionOps:
                      float(scale * LOG2E), float(kv_scale), positions, cos_sin_cache,
                      slot_mapping, q_norm, k_norm, int(norm_dtype != qkv.dtype),
                      int(rotary_dim or d), int(is_neox), float(eps), pdl=self._pdl_chain)
-        self._latency_bound()
         return out
 
     def _attention(self, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
@@ -173,7 +172,6 @@ class AttentionOps:
         self._launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
                      part_acc, part_ml, self._sync_counters(), *args, splits,
                      float(scale * LOG2E), float(kv_scale), pdl=self._pdl_chain)
-        self._latency_bound()
         return out
 
     def _dec_partials(self, t: int, h: int, d: int, splits: int):

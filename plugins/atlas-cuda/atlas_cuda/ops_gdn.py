@@ -270,13 +270,11 @@ class GdnOps:
         if cols is not None:
             self._decode_split(out, x, z, g, beta, ssm_states, seq_lens, state_indices,
                                norm_weight, cols, SPLIT_THREADS, eps, **heads)
-            self._latency_bound()
             return out
         launch(self._k("delta_rule", qkv.dtype, "gdn_decode_norm"), (num_v_heads, n), threads,
                out, x, z, g, beta, ssm_states, seq_lens, state_indices, norm_weight, num_k_heads,
                num_v_heads, head_k_dim, head_v_dim, float(head_k_dim ** -0.5),
                _lanes(head_k_dim), float(eps), shmem=4 * (2 * head_k_dim + 32), pdl=self._pdl)
-        self._latency_bound()
         return out
 
     def _decode_split(self, out, x, z, g, beta, ssm_states, seq_lens, state_indices, norm_weight,

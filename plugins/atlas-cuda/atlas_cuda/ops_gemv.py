@@ -61,23 +61,11 @@ def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> t
 class GemvOps:
     """Mixed into :class:`atlas_cuda.ops.CudaOps`."""
 
-    #: Set by a latency-bound decode kernel (:meth:`_latency_bound`); the next GEMV takes it.
-    _prefetch_next = False
-
-    def _latency_bound(self) -> None:
-        """Note that the kernel just launched moves few bytes for its time (decode attention, a
-        recurrent step): the next decode GEMV asks L2 for its whole weight before its PDL wait
-        (``ATLAS_CUDA_GEMV_PREFETCH_AFTER``), so DRAM is busy while that kernel runs."""
-        self._prefetch_next = bool(self._pdl) and cuda_env.gemv_prefetch_after()
-
     def _l2_prefetch(self, weight: DeviceArray) -> int:
-        """1 when a decode GEMV should ask L2 for all of ``weight`` before its PDL wait: PDL on,
-        the matrix within 3/4 of the L2 cache and either right after a latency-bound kernel or
-        within ``ATLAS_CUDA_GEMV_PREFETCH_MB``."""
-        after, self._prefetch_next = self._prefetch_next, False
-        fits = weight.nbytes <= 0.75 * self.be.l2_bytes
-        asked = after or weight.nbytes <= cuda_env.gemv_prefetch_mb() * (1 << 20)
-        return int(bool(self._pdl) and fits and asked)
+        """1 when a decode GEMV should ask L2 for all of ``weight`` before its PDL wait: PDL on
+        and the matrix within ``ATLAS_CUDA_GEMV_PREFETCH_MB`` and 3/4 of the L2 cache."""
+        limit = min(cuda_env.gemv_prefetch_mb() * (1 << 20), 0.75 * self.be.l2_bytes)
+        return int(bool(self._pdl) and weight.nbytes <= limit)
 
     def _gemv(self, y: DeviceArray, x: DeviceArray, weight: DeviceArray,
               bias: DeviceArray | None, M: int, N: int, K: int) -> None:

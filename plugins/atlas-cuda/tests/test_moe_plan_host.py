@@ -97,10 +97,9 @@ def test_counter_slots_turn_and_stay_zeroed():
 
 def test_experts1_arguments_follow_the_kernel_signature(monkeypatch):
     # moe_experts1[_t]_w<NC>(out, h, hs, x, wgu, wd, wsgu, wsd, logits, sync, k, E, rows,
-    # renorm, sig, H, I, Is, gelu, flags: 1 overlap, 2 shared-expert L2 prefetch)
+    # renorm, sig, H, I, Is, gelu, overlap)
     monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "auto")
     monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1_OVERLAP", "0")
-    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1_PREFETCH", "1")
     ops, hidden = _Ops(), 2048
     wgu, wd = _Arr((256, 1024, hidden), bfloat16), _Arr((256, hidden, 512), bfloat16)
     wsg, wsd = _Arr((1024, hidden), bfloat16), _Arr((hidden, 512), bfloat16)
@@ -111,4 +110,4 @@ def test_experts1_arguments_follow_the_kernel_signature(monkeypatch):
     assert args[3] is x and args[4] is wgu and args[5] is wd and args[6] is wsg
     assert args[7] is wsd and args[8] is logits
     assert args[9].shape == (2,) and np.shares_memory(args[9], ops._moe_counters)
-    assert args[10:] == (8, 256, 257, 1, 0, hidden, 512, 512, 0, 2)
+    assert args[10:] == (8, 256, 257, 1, 0, hidden, 512, 512, 0, 0)
