@@ -3,7 +3,7 @@
 # (docs/benchmarks.md). Each argument is "tag|model|VAR=value VAR=value" (empty env: defaults):
 #   scripts/ab_decode.sh "8b|qwen3-8b|" "8b-global|qwen3-8b|ATLAS_CUDA_ATTN_CLUSTER=0"
 # Install as gpu_check.sh does (wheels from ./.whl); env: PROMPT (128), DECODE (128), REPEAT (1),
-# BENCH_TIMEOUT (60 s per run), UTIL (--gpu-memory-utilization; 0.85, qwen3.5 0.6). Logs in $OUT (default ./ab_out).
+# BENCH_TIMEOUT (60 s per run). Logs in $OUT (default ./ab_out).
 set -uo pipefail
 OUT=${OUT:-$PWD/ab_out}
 mkdir -p "$OUT"
@@ -17,7 +17,6 @@ for r in $(seq "${REPEAT:-1}"); do
   for spec in "$@"; do
     IFS='|' read -r tag model envs <<<"$spec"
     util=0.85; [[ $model == qwen3.5-* ]] && util=0.6
-    util=${UTIL:-$util}
     log="$OUT/bench-$tag-$r.log"
     env $envs timeout -s ABRT "${BENCH_TIMEOUT:-60}" python3 -m atlas_core bench --model "$model" \
       --backend cuda --concurrency 1 --prompt-len "${PROMPT:-128}" --decode-tokens "${DECODE:-128}" \

@@ -27,6 +27,11 @@
 //      + sigmoid(gate) * (shared_down[n] . hs).
 #include "common.cuh"
 #include "moe_topk.cuh"
+#ifdef ATLAS_PROFILE_TOPK  // slots 3-7 go to the selection's rounds (moe_topk.cuh)
+#define ME1_STAMP(i)
+#else
+#define ME1_STAMP(i) profile_stamp(i)
+#endif
 
 __device__ __forceinline__ void ldcg8(float (&f)[8], const float* p) {  // L2 (other SMs wrote it)
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
@@ -149,13 +154,13 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     }
     if (first) {  // the grid-wide barrier: every block's gate_up rows are written
       __syncthreads();
-      profile_stamp(3);
+      ME1_STAMP(3);
       if (threadIdx.x == 0) {  // one arrival and one poller per block
         atomicAdd(sync, 1ull);  // no return value: a fire-and-forget reduction
         while (me1_ld_acquire(sync) < s_target) __nanosleep(64);
       }
       __syncthreads();
-      profile_stamp(4);
+      ME1_STAMP(4);
       pdl_trigger();
       // every h row into shared memory once per block (L2 only: other SMs wrote them)
       for (int q = threadIdx.x * 8; q < gu; q += blockDim.x * 8) {
@@ -165,7 +170,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
         reinterpret_cast<float4*>(sh_h + q)[1] = make_float4(f[4], f[5], f[6], f[7]);
       }
       __syncthreads();
-      profile_stamp(5);
+      ME1_STAMP(5);
       first = false;
     }
     if (!have) break;
@@ -179,7 +184,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   }
 #ifdef ATLAS_PROFILE
   __syncthreads();
-  profile_stamp(6);
+  ME1_STAMP(6);
 #endif
 }
 

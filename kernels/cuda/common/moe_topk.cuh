@@ -89,6 +89,9 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     mx = fmaxf(mx, v);
   }
   mx = warp_max(mx);
+#ifdef ATLAS_PROFILE_TOPK
+  if (pub) profile_stamp(3);
+#endif
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < PL; i++) {
@@ -99,6 +102,9 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     key[i] = ok ? __float_as_uint(s) + 1u : 0u;
   }
   sum = sigmoid ? 1.f : warp_sum(sum);
+#ifdef ATLAS_PROFILE_TOPK
+  if (pub) profile_stamp(4);
+#endif
   float my_w = 0.f;
   int my_id = 0;
   for (int j = 0; j < top_k; j++) {
@@ -118,6 +124,9 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
       __threadfence_block();
       *ready = j + 1;
     }
+#ifdef ATLAS_PROFILE_TOPK
+    if (pub && (j == 0 || j == 3 || j == top_k - 1)) profile_stamp(j == 0 ? 5 : j == 3 ? 6 : 7);
+#endif
   }
   float chosen = warp_sum(lane < top_k ? my_w : 0.f);
   out_w = renorm ? my_w / chosen : my_w;

@@ -61,7 +61,7 @@ class KernelLibrary:
                                        self.cache_dir)
                 mod = self.modules[(module, variant)] = ObjectCode.from_cubin(cubin)
             k = self.kernels[key] = mod.get_kernel(name)
-            if max_shmem:  # also below 48 KiB: static + dynamic past it needs the opt-in
+            if max_shmem > 48 << 10:
                 _set_max_shmem(k, max_shmem, self.backend.device.device_id)
         return k
 
