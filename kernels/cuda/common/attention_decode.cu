@@ -11,20 +11,8 @@
     AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                               \
     attn_dec_impl<T, C, D, HB, false>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a, DecRope{});   \
   }
-// _r: K/V through the cp.async ring (attention_decode.cuh, RING), ns stages of dynamic
-// shared memory.
-#define DEC_RING(T, S, D, HB, C, CS)                                                          \
-  extern "C" __global__ void __launch_bounds__(128) attn_dec##CS##_##S##_d##D##_h##HB##_r(  \
-      T* out, float* pa, float* pm, int* cnt, const T* q, C* k, C* v,                         \
-      const int* bt, const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns,     \
-      int nsp, float sc, float kvs, int stages) {                                             \
-    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                               \
-    attn_dec_impl<T, C, D, HB, false, true>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a,        \
-                                            DecRope{}, stages);                               \
-  }
 #define DEC_HB(T, S, D, C, CS)                                                                \
-  DEC_ONE(T, S, D, 1, C, CS) DEC_ONE(T, S, D, 2, C, CS) DEC_ONE(T, S, D, 4, C, CS)           \
-  DEC_RING(T, S, D, 1, C, CS) DEC_RING(T, S, D, 2, C, CS) DEC_RING(T, S, D, 4, C, CS)
+  DEC_ONE(T, S, D, 1, C, CS) DEC_ONE(T, S, D, 2, C, CS) DEC_ONE(T, S, D, 4, C, CS)
 #define DEC(T, S)                                                                             \
   DEC_HB(T, S, 16, T, ) DEC_HB(T, S, 32, T, ) DEC_HB(T, S, 64, T, )                           \
   DEC_HB(T, S, 128, T, ) DEC_HB(T, S, 256, T, )                                               \

@@ -193,59 +193,13 @@ __device__ void dec_rope_prologue(T* sm_q, C* sm_kv, float* scratch, const T* qk
   }
 }
 
-// RING: K/V rows stream through a per-thread ring of shared memory with cp.async instead of
-// registers. Each thread copies exactly the 8 elements it later reads itself (no barrier), so
-// a block keeps up to DEC_RING stages of U keys a lane group in flight with no registers held.
-constexpr int DEC_RING = 4;
-
-template <typename C>
-__device__ __forceinline__ void dec_cp(Vec8<C>* dst, const C* src, bool ok) {
-  u32 d = (u32)__cvta_generic_to_shared(dst);
-  if constexpr (sizeof(Vec8<C>) == 32) {  // float
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(d + 16), "l"(src + 4), "r"(ok ? 16 : 0) : "memory");
-  } else if constexpr (sizeof(Vec8<C>) == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n"
-                 :: "r"(d), "l"(src), "r"(ok ? 8 : 0) : "memory");
-}
-
-// Wait until at most n (< DEC_RING) of this thread's cp.async groups are pending.
-__device__ __forceinline__ void dec_wait_pending(int n) {
-  if (n <= 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-  else if (n == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-  else if (n == 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-  else asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-}
-
-// Issue the K/V copies of the round starting at key b0 into ring slot `slot` (one group).
-template <typename C, int D, int U, int NG>
-__device__ __forceinline__ void dec_ring_issue(Vec8<C>* ring, int slot, const C* kb,
-                                               const C* vb, const int* bt_row, int base_row,
-                                               int b0, int end, int bs, int KH, int kh, int g,
-                                               int dl) {
-#pragma unroll
-  for (int u = 0; u < U; u++) {
-    long long row = dec_row(bt_row, base_row, b0 + u * NG + g, end, bs, KH, kh);
-    Vec8<C>* dst = ring + ((slot * U + u) * 2) * blockDim.x + threadIdx.x;
-    dec_cp(dst, row >= 0 ? kb + row * D + dl * 8 : kb, row >= 0);
-    dec_cp(dst + blockDim.x, row >= 0 ? vb + row * D + dl * 8 : vb, row >= 0);
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
 // FUSED (attention_rope_decode.cu): q is the qkv projection; every block normalises and
 // rotates its own query heads, the last split's blocks also the newest key/value (kept in
 // shared memory and scored from there instead of the cache), and one of them writes them.
-template <typename T, typename C, int D, int HB, bool FUSED, bool RING = false>
+template <typename T, typename C, int D, int HB, bool FUSED>
 __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* counters,
                               const T* q, C* kb, C* vb, const int* block_tables,
-                              const int* seq_lens, const int* cu_q, AttnArgs a, const DecRope& rp,
-                              int ring_stages = 0) {
+                              const int* seq_lens, const int* cu_q, AttnArgs a, const DecRope& rp) {
   constexpr int LPK = D / 8, KPW = 32 / LPK, NW = 4, NG = NW * KPW;
   constexpr int U = 4, R = NG * U;
   __shared__ float sm_acc[NG][HB][D];
@@ -279,23 +233,14 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   int base_row = block_tables ? 0 : cu_q[b];
   long long row[U], nrow[U];
   Vec8<C> kv[U] = {}, vv[U] = {};
-  extern __shared__ __align__(16) unsigned char dec_ring_raw[];
-  Vec8<C>* ring = reinterpret_cast<Vec8<C>*>(dec_ring_raw);
-  int ns = RING ? max(1, min(ring_stages, DEC_RING)) : 0;
-  if constexpr (RING) {  // the first ns rounds in flight (before the PDL wait when FUSED)
-    for (int r = 0; r < ns; r++)
-      dec_ring_issue<C, D, U, NG>(ring, r, kb, vb, bt_row, base_row, start + r * R, end,
-                                  a.block_size, KH, kh, g, dl);
-  } else {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      row[u] = dec_row(bt_row, base_row, start + u * NG + g, end, a.block_size, KH, kh);
-      if (row[u] >= 0) { kv[u].load(kb + row[u] * D + dl * 8); vv[u].load(vb + row[u] * D + dl * 8); }
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      nrow[u] = dec_row(bt_row, base_row, start + R + u * NG + g, end, a.block_size, KH, kh);
+  for (int u = 0; u < U; u++) {
+    row[u] = dec_row(bt_row, base_row, start + u * NG + g, end, a.block_size, KH, kh);
+    if (row[u] >= 0) { kv[u].load(kb + row[u] * D + dl * 8); vv[u].load(vb + row[u] * D + dl * 8); }
   }
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    nrow[u] = dec_row(bt_row, base_row, start + R + u * NG + g, end, a.block_size, KH, kh);
   if constexpr (FUSED) {  // while the first keys load
     // Launched with PDL after the qkv GEMV. Everything above reads only what the host wrote
     // before the graph ran and cache rows of earlier steps (this step's key is scored from
@@ -320,30 +265,18 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     for (int e = 0; e < 8; e++) { qf[hh][e] *= a.scale_log2 * a.kv_scale; acc[hh][e] = 0.f; }
     m[hh] = NEG_INF; l[hh] = 0.f;
   }
-  for (int base = start, r = 0; base < end; base += R, r++) {
+  for (int base = start; base < end; base += R) {
     Vec8<C> kn[U] = {}, vn[U] = {};
     bool valid[U];
-    if constexpr (RING) {
-      dec_wait_pending(ns - 1);  // round r's group is in
-      int slot = r % ns;
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        valid[u] = base + u * NG + g < end;
-        const Vec8<C>* src = ring + ((slot * U + u) * 2) * blockDim.x + threadIdx.x;
-        kv[u] = src[0];
-        vv[u] = src[blockDim.x];
-      }
-    } else {
+    for (int u = 0; u < U; u++) {
+      valid[u] = row[u] >= 0;
+      if (nrow[u] >= 0) { kn[u].load(kb + nrow[u] * D + dl * 8); vn[u].load(vb + nrow[u] * D + dl * 8); }
+    }
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        valid[u] = row[u] >= 0;
-        if (nrow[u] >= 0) { kn[u].load(kb + nrow[u] * D + dl * 8); vn[u].load(vb + nrow[u] * D + dl * 8); }
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        row[u] = nrow[u];
-        nrow[u] = dec_row(bt_row, base_row, base + 2 * R + u * NG + g, end, a.block_size, KH, kh);
-      }
+    for (int u = 0; u < U; u++) {
+      row[u] = nrow[u];
+      nrow[u] = dec_row(bt_row, base_row, base + 2 * R + u * NG + g, end, a.block_size, KH, kh);
     }
     float s[U][HB];
 #pragma unroll
@@ -378,17 +311,9 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
         for (int e = 0; e < 8; e++) acc[hh][e] += p * vf[e];
       }
     }
-    if constexpr (RING) {
-      // the slot's values are used: refill it with round r + ns (an empty group past the span
-      // keeps the count of pending groups uniform)
-      dec_ring_issue<C, D, U, NG>(ring, r % ns, kb, vb, bt_row, base_row, base + ns * R, end,
-                                  a.block_size, KH, kh, g, dl);
-    } else {
 #pragma unroll
-      for (int u = 0; u < U; u++) { kv[u] = kn[u]; vv[u] = vn[u]; }
-    }
+    for (int u = 0; u < U; u++) { kv[u] = kn[u]; vv[u] = vn[u]; }
   }
-  if constexpr (RING) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
   if (kv_new) dec_fold_new<C, HB>(kv_new + dl * 8, kv_new + D + dl * 8, qf, m, l, acc, g == 0, LPK);
   attn_group_store<NG, HB, D>(sm_acc, sm_m, sm_l, g, dl, acc, m, l);
   long long th0 = (long long)t * H + h0;

@@ -16,22 +16,8 @@
     DecRope r{pos, cs, slots, qn, kn, nf32, RopeArgs{H, KH, D, rot, neox, eps, 1.f / kvs}};   \
     attn_dec_impl<T, C, D, HB, true>(out, pa, pm, cnt, qkv, k, v, bt, sl, cu, a, r);          \
   }
-// _r: K/V through the cp.async ring (attention_decode.cuh, RING), ns stages of dynamic
-// shared memory.
-#define RDEC_RING(T, S, D, HB, C, CS)                                                         \
-  extern "C" __global__ void __launch_bounds__(128) rope_attn_dec##CS##_##S##_d##D##_h##HB##_r( \
-      T* out, float* pa, float* pm, int* cnt, const T* qkv, C* k, C* v, const int* bt,       \
-      const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns, int nsp, float sc, \
-      float kvs, const int* pos, const float* cs, const int* slots, const void* qn,           \
-      const void* kn, int nf32, int rot, int neox, float eps, int stages) {                   \
-    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                               \
-    DecRope r{pos, cs, slots, qn, kn, nf32, RopeArgs{H, KH, D, rot, neox, eps, 1.f / kvs}};   \
-    attn_dec_impl<T, C, D, HB, true, true>(out, pa, pm, cnt, qkv, k, v, bt, sl, cu, a, r,     \
-                                           stages);                                           \
-  }
 #define RDEC_HB(T, S, D, C, CS)                                                               \
-  RDEC_ONE(T, S, D, 1, C, CS) RDEC_ONE(T, S, D, 2, C, CS) RDEC_ONE(T, S, D, 4, C, CS)        \
-  RDEC_RING(T, S, D, 1, C, CS) RDEC_RING(T, S, D, 2, C, CS) RDEC_RING(T, S, D, 4, C, CS)
+  RDEC_ONE(T, S, D, 1, C, CS) RDEC_ONE(T, S, D, 2, C, CS) RDEC_ONE(T, S, D, 4, C, CS)
 #define RDEC(T, S)                                                                            \
   RDEC_HB(T, S, 64, T, ) RDEC_HB(T, S, 128, T, )                                             \
   RDEC_HB(T, S, 64, fp8, _fp8) RDEC_HB(T, S, 128, fp8, _fp8)

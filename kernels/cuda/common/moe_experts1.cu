@@ -27,11 +27,6 @@
 //      + sigmoid(gate) * (shared_down[n] . hs).
 #include "common.cuh"
 #include "moe_topk.cuh"
-#ifdef ATLAS_PROFILE_TOPK  // slots 3-7 go to the selection's rounds (moe_topk.cuh)
-#define ME1_STAMP(i)
-#else
-#define ME1_STAMP(i) profile_stamp(i)
-#endif
 
 __device__ __forceinline__ void ldcg8(float (&f)[8], const float* p) {  // L2 (other SMs wrote it)
   asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
@@ -82,7 +77,10 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
                                   const T* __restrict__ wsgu, const T* __restrict__ wsd,
                                   const L* logits, unsigned long long* sync, int top_k, int E,
                                   int rows, int renorm, int sig, int H, int I, int Is, int gelu,
-                                  int overlap) {
+                                  int flags) {
+  // flags: bit 0 overlap the selection with the loads; bit 1 (with it) the other warps start
+  // only once warp 0 holds the logits, so their weight loads do not queue ahead of its reads
+  int overlap = flags & 1;
   __shared__ float s_w[8];
   __shared__ int s_id[8];
   extern __shared__ __align__(16) float sh_h[];  // (top_k * I + Is) floats
@@ -95,7 +93,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   __shared__ int s_ready, s_next;
   if (threadIdx.x == 0) {
     s_target = me1_ld_acquire(sync) + gridDim.x;
-    s_ready = 0;
+    s_ready = (flags & 2) ? -1 : 0;
     s_next = 0;
   }
   __syncthreads();
@@ -128,8 +126,8 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     if (q >= gu) break;
     bool sh = q < Is;
     int j = sh ? 0 : (q - Is) / I, n = sh ? q : q - Is - j * I;
-    if (overlap && !sh) {
-      while (*(volatile int*)&s_ready <= j) __nanosleep(32);
+    if (overlap && (!sh || (flags & 2))) {
+      while (*(volatile int*)&s_ready <= (sh ? -1 : j)) __nanosleep(32);
       __threadfence_block();
     }
     const T* wg = sh ? wsgu + (long long)n * H
@@ -154,13 +152,13 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     }
     if (first) {  // the grid-wide barrier: every block's gate_up rows are written
       __syncthreads();
-      ME1_STAMP(3);
+      profile_stamp(3);
       if (threadIdx.x == 0) {  // one arrival and one poller per block
         atomicAdd(sync, 1ull);  // no return value: a fire-and-forget reduction
         while (me1_ld_acquire(sync) < s_target) __nanosleep(64);
       }
       __syncthreads();
-      ME1_STAMP(4);
+      profile_stamp(4);
       pdl_trigger();
       // every h row into shared memory once per block (L2 only: other SMs wrote them)
       for (int q = threadIdx.x * 8; q < gu; q += blockDim.x * 8) {
@@ -170,7 +168,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
         reinterpret_cast<float4*>(sh_h + q)[1] = make_float4(f[4], f[5], f[6], f[7]);
       }
       __syncthreads();
-      ME1_STAMP(5);
+      profile_stamp(5);
       first = false;
     }
     if (!have) break;
@@ -184,7 +182,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   }
 #ifdef ATLAS_PROFILE
   __syncthreads();
-  ME1_STAMP(6);
+  profile_stamp(6);
 #endif
 }
 
@@ -193,9 +191,9 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   extern "C" __global__ void __launch_bounds__(256, MB) moe_experts1##LS##_w##NC##_##S(        \
       T* out, float* h, float* hs, const T* x, const T* wgu, const T* wd, const T* wsgu,       \
       const T* wsd, const L* lg, unsigned long long* sync, int k, int E, int rows, int renorm, \
-      int sig, int H, int I, int Is, int gelu, int ov) {                                       \
+      int sig, int H, int I, int Is, int gelu, int flags) {                                    \
     moe_experts1_impl<T, NC, GC, L>(out, h, hs, x, wgu, wd, wsgu, wsd, lg, sync, k, E, rows,   \
-                                    renorm, sig, H, I, Is, gelu, ov);                          \
+                                    renorm, sig, H, I, Is, gelu, flags);                       \
   }
 #define MOE_EXPERTS1_L(T, S, L, LS)                                                            \
   MOE_EXPERTS1_NC(T, S, L, LS, 1, 8, 2) MOE_EXPERTS1_NC(T, S, L, LS, 2, 8, 2)                  \

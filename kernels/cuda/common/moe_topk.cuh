@@ -73,7 +73,8 @@ __device__ __forceinline__ void moe_gate_up_dot(float& g, float& u, const T* wg,
 // atlas_core.ops.moe.moe_route. Scores are >= 0, so their bits order as unsigned keys; key 0
 // marks a taken (or absent) expert. Lane j < top_k gets slot j's final weight and expert.
 // With pub, slot j's expert is also stored to pub[j] as soon as round j has picked it and
-// *ready is then set to j + 1 (shared memory: the block's other warps may start on slot j).
+// *ready is then set to j + 1 (shared memory: the block's other warps may start on slot j);
+// a *ready below zero is set to 0 once the logits are loaded.
 template <int PL, typename L = float>
 __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int top_k,
                               int renorm, int sigmoid, int* pub = nullptr,
@@ -89,9 +90,7 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     mx = fmaxf(mx, v);
   }
   mx = warp_max(mx);
-#ifdef ATLAS_PROFILE_TOPK
-  if (pub) profile_stamp(3);
-#endif
+  if (pub && lane == 0 && *ready < 0) *ready = 0;  // the logits are in: others may load
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < PL; i++) {
@@ -102,9 +101,6 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     key[i] = ok ? __float_as_uint(s) + 1u : 0u;
   }
   sum = sigmoid ? 1.f : warp_sum(sum);
-#ifdef ATLAS_PROFILE_TOPK
-  if (pub) profile_stamp(4);
-#endif
   float my_w = 0.f;
   int my_id = 0;
   for (int j = 0; j < top_k; j++) {
@@ -124,9 +120,6 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
       __threadfence_block();
       *ready = j + 1;
     }
-#ifdef ATLAS_PROFILE_TOPK
-    if (pub && (j == 0 || j == 3 || j == top_k - 1)) profile_stamp(j == 0 ? 5 : j == 3 ? 6 : 7);
-#endif
   }
   float chosen = warp_sum(lane < top_k ? my_w : 0.f);
   out_w = renorm ? my_w / chosen : my_w;

@@ -27,8 +27,6 @@ COUNTERS = 4096
 COMBINE_FLOATS = 16384
 #: Resident decode-attention blocks per SM (128 threads, ~210 registers).
 BLOCKS_PER_SM = 2
-#: Most stages of the decode kernels' K/V cp.async ring (DEC_RING in attention_decode.cuh).
-RING_STAGES = 4
 
 
 class AttentionOps:
@@ -136,27 +134,14 @@ class AttentionOps:
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
         var = variant_of(qkv.dtype)
         name = f"rope_attn_dec{_cache_suffix(k_cache, qkv)}_{var}_d{d}_h{hb}"
-        ring, shmem = self._dec_ring(k_cache, d, max_blocks * block_size, splits)
-        kern = self.be.kernels.kernel("attention_rope_decode", var, name + ring[0], ring[2])
+        kern = self.be.kernels.kernel("attention_rope_decode", var, name)
         self._launch(kern, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
                      self._sync_counters(), qkv, k_cache, v_cache, block_tables, seq_lens,
                      cu_seqlens_q, h, kh, block_size, max_blocks, t, splits,
                      float(scale * LOG2E), float(kv_scale), positions, cos_sin_cache,
                      slot_mapping, q_norm, k_norm, int(norm_dtype != qkv.dtype),
-                     int(rotary_dim or d), int(is_neox), float(eps), *ring[1], shmem=shmem,
-                     pdl=self._pdl_chain)
+                     int(rotary_dim or d), int(is_neox), float(eps), pdl=self._pdl_chain)
         return out
-
-    def _dec_ring(self, k_cache: DeviceArray, d: int, max_ctx: int, splits: int):
-        """``((name suffix, extra args, max dynamic shared memory), shmem)`` of a decode
-        attention launch: ``_r`` with the K/V cp.async ring (``ATLAS_CUDA_ATTN_RING``), its
-        stages as many rounds as a split has, at most :data:`RING_STAGES`."""
-        if not cuda_env.attn_ring():
-            return ("", (), 0), 0
-        per_round = {16: 256, 32: 128, 64: 64, 128: 32, 256: 16}[d]
-        stages = max(1, min(RING_STAGES, -(-max_ctx // (splits * per_round))))
-        stage_bytes = 4 * 2 * 128 * 8 * k_cache.dtype.itemsize  # U keys, K and V, 128 threads
-        return ("_r", (stages,), RING_STAGES * stage_bytes), stages * stage_bytes
 
     def _attention(self, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
                    block_size, max_ctx, scale, kv_scale) -> DeviceArray:
@@ -183,13 +168,10 @@ class AttentionOps:
             return out
         hb, splits = self._decode_plan(t, h, num_kv_heads, d, max_ctx)
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
-        ring, shmem = self._dec_ring(k, d, max_ctx, splits)
-        kern = self.be.kernels.kernel("attention_decode", var,
-                                      f"attn_dec{fp8}_{var}_d{d}_h{hb}{ring[0]}", ring[2])
+        kern = self.be.kernels.kernel("attention_decode", var, f"attn_dec{fp8}_{var}_d{d}_h{hb}")
         self._launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
                      part_acc, part_ml, self._sync_counters(), *args, splits,
-                     float(scale * LOG2E), float(kv_scale), *ring[1], shmem=shmem,
-                     pdl=self._pdl_chain)
+                     float(scale * LOG2E), float(kv_scale), pdl=self._pdl_chain)
         return out
 
     def _dec_partials(self, t: int, h: int, d: int, splits: int):

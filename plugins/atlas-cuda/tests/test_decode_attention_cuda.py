@@ -1,8 +1,7 @@
 """Split decode attention with the in-kernel combine, the rope prologue, the fused rope + decode
 attention (``rope_cache_attention``) and multi-block sampling against the NumPy references:
 batch 1..8, GQA groups 1..8, bf16 and fp8 KV, CUDA graph replay with changing context lengths,
-and the old kernels (``ATLAS_CUDA_ATTN_DECODE=old``); each test with K/V through the cp.async
-ring and through registers (``ATLAS_CUDA_ATTN_RING``)."""
+and the old kernels (``ATLAS_CUDA_ATTN_DECODE=old``)."""
 
 import numpy as np
 import pytest
@@ -16,12 +15,6 @@ from cuda_probe import HAS_GPU, device_rel_error
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")]
 rng = np.random.default_rng(7)
 BS = 16
-
-
-@pytest.fixture(autouse=True, params=["ring", "registers"])
-def kv_path(request, monkeypatch):
-    monkeypatch.setenv("ATLAS_CUDA_ATTN_RING", "1" if request.param == "ring" else "0")
-    return request.param
 
 
 def rel(be, dev, want):
