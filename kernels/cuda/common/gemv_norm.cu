@@ -16,10 +16,6 @@
 // when hn is given, the normed rows (the MoE router: its experts read them).
 #include "common.cuh"
 #include "norm_rows.cuh"
-// Blocks per SM the registers are held to (__launch_bounds__); a build define for A/B timing.
-#ifndef GEMVN_MIN_BLOCKS
-#define GEMVN_MIN_BLOCKS 1
-#endif
 
 template <typename T, int R, int CH>
 __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const (&rows)[R],
@@ -141,14 +137,14 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
 }
 
 #define GEMVN(T, S, MT, G)                                                                    \
-  extern "C" __global__ void __launch_bounds__(256, GEMVN_MIN_BLOCKS) gemvn_##S##_m##MT##_g##G(                \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_##S##_m##MT##_g##G(                \
       T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0, int s,        \
       int pf) {                                                                               \
     gemvn_impl<T, MT, G, false, false>(y, nullptr, nullptr, x, nullptr, nullptr, 0.f, 0, w,  \
                                        bias, M, N, K, m0, s, pf, 0);                          \
   }
 #define GEMVN_NORM_ONLY(T, S, MT, G)                                                          \
-  extern "C" __global__ void __launch_bounds__(256, GEMVN_MIN_BLOCKS) gemvn_norm_##S##_m##MT##_g##G(           \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_norm_##S##_m##MT##_g##G(           \
       T* y, T* r, T* hn, const T* x, const T* res, const T* nw, float eps, int zc,            \
       const T* w, const T* bias, int M, int N, int K, int m0, int s, int pf) {                \
     gemvn_impl<T, MT, G, false, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K, m0, s, \
@@ -156,7 +152,7 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
   }
 #define GEMVN_NORM(T, S, MT, G)                                                               \
   GEMVN_NORM_ONLY(T, S, MT, G)                                                                \
-  extern "C" __global__ void __launch_bounds__(256, GEMVN_MIN_BLOCKS) gemvn_norm_act_##S##_m##MT##_g##G(       \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_norm_act_##S##_m##MT##_g##G(       \
       T* y, T* r, T* hn, const T* x, const T* res, const T* nw, float eps, int zc,            \
       const T* w, const T* bias, int M, int N, int K, int m0, int s, int pf, int gelu) {      \
     gemvn_impl<T, MT, G, true, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K, m0, s,  \

@@ -77,10 +77,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
                                   const T* __restrict__ wsgu, const T* __restrict__ wsd,
                                   const L* logits, unsigned long long* sync, int top_k, int E,
                                   int rows, int renorm, int sig, int H, int I, int Is, int gelu,
-                                  int flags) {
-  // flags: bit 0 overlap the selection with the loads; bit 1 (with it) the other warps start
-  // only once warp 0 holds the logits, so their weight loads do not queue ahead of its reads
-  int overlap = flags & 1;
+                                  int overlap) {
   __shared__ float s_w[8];
   __shared__ int s_id[8];
   extern __shared__ __align__(16) float sh_h[];  // (top_k * I + Is) floats
@@ -93,7 +90,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   __shared__ int s_ready, s_next;
   if (threadIdx.x == 0) {
     s_target = me1_ld_acquire(sync) + gridDim.x;
-    s_ready = (flags & 2) ? -1 : 0;
+    s_ready = 0;
     s_next = 0;
   }
   __syncthreads();
@@ -126,8 +123,8 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
     if (q >= gu) break;
     bool sh = q < Is;
     int j = sh ? 0 : (q - Is) / I, n = sh ? q : q - Is - j * I;
-    if (overlap && (!sh || (flags & 2))) {
-      while (*(volatile int*)&s_ready <= (sh ? -1 : j)) __nanosleep(32);
+    if (overlap && !sh) {
+      while (*(volatile int*)&s_ready <= j) __nanosleep(32);
       __threadfence_block();
     }
     const T* wg = sh ? wsgu + (long long)n * H
@@ -191,9 +188,9 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   extern "C" __global__ void __launch_bounds__(256, MB) moe_experts1##LS##_w##NC##_##S(        \
       T* out, float* h, float* hs, const T* x, const T* wgu, const T* wd, const T* wsgu,       \
       const T* wsd, const L* lg, unsigned long long* sync, int k, int E, int rows, int renorm, \
-      int sig, int H, int I, int Is, int gelu, int flags) {                                    \
+      int sig, int H, int I, int Is, int gelu, int ov) {                                       \
     moe_experts1_impl<T, NC, GC, L>(out, h, hs, x, wgu, wd, wsgu, wsd, lg, sync, k, E, rows,   \
-                                    renorm, sig, H, I, Is, gelu, flags);                       \
+                                    renorm, sig, H, I, Is, gelu, ov);                          \
   }
 #define MOE_EXPERTS1_L(T, S, L, LS)                                                            \
   MOE_EXPERTS1_NC(T, S, L, LS, 1, 8, 2) MOE_EXPERTS1_NC(T, S, L, LS, 2, 8, 2)                  \

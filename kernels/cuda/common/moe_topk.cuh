@@ -73,8 +73,7 @@ __device__ __forceinline__ void moe_gate_up_dot(float& g, float& u, const T* wg,
 // atlas_core.ops.moe.moe_route. Scores are >= 0, so their bits order as unsigned keys; key 0
 // marks a taken (or absent) expert. Lane j < top_k gets slot j's final weight and expert.
 // With pub, slot j's expert is also stored to pub[j] as soon as round j has picked it and
-// *ready is then set to j + 1 (shared memory: the block's other warps may start on slot j);
-// a *ready below zero is set to 0 once the logits are loaded.
+// *ready is then set to j + 1 (shared memory: the block's other warps may start on slot j).
 template <int PL, typename L = float>
 __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int top_k,
                               int renorm, int sigmoid, int* pub = nullptr,
@@ -90,7 +89,6 @@ __device__ void ms_topk_lanes(float& out_w, int& out_id, const L* lg, int E, int
     mx = fmaxf(mx, v);
   }
   mx = warp_max(mx);
-  if (pub && lane == 0 && *ready < 0) *ready = 0;  // the logits are in: others may load
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < PL; i++) {

@@ -11,7 +11,7 @@ MOE_DECODE_KERNELS = ("block", "warp")
 MOE_FUSED_MODES = ("auto", "1", "0")
 MOE_PLAIN_MODES = ("logits", "route")
 MOE_EXPERTS1_MODES = ("auto", "1", "0")
-MOE_EXPERTS1_OVERLAP = ("1", "0", "2")
+MOE_EXPERTS1_OVERLAP = ("1", "0")
 GEMV_CHUNKS = ("4", "8")
 GDN_PREFILL_MODES = ("auto", "chunked", "sequential")
 GDN_DECODE_KERNELS = ("auto", "split", "head")
@@ -104,15 +104,12 @@ def moe_experts1() -> str:
     return _choice("ATLAS_CUDA_MOE_EXPERTS1", MOE_EXPERTS1_MODES)
 
 
-def moe_experts1_overlap() -> int:
+def moe_experts1_overlap() -> bool:
     """``ATLAS_CUDA_MOE_EXPERTS1_OVERLAP``: ``1`` (default): in ``moe_experts1`` warp 0 publishes
     each routing slot's expert as soon as it is picked and the block's gate_up rows (shared
     expert first) are handed to its warps one at a time, so the others start loading while the
-    selection runs; ``2``: the same, but the other warps start only once warp 0 has its logits
-    (their weight loads do not queue ahead of them); ``0``: the whole block waits for the top-k
-    and each warp has fixed rows. Returned as the kernel's flags (bit 0 overlap, bit 1 logits
-    first)."""
-    return {"0": 0, "1": 1, "2": 3}[_choice("ATLAS_CUDA_MOE_EXPERTS1_OVERLAP", MOE_EXPERTS1_OVERLAP)]
+    selection runs; ``0``: the whole block waits for the top-k and each warp has fixed rows."""
+    return _choice("ATLAS_CUDA_MOE_EXPERTS1_OVERLAP", MOE_EXPERTS1_OVERLAP) == "1"
 
 
 def batch_uploads() -> bool:

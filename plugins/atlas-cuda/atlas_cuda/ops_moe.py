@@ -230,7 +230,7 @@ class MoeOps:
         self.be.kernels.launch(kern, blocks, 256, out, h, hs, x, w_gate_up, w_down,
                                shared_gate_up, shared_down, logits, sync, top_k, experts, rows,
                                renorm, sig, hidden, inter, s_inter, gelu,
-                               cuda_env.moe_experts1_overlap(),
+                               int(cuda_env.moe_experts1_overlap()),
                                shmem=4 * (top_k * inter + s_inter), pdl=self._pdl)
         return out
 
