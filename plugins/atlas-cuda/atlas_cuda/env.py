@@ -10,6 +10,7 @@ MOE_MODES = ("auto", "grouped", "gemv")
 MOE_DECODE_KERNELS = ("block", "warp")
 MOE_FUSED_MODES = ("auto", "1", "0")
 MOE_PLAIN_MODES = ("logits", "route")
+MOE_ROUTER_MODES = ("gemv", "block")
 MOE_EXPERTS1_MODES = ("auto", "1", "0")
 MOE_EXPERTS1_OVERLAP = ("1", "0")
 GEMV_CHUNKS = ("4", "8")
@@ -84,6 +85,14 @@ def moe_fused() -> str:
     or ``0`` (never: router ``linear``, ``moe_route``, ``moe_experts`` and the shared expert's ops
     one by one)."""
     return _choice("ATLAS_CUDA_MOE_FUSED", MOE_FUSED_MODES)
+
+
+def moe_router() -> str:
+    """``ATLAS_CUDA_MOE_ROUTER``: the router of a one-token MoE block with a shared expert
+    (Qwen3.5 / Qwen3-Next): ``gemv`` (default) the fused norm + router GEMV of plain MoE blocks
+    over the router and shared-gate rows stacked once into one matrix, logits in the activation
+    dtype (as HF computes them); ``block``: ``moe_block.cu``'s ``mb_router`` (float logits)."""
+    return _choice("ATLAS_CUDA_MOE_ROUTER", MOE_ROUTER_MODES)
 
 
 def moe_plain() -> str:

@@ -134,6 +134,15 @@ class MoeOps:
             return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
                                               *moe)
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+        if shared_gate is not None and cuda_env.moe_router() == "gemv":
+            stacked = self._router_stack(router_weight, shared_gate)
+            if self._norm_gemv_fusable(x, residual, norm_weight, stacked):
+                logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, stacked, None,
+                                               zero_centered, None, normed=True)
+                out = self._mb_experts(h, logits, stacked.shape[0], w_gate_up, w_down,
+                                       shared_gate_up, shared_down, top_k, int(renormalize),
+                                       int(scoring == "sigmoid"), gelu, "_t")
+                return out, (r if residual is not None else x)
         norm = (residual, norm_weight, float(eps), int(zero_centered))
         return self._moe_block_fused(x, norm, router_weight, w_gate_up, w_down, top_k,
                                      renormalize, scoring, gelu, shared_gate_up, shared_down,
@@ -233,6 +242,26 @@ class MoeOps:
                                int(cuda_env.moe_experts1_overlap()),
                                shmem=4 * (top_k * inter + s_inter), pdl=self._pdl)
         return out
+
+    def _router_stack(self, router_weight: DeviceArray, shared_gate: DeviceArray) -> DeviceArray:
+        """``[router_weight; shared_gate]`` ``[E + 1, H]``, one router GEMV's matrix: copied on
+        the first call (never under capture) and kept with the two weights it came from."""
+        # (router ptr, shared gate ptr) -> (stacked, the two weights it copies), per ops object
+        stacks = self.__dict__.setdefault("_router_stacks", {})
+        key = (router_weight.ptr, shared_gate.ptr)
+        hit = stacks.get(key)
+        if hit is None:
+            if self.be._capturing:
+                raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
+                                   "once eagerly first (CudaBackend.capture does)")
+            experts, hidden = router_weight.shape
+            stacked = self.be.empty((experts + 1, hidden), router_weight.dtype)
+            self.be.copy_(DeviceArray(stacked.ptr, router_weight.shape, stacked.dtype, stacked),
+                          router_weight)
+            self.be.copy_(DeviceArray(stacked.ptr + router_weight.nbytes, (1, hidden),
+                                      stacked.dtype, stacked), shared_gate)
+            hit = stacks[key] = (stacked, router_weight, shared_gate)
+        return hit[0]
 
     def _moe_counter(self, barrier: bool = False) -> DeviceArray:
         """A zeroed counter slot of 4 int32 (16 bytes), a different one for each call in turn,

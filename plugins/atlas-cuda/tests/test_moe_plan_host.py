@@ -111,3 +111,31 @@ def test_experts1_arguments_follow_the_kernel_signature(monkeypatch):
     assert args[7] is wsd and args[8] is logits
     assert args[9].shape == (2,) and np.shares_memory(args[9], ops._moe_counters)
     assert args[10:] == (8, 256, 257, 1, 0, hidden, 512, 512, 0, 0)
+
+
+def test_router_stack_copies_once_and_refuses_capture():
+    # [router; shared_gate] as one [E + 1, H] matrix for the router GEMV: built on the first
+    # call with two device copies, reused after, never built inside a graph capture
+    from atlas_cuda.array import DeviceArray
+
+    copies, allocs = [], []
+
+    class Be(_Backend):
+        def empty(self, shape, dtype):
+            allocs.append(shape)
+            return DeviceArray(1 << 20, shape, dtype)
+
+        def copy_(self, dst, src):
+            copies.append((dst.ptr, dst.shape, src.ptr))
+
+    ops = _Ops()
+    ops.be = Be()
+    router = DeviceArray(1 << 30, (256, 2048), bfloat16)
+    gate = DeviceArray(1 << 31, (1, 2048), bfloat16)
+    stacked = ops._router_stack(router, gate)
+    assert stacked.shape == (257, 2048) and allocs == [(257, 2048)]
+    assert copies == [(1 << 20, (256, 2048), 1 << 30), ((1 << 20) + 256 * 2048 * 2, (1, 2048), 1 << 31)]
+    assert ops._router_stack(router, gate) is stacked and len(copies) == 2
+    ops.be._capturing = True
+    with pytest.raises(RuntimeError, match="eagerly"):
+        ops._router_stack(DeviceArray(1 << 32, (256, 2048), bfloat16), gate)
