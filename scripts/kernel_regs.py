@@ -25,7 +25,8 @@ def main() -> None:
     sources = compiler.KernelSources(_dirs(a.hw))
     opts = compiler.build_options(TARGETS[a.hw], a.variant)
     args = [f"-arch={opts['arch']}", "-std=c++17", "-Xptxas", "-v"]
-    args += [f"-D{k}={v}" for k, v in opts.get("define_macro", [])]
+    args += [f"-D{m}" if isinstance(m, str) else f"-D{m[0]}={m[1]}"
+             for m in opts.get("define_macro", [])]
     _, prog = nvrtc.nvrtcCreateProgram(sources.text(a.module + ".cu").encode(), b"k.cu", 0, [], [])
     err, = nvrtc.nvrtcCompileProgram(prog, len(args), [s.encode() for s in args])
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
