@@ -134,7 +134,9 @@ class MoeOps:
             return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
                                               *moe)
         gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
-        if shared_gate is not None and cuda_env.moe_router() == "gemv":
+        if (shared_gate is not None and cuda_env.moe_router() == "gemv"
+                and shared_gate.dtype == router_weight.dtype
+                and shared_gate.size == router_weight.shape[-1]):
             stacked = self._router_stack(router_weight, shared_gate)
             if self._norm_gemv_fusable(x, residual, norm_weight, stacked):
                 logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, stacked, None,
