@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Batch-1 decode tok/s of bench shapes under environment switches, one device call
 # (docs/benchmarks.md). Each argument is "tag|model|VAR=value VAR=value" (empty env: defaults):
-#   scripts/ab_decode.sh "8b|qwen3-8b|" "8b-global|qwen3-8b|ATLAS_CUDA_ATTN_CLUSTER=0"
+#   scripts/ab_decode.sh "35b|qwen3.5-35b-a3b|" "35b-block|qwen3.5-35b-a3b|ATLAS_CUDA_MOE_ROUTER=block"
 # Install as gpu_check.sh does (wheels from ./.whl); env: PROMPT (128), DECODE (128), REPEAT (1),
-# BENCH_TIMEOUT (60 s per run). Logs in $OUT (default ./ab_out).
+# BENCH_TIMEOUT (60 s per run), UTIL (--gpu-memory-utilization: 0.85, qwen3.5 shapes 0.6; the 8B
+# with a 4,096-token prompt needs 0.6). Logs in $OUT (default ./ab_out).
 set -uo pipefail
 OUT=${OUT:-$PWD/ab_out}
 mkdir -p "$OUT"
@@ -17,6 +18,7 @@ for r in $(seq "${REPEAT:-1}"); do
   for spec in "$@"; do
     IFS='|' read -r tag model envs <<<"$spec"
     util=0.85; [[ $model == qwen3.5-* ]] && util=0.6
+    util=${UTIL:-$util}
     log="$OUT/bench-$tag-$r.log"
     env $envs timeout -s ABRT "${BENCH_TIMEOUT:-60}" python3 -m atlas_core bench --model "$model" \
       --backend cuda --concurrency 1 --prompt-len "${PROMPT:-128}" --decode-tokens "${DECODE:-128}" \

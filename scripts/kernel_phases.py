@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128)
     a = p.parse_args()
     defines = os.environ.get("ATLAS_CUDA_NVRTC_DEFINES", "")
-    if "ATLAS_PROFILE" not in defines:
+    if "ATLAS_PROFILE" not in (d.strip().partition("=")[0] for d in defines.split(",")):
         os.environ["ATLAS_CUDA_NVRTC_DEFINES"] = ",".join(x for x in (defines, "ATLAS_PROFILE") if x)
     from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model

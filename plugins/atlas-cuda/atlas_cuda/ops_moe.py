@@ -115,40 +115,47 @@ class MoeOps:
                 and t * hidden * x.dtype.itemsize <= _NORM_SHMEM
                 and all(a is not None and a.dtype == x.dtype and a.ptr % 16 == 0
                         for a in (norm_weight,) + ((residual,) if residual is not None else ())))
+        renorm, sig = int(renormalize), int(scoring == "sigmoid")
+        gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
+        routed = (w_gate_up, w_down, top_k, renorm, sig, gelu)
         if not fusable and self._norm_gemv_fusable(x, residual, norm_weight, router_weight):
+            if (cuda_env.moe_plain() == "logits" and shared_gate_up is None
+                    and router_weight.shape[0] <= 256 and top_k <= 8
+                    and self._moe_decode_shapes(x, router_weight, w_gate_up, w_down, top_k,
+                                                None, None, None)):
+                return self._router_gemv_experts(x, residual, norm_weight, eps, zero_centered,
+                                                 router_weight, None, None, *routed)
             # the pre-norm rides on the router GEMV, which also writes the normed rows
             logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, router_weight, None,
                                            zero_centered, None, normed=True)
-            if (cuda_env.moe_plain() == "logits" and shared_gate_up is None
-                    and router_weight.shape[0] <= 256 and top_k <= 8
-                    and self._moe_decode_shapes(h, router_weight, w_gate_up, w_down, top_k,
-                                                None, None, None)):
-                gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
-                out = self._mb_experts(h, logits, router_weight.shape[0], w_gate_up, w_down,
-                                       None, None, top_k, int(renormalize),
-                                       int(scoring == "sigmoid"), gelu, "_t")
-            else:
-                out = compose_moe_block(self, h, *moe, router_logits=logits)
+            out = compose_moe_block(self, h, *moe, router_logits=logits)
             return out, (r if residual is not None else x)
         if not fold:
             return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
                                               *moe)
-        gelu = int(activation in ("gelu_tanh", "gelu_pytorch_tanh"))
         if (shared_gate is not None and cuda_env.moe_router() == "gemv"
                 and shared_gate.dtype == router_weight.dtype
-                and shared_gate.size == router_weight.shape[-1]):
-            stacked = self._router_stack(router_weight, shared_gate)
-            if self._norm_gemv_fusable(x, residual, norm_weight, stacked):
-                logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, stacked, None,
-                                               zero_centered, None, normed=True)
-                out = self._mb_experts(h, logits, stacked.shape[0], w_gate_up, w_down,
-                                       shared_gate_up, shared_down, top_k, int(renormalize),
-                                       int(scoring == "sigmoid"), gelu, "_t")
-                return out, (r if residual is not None else x)
+                and shared_gate.size == router_weight.shape[-1]
+                and self._norm_gemv_fusable(x, residual, norm_weight, router_weight)):
+            return self._router_gemv_experts(x, residual, norm_weight, eps, zero_centered,
+                                             self._router_stack(router_weight, shared_gate),
+                                             shared_gate_up, shared_down, *routed)
         norm = (residual, norm_weight, float(eps), int(zero_centered))
         return self._moe_block_fused(x, norm, router_weight, w_gate_up, w_down, top_k,
                                      renormalize, scoring, gelu, shared_gate_up, shared_down,
                                      shared_gate)
+
+    def _router_gemv_experts(self, x, residual, norm_weight, eps, zero_centered, router,
+                             shared_gate_up, shared_down, w_gate_up, w_down, top_k, renorm, sig,
+                             gelu):
+        """The fused norm + router GEMV over ``router`` (its logits in the dtype of x; it also
+        writes the normed rows), then the experts on those logits (:meth:`_mb_experts`, "_t").
+        Returns ``(out, residual out)``."""
+        logits, r, h = self._norm_gemv(x, residual, norm_weight, eps, router, None, zero_centered,
+                                       None, normed=True)
+        out = self._mb_experts(h, logits, router.shape[0], w_gate_up, w_down, shared_gate_up,
+                               shared_down, top_k, renorm, sig, gelu, "_t")
+        return out, (r if residual is not None else x)
 
     @staticmethod
     def _moe_block_kernels(x, router_weight, top_k) -> bool:

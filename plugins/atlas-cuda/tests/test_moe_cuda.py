@@ -174,14 +174,16 @@ def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, kernel):
         assert not be.to_host(be.ops._moe_counters)[0::4].any()
 
 
-@pytest.mark.parametrize("fold", ["1", "0"])
+@pytest.mark.parametrize("fold,router", [("1", "gemv"), ("1", "block"), ("0", "gemv")])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,residual,zc", [
     (1, 128, 8, 2048, 768, 0, True, False), (1, 256, 8, 2048, 512, 512, True, True),
     (3, 64, 4, 256, 96, 64, False, False), (8, 32, 8, 512, 128, 0, True, False),
     (12, 16, 2, 128, 48, 32, True, False)])
-def test_rms_norm_moe_block(cuda_backend, monkeypatch, fold, t, e, k, hidden, inter, shared,
-                            residual, zc):
+def test_rms_norm_moe_block(cuda_backend, monkeypatch, fold, router, t, e, k, hidden, inter,
+                            shared, residual, zc):
+    # router: a one-token shared-expert block's router as the stacked norm GEMV or mb_router
     monkeypatch.setenv("ATLAS_CUDA_MOE_NORM_FOLD", fold)
+    monkeypatch.setenv("ATLAS_CUDA_MOE_ROUTER", router)
     be = cuda_backend
     case = dict(_block_case(t * e + k + shared + 1, t, e, k, hidden, inter, shared, bfloat16))
     rng = np.random.default_rng(t + e)

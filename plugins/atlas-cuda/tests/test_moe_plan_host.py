@@ -139,3 +139,48 @@ def test_router_stack_copies_once_and_refuses_capture():
     ops.be._capturing = True
     with pytest.raises(RuntimeError, match="eagerly"):
         ops._router_stack(DeviceArray(1 << 32, (256, 2048), bfloat16), gate)
+
+
+@pytest.mark.parametrize("router", ["gemv", "block"])
+def test_shared_expert_block_router(monkeypatch, router):
+    # one token of a shared-expert block (qwen3.5-35b-a3b): `gemv` runs the fused norm + router
+    # GEMV over [router; shared_gate], then moe_experts1 on its logits in the activation dtype;
+    # `block` runs mb_router (float logits), then moe_experts1
+    from atlas_cuda.array import DeviceArray
+
+    monkeypatch.setenv("ATLAS_CUDA_MOE_ROUTER", router)
+    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "auto")
+    gemv_weights = []
+
+    class Be(_Backend):
+        def empty(self, shape, dtype):
+            return DeviceArray(1 << 20, shape, dtype)
+
+        def copy_(self, dst, src):
+            pass
+
+    class Ops(_Ops):
+        def _moe_grouped(self, *_):  # CudaOps': the grouped GEMM serves many pairs, not one token
+            return False
+
+        def _norm_gemv_fusable(self, *_):
+            return True
+
+        def _norm_gemv(self, x, residual, norm_weight, eps, weight, *_, normed=False):
+            gemv_weights.append(weight.shape)
+            return _Arr((1, weight.shape[0]), x.dtype), _Arr(x.shape, x.dtype), x
+
+    ops, hidden = Ops(), 2048
+    ops.be = Be()
+    arr = lambda shape, i: DeviceArray(i << 24, shape, bfloat16)  # noqa: E731
+    x, res, nw = arr((1, hidden), 1), arr((1, hidden), 2), arr((hidden,), 3)
+    out, _ = ops.rms_norm_moe_block(
+        x, res, nw, 1e-6, True, arr((256, hidden), 4), arr((256, 1024, hidden), 5),
+        arr((256, hidden, 512), 6), 8, True, shared_gate_up=arr((1024, hidden), 7),
+        shared_down=arr((hidden, 512), 8), shared_gate=arr((1, hidden), 9))
+    names = [name for name, *_ in ops.be.launches]
+    if router == "gemv":
+        assert gemv_weights == [(257, hidden)] and names == ["moe_experts1_t_w2_bf16"]
+    else:
+        assert gemv_weights == [] and names == ["mb_router_bf16", "moe_experts1_w2_bf16"]
+    assert ops.be.launches[-1][3][12] == 257  # rows: 256 experts + the shared gate
