@@ -17,6 +17,12 @@
 #include "common.cuh"
 #include "norm_rows.cuh"
 
+// 1 (default): the norm prologue in one pass (norm weight preloaded, a row's x and residual in
+// registers); 0: two sweeps through shared memory (A/B builds: ATLAS_CUDA_NVRTC_DEFINES).
+#ifndef ATLAS_NORM_ONEPASS
+#define ATLAS_NORM_ONEPASS 1
+#endif
+
 template <typename T, int R, int CH>
 __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const (&rows)[R],
                                            int chunk, int S, int K) {
@@ -55,12 +61,15 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
       if (lane == r) prefetch_l2_range(rows[r], K * sizeof(T));
   Vec8<T> cur[R][CH], nxt[R][CH];
   gemvn_load<T, R, CH>(cur, rows, part, S, K);
+  NormWeight<T> nwp;
+  if (NORM) norm_weight_preload<T>(nwp, nw, K);
   pdl_trigger();
   pdl_wait();
   const T* xb = x + (long long)m0 * K;
   if (NORM) {
     T* xs = reinterpret_cast<T*>(gemvn_smem);
-    norm_rows_to_shared<T, MT>(xs, r_out, h_out, x, residual, nw, eps, zc, M, K, m0);
+    norm_rows_to_shared<T, MT>(xs, r_out, h_out, x, residual, nw, eps, zc, M, K, m0,
+                               ATLAS_NORM_ONEPASS ? &nwp : nullptr);
     xb = xs;
   }
   float acc[R][MT];
