@@ -56,6 +56,9 @@ __device__ void causal_conv1d_impl(T* out, const T* x, const T* w, const T* bias
 }
 
 // Grid (ceil(dim / blockDim), num_seqs): one new token per sequence, one thread per channel.
+// Launched with PDL (gdn_conv_gating), only x waits: the slots and lengths are host-written, the
+// conv state was last written by this layer's kernel of an earlier step (an earlier launch),
+// the weights are static; griddepcontrol.wait is a no-op in a plain launch.
 template <typename T>
 __device__ void causal_conv1d_update_impl(T* out, const T* x, const T* w, const T* bias,
                                           float* states, const int* seq_lens,
@@ -65,16 +68,21 @@ __device__ void causal_conv1d_update_impl(T* out, const T* x, const T* w, const 
   int slot = state_indices[b];
   bool has_state = slot >= 0 && seq_lens[b] > 1;
   float* st = states + (long long)(slot < 0 ? 0 : slot) * (k - 1) * dim + ch;
-  float xs[CONV_KMAX];
+  float xs[CONV_KMAX], wf[CONV_KMAX];
 #pragma unroll
   for (int i = 0; i < CONV_KMAX; i++) {
     if (i < k - 1) xs[i] = has_state ? st[(long long)i * dim] : 0.f;
-    else if (i == k - 1) xs[i] = to_f32(x[(long long)b * dim + ch]);
+    if (i < k) wf[i] = to_f32(w[(long long)ch * k + i]);
   }
+  pdl_wait();
+  float xn = to_f32(x[(long long)b * dim + ch]);
+#pragma unroll
+  for (int i = 0; i < CONV_KMAX; i++)
+    if (i == k - 1) xs[i] = xn;
   float acc = 0.f;
 #pragma unroll
   for (int i = 0; i < CONV_KMAX; i++)
-    if (i < k) acc += to_f32(w[(long long)ch * k + i]) * xs[i];
+    if (i < k) acc += wf[i] * xs[i];
   if (bias) acc += to_f32(bias[ch]);
   out[(long long)b * dim + ch] = from_f32<T>(silu ? silu_f(acc) : acc);
   if (slot < 0) return;
@@ -92,12 +100,12 @@ __device__ void gdn_conv_gating_impl(T* out, float* g, float* beta, const T* x, 
                                      int dim, int k, const T* ba, const float* a_log,
                                      const float* dt_bias, int nv) {
   pdl_trigger();
-  pdl_wait();
-  if (blockIdx.x + 1 < gridDim.x) {
+  if (blockIdx.x + 1 < gridDim.x) {  // waits inside, after its loads of the state
     causal_conv1d_update_impl<T>(out, x, w, (const T*)nullptr, states, seq_lens, state_indices,
                                  dim, k, 1);
     return;
   }
+  pdl_wait();
   long long b = blockIdx.y;
   for (int h = threadIdx.x; h < nv; h += blockDim.x) {
     float bv = to_f32(ba[b * 2 * nv + h]);
