@@ -102,8 +102,7 @@ __device__ void moe_experts1_impl(T* out, float* h, float* hs, const T* __restri
   } else if (warp == 0) {  // publishes each slot's expert as soon as it is picked
     float w;
     int id;
-    if (E <= 128) ms_topk_lanes<4, L>(w, id, logits, E, top_k, renorm, sig, s_id, &s_ready);
-    else ms_topk_lanes<8, L>(w, id, logits, E, top_k, renorm, sig, s_id, &s_ready);
+    ms_topk_e256<L>(w, id, logits, E, top_k, renorm, sig, s_id, &s_ready);
     if (lane < top_k) s_w[lane] = w;  // read after the barrier's __syncthreads
   }
   profile_stamp(2);

@@ -134,6 +134,15 @@ __device__ void ms_topk(float* weights, int* ids, const L* lg, int E, int top_k,
 }
 
 
+// ms_topk_lanes for E <= 256 experts: 4 logits a lane up to 128 experts, else 8.
+template <typename L>
+__device__ __forceinline__ void ms_topk_e256(float& w, int& id, const L* lt, int E, int top_k,
+                                             int renorm, int sig, int* pub = nullptr,
+                                             volatile int* ready = nullptr) {
+  if (E <= 128) ms_topk_lanes<4, L>(w, id, lt, E, top_k, renorm, sig, pub, ready);
+  else ms_topk_lanes<8, L>(w, id, lt, E, top_k, renorm, sig, pub, ready);
+}
+
 // Warp 0 picks the top-k of one token's logits lt (E <= 256, top_k <= 8) into shared memory
 // and the whole block waits for it: the logits are read from L2 once per block, not by every
 // warp (thousands of warps reading the same few lines queue at one L2 slice).
@@ -143,8 +152,7 @@ __device__ __forceinline__ void moe_block_topk(float* s_w, int* s_id, const L* l
   if (threadIdx.x < 32) {
     float w;
     int id;
-    if (E <= 128) ms_topk_lanes<4, L>(w, id, lt, E, top_k, renorm, sig);
-    else ms_topk_lanes<8, L>(w, id, lt, E, top_k, renorm, sig);
+    ms_topk_e256<L>(w, id, lt, E, top_k, renorm, sig);
     if ((int)threadIdx.x < top_k) { s_w[threadIdx.x] = w; s_id[threadIdx.x] = id; }
   }
   __syncthreads();

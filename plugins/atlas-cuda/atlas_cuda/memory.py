@@ -13,6 +13,15 @@ from atlas_cuda.driver import DeviceAllocation, PinnedAllocation, check, drv
 ALIGN = 256
 
 
+def require_eager(be: Any, what: str) -> None:
+    """Refuse a one-time device allocation (counters, stacked weights) inside a graph capture:
+    the first call of an op that makes one must run eagerly, as :meth:`CudaBackend.capture`
+    does before it records."""
+    if be._capturing:
+        raise RuntimeError(f"{what}: first call inside a graph capture; run it once eagerly "
+                           "first (CudaBackend.capture does)")
+
+
 class WorkspaceFull(RuntimeError):
     """A captured step asked for more workspace than was reserved for it."""
 

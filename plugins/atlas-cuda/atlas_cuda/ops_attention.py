@@ -11,6 +11,7 @@ from atlas_core.ops.attention import compose_rope_cache_attention
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
+from atlas_cuda.memory import require_eager
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -225,9 +226,7 @@ class AttentionOps:
         """Zeroed int32 completion counters shared by the last-block-done kernels (each kernel
         leaves them at zero); allocated once, outside graph capture."""
         if self._counters is None:
-            if self.be._capturing:
-                raise RuntimeError("attention/sample: first call inside a graph capture; run it "
-                                   "once eagerly first (CudaBackend.capture does)")
+            require_eager(self.be, "attention/sample")
             self._counters = self.be.zeros((2 * COUNTERS,), np.int32)
         return self._counters
 

@@ -25,6 +25,7 @@ from atlas_core.ops.moe import compose_moe_block, compose_rms_norm_moe_block
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
+from atlas_cuda.memory import require_eager
 
 #: Most tokens the fused path serves (the router kernel keeps one accumulator per token).
 FUSED_MAX_TOKENS = 8
@@ -260,9 +261,7 @@ class MoeOps:
         key = (router_weight.ptr, shared_gate.ptr)
         hit = stacks.get(key)
         if hit is None:
-            if self.be._capturing:
-                raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
-                                   "once eagerly first (CudaBackend.capture does)")
+            require_eager(self.be, "moe_block")
             experts, hidden = router_weight.shape
             stacked = self.be.empty((experts + 1, hidden), router_weight.dtype)
             self.be.copy_(DeviceArray(stacked.ptr, router_weight.shape, stacked.dtype, stacked),
@@ -278,9 +277,7 @@ class MoeOps:
         (the kernel leaves it at zero); with ``barrier``, ints 2-3 as one 64-bit count that
         only grows (``moe_experts1``'s grid barrier)."""
         if self._moe_counters is None:
-            if self.be._capturing:
-                raise RuntimeError("moe_block: first fused call inside a graph capture; run it "
-                                   "once eagerly first (CudaBackend.capture does)")
+            require_eager(self.be, "moe_block")
             self._moe_counters = self.be.zeros((4 * _COUNTERS,), np.int32)
         i = 4 * (self._moe_calls % _COUNTERS)
         self._moe_calls += 1
