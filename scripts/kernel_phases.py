@@ -6,7 +6,7 @@ slot i of its row of the module's ``atlas_profile`` array (a no-op otherwise). T
 builds the bench model with that define (a separate kernel-cache entry), replays the decode
 graph, reads the array after each replay (the last launch of the module in the step wins: the
 last layer) and prints, per slot, when the blocks reached it relative to the first block's slot 0
-(min / median / max over blocks, median over replays), in microseconds.
+(min / median / max over the blocks that reached it, median over replays), in microseconds.
 
     ATLAS_CUDA_MOE_EXPERTS1=1 python scripts/kernel_phases.py qwen3-30b-a3b --module moe_experts1
 """
@@ -62,16 +62,16 @@ def main() -> None:
             raise SystemExit(f"no stamps written: does {a.module} call profile_stamp()?")
         t = host[used].astype(np.int64)
         t0 = t[:, 0].min()
-        runs.append([(np.nan, np.nan, np.nan) if not (t[:, s] > 0).all() else
-                     tuple(np.percentile((t[:, s] - t0) / 1e3, q) for q in (0, 50, 100))
-                     for s in range(SLOTS)])
+        runs.append([(np.nan, np.nan, np.nan, 0) if not (t[:, s] > 0).any() else
+                     tuple(np.percentile((t[t[:, s] > 0, s] - t0) / 1e3, q) for q in (0, 50, 100))
+                     + ((t[:, s] > 0).sum(),) for s in range(SLOTS)])
     r = np.median(np.array(runs), axis=0)
     print(f"{a.module}: {int(used.sum())} blocks, us from the first block's slot 0 "
           f"(median of {a.reps} replays)")
-    print("slot      min   median      max")
+    print("slot      min   median      max  blocks")
     for s in range(SLOTS):
         if not np.isnan(r[s, 0]):
-            print(f"{s:4d} {r[s, 0]:8.2f} {r[s, 1]:8.2f} {r[s, 2]:8.2f}")
+            print(f"{s:4d} {r[s, 0]:8.2f} {r[s, 1]:8.2f} {r[s, 2]:8.2f} {r[s, 3]:7.0f}")
 
 
 if __name__ == "__main__":

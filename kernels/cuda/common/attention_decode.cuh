@@ -222,6 +222,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   chunk = (chunk + R - 1) / R * R;
   int n_act = max(1, (len + chunk - 1) / chunk);
   if (split >= n_act) return;
+  profile_stamp(0);
   int start = split * chunk, end = min(start + chunk, len);
   const T* qrow = q + ((long long)t * H + h0) * D;
   const C* kv_new = 0;  // FUSED: the newest key then value (cache dtype), or none
@@ -249,12 +250,14 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     dec_rope_preload<T, D>(pre, t, rp);
     pdl_trigger();
     pdl_wait();
+    profile_stamp(1);
     __shared__ __align__(16) T sm_q[HB * D];
     __shared__ C sm_kv[2 * D];
     dec_rope_prologue<T, C, D, HB>(sm_q, sm_kv, &sm_acc[0][0][0], q, kb, vb, t, h0, kh, sub,
                                    blockIdx.y % chunks == 0, rp, pre);
     qrow = sm_q;
     if (sub) kv_new = sm_kv;
+    profile_stamp(2);
   }
 
   float qf[HB][8], m[HB], l[HB], acc[HB][8];
@@ -314,11 +317,13 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
 #pragma unroll
     for (int u = 0; u < U; u++) { kv[u] = kn[u]; vv[u] = vn[u]; }
   }
+  profile_stamp(3);
   if (kv_new) dec_fold_new<C, HB>(kv_new + dl * 8, kv_new + D + dl * 8, qf, m, l, acc, g == 0, LPK);
   attn_group_store<NG, HB, D>(sm_acc, sm_m, sm_l, g, dl, acc, m, l);
   long long th0 = (long long)t * H + h0;
   attn_group_write<T, NG, HB, D>(out, part_acc, part_ml, sm_acc, sm_m, sm_l, th0, split,
                                  a.num_splits, n_act == 1, a.kv_scale);
+  profile_stamp(4);
   if (n_act == 1) return;
   __threadfence();
   __syncthreads();
@@ -328,7 +333,12 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     if (sm_last) atomicExch(c, 0);
   }
   __syncthreads();
+  profile_stamp(5);
   if (!sm_last) return;
   __threadfence();
   dec_combine<T, D, HB>(out, part_acc, part_ml, th0, a.num_splits, n_act, a.kv_scale);
+#ifdef ATLAS_PROFILE
+  __syncthreads();
+  profile_stamp(6);
+#endif
 }

@@ -103,12 +103,42 @@ template <> struct Vec8<fp8> {
   }
 };
 
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Launch timeline for scripts/decode_timeline.py: built only with ATLAS_CUDA_NVRTC_DEFINES=
+// ATLAS_TRACE (a separate cache entry). Thread 0 of block (0, 0, 0) of every launch records
+// {grid id, time it reached pdl_wait, time the wait returned, grid shape} in slot
+// grid id % ATLAS_TRACE_SLOTS of the module's atlas_trace array; the next launch's wait return
+// is this one's end, so the timeline shows what each kernel adds to the step in the graph.
+#ifdef ATLAS_TRACE
+#define ATLAS_TRACE_SLOTS 8192
+__device__ unsigned long long atlas_trace[ATLAS_TRACE_SLOTS * 4];
+#endif
+
 // Programmatic dependent launch (sm_90+). A kernel launched with PDL may start while the
 // previous one drains; pdl_wait() returns once that kernel's writes are visible (a no-op for
 // ordinary launches). pdl_trigger() lets the next PDL kernel start launching early.
 __device__ __forceinline__ void pdl_wait() {
+#ifdef ATLAS_TRACE
+  unsigned long long t0 = global_ns();
+#endif
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+#ifdef ATLAS_TRACE
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+    unsigned long long t1 = global_ns(), g;
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
+    unsigned long long* r = atlas_trace + (g % ATLAS_TRACE_SLOTS) * 4;
+    r[0] = g;
+    r[1] = t0;
+    r[2] = t1;
+    r[3] = gridDim.x | ((unsigned long long)gridDim.y << 21) | ((unsigned long long)gridDim.z << 42);
+  }
 #endif
 }
 // Hint L2 to fetch [p, p + bytes) (16-byte aligned, bytes a multiple of 16): one bulk prefetch
@@ -128,17 +158,14 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Phase timestamps for scripts/kernel_phases.py: built only with ATLAS_CUDA_NVRTC_DEFINES=
-// ATLAS_PROFILE (a separate cache entry); thread 0 of each of the first 2,048 blocks writes the
-// global timer (ns) into slot i (< 8) of its row of the module's atlas_profile array. A no-op in
-// normal builds.
+// ATLAS_PROFILE (a separate cache entry); thread 0 of each of the first 2,048 blocks (linear
+// index over x, y, z) writes the global timer (ns) into slot i (< 8) of its row of the module's
+// atlas_profile array. A no-op in normal builds.
 #ifdef ATLAS_PROFILE
 __device__ unsigned long long atlas_profile[2048 * 8];
 __device__ __forceinline__ void profile_stamp(int i) {
-  if (threadIdx.x == 0 && blockIdx.x < 2048) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    atlas_profile[blockIdx.x * 8 + i] = t;
-  }
+  unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);  // linear block
+  if (threadIdx.x == 0 && b < 2048) atlas_profile[b * 8 + i] = global_ns();
 }
 #else
 __device__ __forceinline__ void profile_stamp(int) {}

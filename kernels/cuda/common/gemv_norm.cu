@@ -8,9 +8,11 @@
 // shared memory; a block covers 8 / S * G columns. Each lane keeps a group of chunks of every row
 // it reads in flight and loads the next group before using the current one.
 // The first weight group is loaded before griddepcontrol.wait (weights never depend on the
-// previous kernel), so it overlaps the previous kernel's tail; with pf the first warp of each
-// column group also asks L2 for its whole rows there, so a matrix that fits in L2 streams from
-// DRAM while short kernels before it (rope, attention, a recurrent step) still run.
+// previous kernel), so it overlaps the previous kernel's tail; the _p2 kernels load the second
+// group there too (a MoE router's norm GEMV; a plain GEMV after a latency-bound kernel: H200 batch 1 qwen3-30b-a3b 403.4 -> 409.3 tok/s,
+// while after a GEMV the early loads only slow its tail: 8b 238.8 -> 229.3 when always on);
+// with pf the first warp of each column group also asks L2 for its whole rows there, so a
+// matrix that fits in L2 streams from DRAM while short kernels before it still run.
 // With the norm, the prologue overlaps too: every block normalises the M rows itself into shared
 // memory, the norm weight loaded before the wait and a row's x and residual (from L2) all at once
 // for K <= 8192 (one round trip: H200 batch 1 qwen3-8b 235.6 -> 241.1 tok/s against two sweeps),
@@ -34,7 +36,7 @@ __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const 
   }
 }
 
-template <typename T, int MT, int G, bool PAIR, bool NORM>
+template <typename T, int MT, int G, bool PAIR, bool NORM, bool PRE2 = false>
 __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, const T* residual,
                            const T* nw, float eps, int zc, const T* __restrict__ w,
                            const T* __restrict__ bias, int M, int N, int K, int m0, int S,
@@ -57,6 +59,9 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
       if (lane == r) prefetch_l2_range(rows[r], K * sizeof(T));
   Vec8<T> cur[R][CH], nxt[R][CH];
   gemvn_load<T, R, CH>(cur, rows, part, S, K);
+  // PRE2 (the _p2 kernels): the second group too, both register stages in flight before the
+  // wait; their own kernels, as holding both takes a kernel to ~128 registers
+  if (PRE2 && (part + CH * S) * 256 < K) gemvn_load<T, R, CH>(nxt, rows, part + CH * S, S, K);
   NormWeight<T> nwp;
   if (NORM) norm_weight_preload<T>(nwp, nw, K);
   pdl_trigger();
@@ -75,7 +80,9 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
   for (int chunk = part;;) {
     int next = chunk + CH * S;
     bool more = next * 256 < K;
-    if (more) gemvn_load<T, R, CH>(nxt, rows, next, S, K);
+    // PRE2: nxt already holds group `next` (loaded before the wait or at the end of the last
+    // iteration, after the move); else it is issued now, while cur is used
+    if (!PRE2 && more) gemvn_load<T, R, CH>(nxt, rows, next, S, K);
 #pragma unroll
     for (int c = 0; c < CH; c++) {
       int k = (chunk + c * S) * 256 + lane * 8;
@@ -100,6 +107,7 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
     for (int c = 0; c < CH; c++)
 #pragma unroll
       for (int r = 0; r < R; r++) cur[r][c] = nxt[r][c];
+    if (PRE2 && (next + CH * S) * 256 < K) gemvn_load<T, R, CH>(nxt, rows, next + CH * S, S, K);
     chunk = next;
   }
 #pragma unroll
@@ -162,8 +170,26 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
     gemvn_impl<T, MT, G, true, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K, m0, s,  \
                                      pf, gelu);                                               \
   }
+// _p2: one row of x, two weight groups loaded before the wait (gemvn_p2 after a latency-bound
+// kernel; gemvn_norm_p2 for a router: a warp's whole row)
+#define GEMVN_P2(T, S, G)                                                                     \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_p2_##S##_m1_g##G(                  \
+      T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0, int s,        \
+      int pf) {                                                                               \
+    gemvn_impl<T, 1, G, false, false, true>(y, nullptr, nullptr, x, nullptr, nullptr, 0.f, 0, \
+                                            w, bias, M, N, K, m0, s, pf, 0);                  \
+  }
+#define GEMVN_NORM_P2(T, S)                                                                   \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_norm_p2_##S##_m1_g1(               \
+      T* y, T* r, T* hn, const T* x, const T* res, const T* nw, float eps, int zc,            \
+      const T* w, const T* bias, int M, int N, int K, int m0, int s, int pf) {                \
+    gemvn_impl<T, 1, 1, false, true, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K,   \
+                                           m0, s, pf, 0);                                     \
+  }
 #define GEMVN_MT(T, S, MT)                                                                    \
   GEMVN(T, S, MT, 1) GEMVN(T, S, MT, 2) GEMVN(T, S, MT, 4)                                    \
   GEMVN_NORM(T, S, MT, 1) GEMVN_NORM(T, S, MT, 2) GEMVN_NORM_ONLY(T, S, MT, 4)
-#define GEMVNS(T, S) GEMVN_MT(T, S, 1) GEMVN_MT(T, S, 2) GEMVN_MT(T, S, 4) GEMVN_MT(T, S, 8)
+#define GEMVNS(T, S)                                                                          \
+  GEMVN_MT(T, S, 1) GEMVN_MT(T, S, 2) GEMVN_MT(T, S, 4) GEMVN_MT(T, S, 8)                     \
+  GEMVN_P2(T, S, 1) GEMVN_P2(T, S, 2) GEMVN_P2(T, S, 4) GEMVN_NORM_P2(T, S)
 INSTANTIATE(GEMVNS)

@@ -168,6 +168,13 @@ def gdn_decode_kernel() -> str:
     return _choice("ATLAS_CUDA_GDN_DECODE", GDN_DECODE_KERNELS)
 
 
+def gemv_preload() -> str:
+    """``ATLAS_CUDA_GEMV_PRELOAD``: weight groups a decode GEMV without the norm prologue loads
+    before its PDL wait: ``auto`` (default: two right after decode attention or a GDN recurrent
+    step, else one), ``one`` or ``two`` (always)."""
+    return _choice("ATLAS_CUDA_GEMV_PRELOAD", ("auto", "one", "two"))
+
+
 def _flag(name: str, default: str) -> bool:
     return os.environ.get(name, default).strip().lower() not in ("0", "false", "no", "off")
 

@@ -49,6 +49,9 @@ class KernelLibrary:
         self.modules: dict[tuple[str, str], Any] = {}
         self.kernels: dict[tuple[str, str, str], Any] = {}
         self.pdl_supported = True
+        self._module_of: dict[int, str] = {}
+        #: Module of the kernel launched last (on this library's stream; captures included).
+        self.last_module: str | None = None
 
     def kernel(self, module: str, variant: str, name: str, max_shmem: int = 0) -> Any:
         key = (module, variant, name)
@@ -61,6 +64,7 @@ class KernelLibrary:
                                        self.cache_dir)
                 mod = self.modules[(module, variant)] = ObjectCode.from_cubin(cubin)
             k = self.kernels[key] = mod.get_kernel(name)
+            self._module_of[id(k)] = module
             if max_shmem > 48 << 10:
                 _set_max_shmem(k, max_shmem, self.backend.device.device_id)
         return k
@@ -72,6 +76,7 @@ class KernelLibrary:
         ``cluster``: thread block cluster shape (sm_90+; ``grid`` then counts clusters, as
         cuda.core's LaunchConfig does)."""
         from cuda.core import LaunchConfig, launch
+        self.last_module = self._module_of.get(id(kernel))
         extra = {} if cluster is None else {"cluster": cluster}
         config = None
         if pdl and self.pdl_supported:

@@ -19,6 +19,9 @@ _COLS_PER_BLOCK = 8
 NORM_GEMV_SHMEM = 64 << 10
 #: Blocks ``auto`` aims for at least (about one per SM of an H200), splitting K below it.
 _MIN_BLOCKS = 128
+#: Kernels after which DRAM idles (one decode token's attention, a GDN recurrent step): the next
+#: GEMV loads two weight groups before its PDL wait (:meth:`GemvOps._preload_two`).
+_LATENCY_BOUND_MODULES = frozenset({"attention_rope_decode", "attention_decode", "delta_rule"})
 #: Weights (N * K) up to which the fused norm GEMV takes four columns per warp.
 _SMALL_NORM_GEMV = 12 << 20
 
@@ -67,6 +70,16 @@ class GemvOps:
         limit = min(cuda_env.gemv_prefetch_mb() * (1 << 20), 0.75 * self.be.l2_bytes)
         return int(bool(self._pdl) and weight.nbytes <= limit)
 
+    def _preload_two(self) -> bool:
+        """Whether a one-row decode GEMV without the norm prologue should load its second weight
+        group before the PDL wait too (the ``_p2`` kernels; ``ATLAS_CUDA_GEMV_PRELOAD``;
+        ``auto``: right after a latency-bound kernel, decode attention or a GDN recurrent step,
+        that leaves DRAM idle; after a GEMV the early loads only slow that GEMV's tail)."""
+        mode = cuda_env.gemv_preload()
+        if mode == "auto":
+            return self.be.kernels.last_module in _LATENCY_BOUND_MODULES
+        return mode == "two"
+
     def _gemv(self, y: DeviceArray, x: DeviceArray, weight: DeviceArray,
               bias: DeviceArray | None, M: int, N: int, K: int) -> None:
         """``y = x @ weight.T + bias`` for 16-byte aligned operands, K a multiple of 8: a warp
@@ -75,7 +88,8 @@ class GemvOps:
         if cuda_env.gemv_tile() != "old":
             g, s = gemv_tile(N, K)
             for m0, mt in _row_tiles(M):
-                k = self.be.kernels.kernel("gemv_norm", v, f"gemvn_{v}_m{mt}_g{g}")
+                p2 = "p2_" if mt == 1 and self._preload_two() else ""
+                k = self.be.kernels.kernel("gemv_norm", v, f"gemvn_{p2}{v}_m{mt}_g{g}")
                 self.be.kernels.launch(k, -(-N // (8 // s * g)), 256, y, x, weight, bias, M, N,
                                        K, m0, s, self._l2_prefetch(weight), pdl=self._pdl)
             return
@@ -167,7 +181,11 @@ class GemvOps:
         extra = (int(activation != "silu"),) if activation else ()
         for m0, mt in _row_tiles(M):
             shmem = mt * K * x.dtype.itemsize
-            k = self.be.kernels.kernel("gemv_norm", v, f"{name}_{v}_m{mt}_g{g}", NORM_GEMV_SHMEM)
+            # one row of a router-sized matrix a warp: both its groups before the wait
+            p2 = "_p2" if (g == 1 and not activation and mt == 1
+                           and cuda_env.gemv_preload() != "one") else ""
+            k = self.be.kernels.kernel("gemv_norm", v, f"{name}{p2}_{v}_m{mt}_g{g}",
+                                       NORM_GEMV_SHMEM)
             self.be.kernels.launch(k, -(-n // (8 // s * g)), 256, y, r, h, x, residual,
                                    norm_weight, float(eps), int(zero_centered), weight, bias, M,
                                    n, K, m0, s, self._l2_prefetch(weight), *extra, shmem=shmem,
