@@ -24,8 +24,12 @@ ROPE_DECODE_MAX_TOKENS = 8
 FLASH_BM = FLASH_BN = 64
 #: Completion counters per kernel kind (attention: token x head chunk; sampling: row).
 COUNTERS = 4096
-#: Most floats of split partials the last block of the decode kernel merges.
-COMBINE_FLOATS = 16384
+#: Most floats of split partials the last block of the decode kernel merges (caps the splits:
+#: 16 at head_dim 128 with 4 heads a block). 16384 before: H200 batch 1, fewer splits of more
+#: rounds each, qwen3-8b at 4,096 tokens of context 233.5 -> 238.5 tok/s, qwen3-30b-a3b at 512
+#: 394.7 -> 413.0, qwen3.5-35b-a3b 437.4 -> 439.3; at 128 tokens unchanged. Not measured beyond
+#: 4K of context, where fewer blocks may read the cache more slowly.
+COMBINE_FLOATS = 8192
 #: Resident decode-attention blocks per SM (128 threads, ~210 registers).
 BLOCKS_PER_SM = 2
 
@@ -204,7 +208,7 @@ class AttentionOps:
 
     def _decode_plan(self, t: int, h: int, kh: int, d: int, max_ctx: int) -> tuple[int, int]:
         """``(heads per block, splits)``: one wave of blocks (two per SM), each split at least one
-        round of keys, the in-kernel combine's partials (splits x heads x d floats) <= 64 KiB;
+        round of keys, the in-kernel combine's partials (splits x heads x d floats) <= 32 KiB;
         fewer heads per block only where that gains a quarter more blocks."""
         group, target = h // kh, BLOCKS_PER_SM * self.be.num_sms
         per_round = {16: 256, 32: 128, 64: 64, 128: 32, 256: 16}[d]
