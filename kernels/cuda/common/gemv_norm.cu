@@ -9,7 +9,7 @@
 // it reads in flight and loads the next group before using the current one.
 // The first weight group is loaded before griddepcontrol.wait (weights never depend on the
 // previous kernel), so it overlaps the previous kernel's tail; the _p2 kernels load the second
-// group there too (a MoE router's norm GEMV; a plain GEMV after a latency-bound kernel: H200 batch 1 qwen3-30b-a3b 403.4 -> 409.3 tok/s,
+// group there too (a plain GEMV after a latency-bound kernel: H200 batch 1 qwen3-30b-a3b 403.4 -> 409.3 tok/s,
 // while after a GEMV the early loads only slow its tail: 8b 238.8 -> 229.3 when always on);
 // with pf the first warp of each column group also asks L2 for its whole rows there, so a
 // matrix that fits in L2 streams from DRAM while short kernels before it still run.
@@ -170,8 +170,7 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
     gemvn_impl<T, MT, G, true, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K, m0, s,  \
                                      pf, gelu);                                               \
   }
-// _p2: one row of x, two weight groups loaded before the wait (gemvn_p2 after a latency-bound
-// kernel; gemvn_norm_p2 for a router: a warp's whole row)
+// _p2: one row of x, two weight groups loaded before the wait (after a latency-bound kernel)
 #define GEMVN_P2(T, S, G)                                                                     \
   extern "C" __global__ void __launch_bounds__(256) gemvn_p2_##S##_m1_g##G(                  \
       T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0, int s,        \
@@ -179,17 +178,10 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
     gemvn_impl<T, 1, G, false, false, true>(y, nullptr, nullptr, x, nullptr, nullptr, 0.f, 0, \
                                             w, bias, M, N, K, m0, s, pf, 0);                  \
   }
-#define GEMVN_NORM_P2(T, S)                                                                   \
-  extern "C" __global__ void __launch_bounds__(256) gemvn_norm_p2_##S##_m1_g1(               \
-      T* y, T* r, T* hn, const T* x, const T* res, const T* nw, float eps, int zc,            \
-      const T* w, const T* bias, int M, int N, int K, int m0, int s, int pf) {                \
-    gemvn_impl<T, 1, 1, false, true, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K,   \
-                                           m0, s, pf, 0);                                     \
-  }
 #define GEMVN_MT(T, S, MT)                                                                    \
   GEMVN(T, S, MT, 1) GEMVN(T, S, MT, 2) GEMVN(T, S, MT, 4)                                    \
   GEMVN_NORM(T, S, MT, 1) GEMVN_NORM(T, S, MT, 2) GEMVN_NORM_ONLY(T, S, MT, 4)
 #define GEMVNS(T, S)                                                                          \
   GEMVN_MT(T, S, 1) GEMVN_MT(T, S, 2) GEMVN_MT(T, S, 4) GEMVN_MT(T, S, 8)                     \
-  GEMVN_P2(T, S, 1) GEMVN_P2(T, S, 2) GEMVN_P2(T, S, 4) GEMVN_NORM_P2(T, S)
+  GEMVN_P2(T, S, 1) GEMVN_P2(T, S, 2) GEMVN_P2(T, S, 4)
 INSTANTIATE(GEMVNS)

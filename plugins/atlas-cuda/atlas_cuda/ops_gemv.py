@@ -181,11 +181,7 @@ class GemvOps:
         extra = (int(activation != "silu"),) if activation else ()
         for m0, mt in _row_tiles(M):
             shmem = mt * K * x.dtype.itemsize
-            # one row of a router-sized matrix a warp: both its groups before the wait
-            p2 = "_p2" if (g == 1 and not activation and mt == 1
-                           and cuda_env.gemv_preload() != "one") else ""
-            k = self.be.kernels.kernel("gemv_norm", v, f"{name}{p2}_{v}_m{mt}_g{g}",
-                                       NORM_GEMV_SHMEM)
+            k = self.be.kernels.kernel("gemv_norm", v, f"{name}_{v}_m{mt}_g{g}", NORM_GEMV_SHMEM)
             self.be.kernels.launch(k, -(-n // (8 // s * g)), 256, y, r, h, x, residual,
                                    norm_weight, float(eps), int(zero_centered), weight, bias, M,
                                    n, K, m0, s, self._l2_prefetch(weight), *extra, shmem=shmem,

@@ -27,3 +27,27 @@ def test_forced_tile_caps_gate_up_columns(monkeypatch):
     monkeypatch.setenv("ATLAS_CUDA_GEMV_TILE", "g4s2")
     assert gemv_tile(4096, 4096, True, False) == (4, 2)
     assert gemv_tile(4096, 4096, True, True) == (2, 2)
+
+
+def test_two_weight_groups_early_only_after_latency_bound_kernels(monkeypatch):
+    """``ATLAS_CUDA_GEMV_PRELOAD=auto`` picks the ``_p2`` GEMV right after decode attention or
+    a GDN recurrent step (DRAM idles there), not after another GEMV; ``one`` / ``two`` force."""
+    from types import SimpleNamespace
+
+    from atlas_cuda.ops_gemv import GemvOps
+
+    ops = GemvOps()
+    ops.be = SimpleNamespace(kernels=SimpleNamespace(last_module="attention_rope_decode"))
+    monkeypatch.delenv("ATLAS_CUDA_GEMV_PRELOAD", raising=False)
+    assert ops._preload_two()
+    for module in ("attention_decode", "delta_rule"):
+        ops.be.kernels.last_module = module
+        assert ops._preload_two()
+    for module in ("gemv_norm", "moe_experts1", None):
+        ops.be.kernels.last_module = module
+        assert not ops._preload_two()
+    monkeypatch.setenv("ATLAS_CUDA_GEMV_PRELOAD", "two")
+    assert ops._preload_two()
+    monkeypatch.setenv("ATLAS_CUDA_GEMV_PRELOAD", "one")
+    ops.be.kernels.last_module = "attention_rope_decode"
+    assert not ops._preload_two()
