@@ -10,7 +10,6 @@ includes what PDL overlap hides and what each kernel boundary costs.
 from __future__ import annotations
 
 import argparse
-import re
 from collections import Counter
 
 
@@ -25,6 +24,7 @@ def main() -> None:
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine.loading import create_backend
+    from atlas_cuda.kernels_loader import kernel_family
     be, registry = create_backend("cuda")
     model = build_random_model(shape_config(a.model), be, registry)
     lib = be.kernels
@@ -33,7 +33,7 @@ def main() -> None:
 
     def named_kernel(module, variant, name, *args, **kw):
         k = kernel(module, variant, name, *args, **kw)
-        names[id(k)] = re.sub(r"_(bf16|f16|f32)(_|$)", r"\2", name)
+        names[id(k)] = kernel_family(name)
         return k
 
     skip: set[str] = set()

@@ -15,8 +15,6 @@ block reached its wait (lead: the pre-wait work overlapped with the kernel befor
 from __future__ import annotations
 
 import argparse
-import os
-import re
 from collections import defaultdict
 
 import numpy as np
@@ -31,14 +29,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--show", type=int, default=12, help="print the step's last N launches")
     a = p.parse_args()
-    defines = os.environ.get("ATLAS_CUDA_NVRTC_DEFINES", "")
-    if "ATLAS_TRACE" not in (d.strip().partition("=")[0] for d in defines.split(",")):
-        os.environ["ATLAS_CUDA_NVRTC_DEFINES"] = ",".join(x for x in (defines, "ATLAS_TRACE") if x)
+    from atlas_cuda.compiler import add_define
+    add_define("ATLAS_TRACE")
     from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine.loading import create_backend
     from atlas_cuda.driver import check, drv
+    from atlas_cuda.kernels_loader import kernel_family, module_global
 
     be, registry = create_backend("cuda")
     lib = be.kernels
@@ -48,7 +46,7 @@ def main() -> None:
 
     def named_kernel(module, variant, name, *args, **kw):
         k = kernel(module, variant, name, *args, **kw)
-        meta[id(k)] = (module, re.sub(r"_(bf16|f16|f32)(_|$)", r"\2", name))
+        meta[id(k)] = (module, kernel_family(name))
         return k
 
     def noting_launch(k, grid, *args, **kw):
@@ -64,13 +62,8 @@ def main() -> None:
     step_ms = replay_ms(be, graph, 50)
     print(f"{a.model}: decode graph {step_ms:.3f} ms (tracing build), {model.num_layers} layers")
     d = drv()
-    arrays = []
-    for (module, _v), mod in lib.modules.items():
-        handle = mod.handle
-        getter = d.cuLibraryGetGlobal if isinstance(handle, d.CUlibrary) else d.cuModuleGetGlobal
-        err, ptr, _size = getter(handle, b"atlas_trace")
-        if int(err) == 0:
-            arrays.append((module, ptr))
+    arrays = [(module, ptr) for (module, _v), mod in lib.modules.items()
+              if (ptr := module_global(mod, "atlas_trace")) is not None]
     nbytes = SLOTS * 4 * 8
     host = np.zeros((SLOTS, 4), np.uint64)
     cost: dict[str, list] = defaultdict(list)

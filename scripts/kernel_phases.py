@@ -14,7 +14,6 @@ last layer) and prints, per slot, when the blocks reached it relative to the fir
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 
@@ -28,14 +27,14 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--prompt", type=int, default=128)
     a = p.parse_args()
-    defines = os.environ.get("ATLAS_CUDA_NVRTC_DEFINES", "")
-    if "ATLAS_PROFILE" not in (d.strip().partition("=")[0] for d in defines.split(",")):
-        os.environ["ATLAS_CUDA_NVRTC_DEFINES"] = ",".join(x for x in (defines, "ATLAS_PROFILE") if x)
+    from atlas_cuda.compiler import add_define
+    add_define("ATLAS_PROFILE")
     from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine.loading import create_backend
     from atlas_cuda.driver import check, drv
+    from atlas_cuda.kernels_loader import module_global
 
     be, registry = create_backend("cuda")
     model = build_random_model(shape_config(a.model), be, registry)
@@ -45,9 +44,9 @@ def main() -> None:
     if not mods:
         raise SystemExit(f"module {a.module} was not used by this model's decode step")
     d = drv()
-    handle = mods[0].handle
-    getter = d.cuLibraryGetGlobal if isinstance(handle, d.CUlibrary) else d.cuModuleGetGlobal
-    ptr, size = check(getter(handle, b"atlas_profile"))
+    ptr = module_global(mods[0], "atlas_profile")
+    if ptr is None:
+        raise SystemExit(f"{a.module} has no atlas_profile array: does it include common.cuh?")
     nbytes = SLOTS * MAX_BLOCKS * 8
     host = np.zeros((MAX_BLOCKS, SLOTS), np.uint64)
     runs = []

@@ -9,8 +9,9 @@
 // it reads in flight and loads the next group before using the current one.
 // The first weight group is loaded before griddepcontrol.wait (weights never depend on the
 // previous kernel), so it overlaps the previous kernel's tail; the _p2 kernels load the second
-// group there too (a plain GEMV after a latency-bound kernel: H200 batch 1 qwen3-30b-a3b 403.4 -> 409.3 tok/s,
-// while after a GEMV the early loads only slow its tail: 8b 238.8 -> 229.3 when always on);
+// group there too (a plain GEMV after a latency-bound kernel: H200 batch 1 qwen3-30b-a3b
+// 404.3 -> 411.4 tok/s, while after a GEMV the early loads only slow its tail: 8b 238.8 ->
+// 229.3 when always on);
 // with pf the first warp of each column group also asks L2 for its whole rows there, so a
 // matrix that fits in L2 streams from DRAM while short kernels before it still run.
 // With the norm, the prologue overlaps too: every block normalises the M rows itself into shared

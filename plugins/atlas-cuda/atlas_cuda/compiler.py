@@ -82,6 +82,14 @@ def build_options(arch: str, variant: str) -> dict:
     return opts
 
 
+def add_define(name: str) -> None:
+    """Add macro ``name`` to ``ATLAS_CUDA_NVRTC_DEFINES`` unless it is there (the profiling
+    scripts' builds: ``ATLAS_PROFILE``, ``ATLAS_TRACE``); call before the first kernel build."""
+    defines = os.environ.get("ATLAS_CUDA_NVRTC_DEFINES", "")
+    if name not in (d.strip().partition("=")[0] for d in defines.split(",")):
+        os.environ["ATLAS_CUDA_NVRTC_DEFINES"] = ",".join(x for x in (defines, name) if x)
+
+
 def extra_defines() -> list:
     """``ATLAS_CUDA_NVRTC_DEFINES``: comma-separated ``NAME`` or ``NAME=VALUE`` macros added to
     every build (profiling builds, e.g. ``ATLAS_PROFILE`` for scripts/kernel_phases.py); they

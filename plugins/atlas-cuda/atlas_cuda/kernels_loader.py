@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,21 @@ def kernel_arg(a: Any) -> Any:
     if isinstance(a, float):
         return np.float32(a)
     return a
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's name without its dtype variant (``gemvn_bf16_m1_g4`` -> ``gemvn_m1_g4``)."""
+    return re.sub(r"_(bf16|f16|f32)(_|$)", r"\2", name)
+
+
+def module_global(module: Any, symbol: str) -> int | None:
+    """Device address of ``__device__`` variable ``symbol`` of a loaded module (``ObjectCode``),
+    or None where the module has none (profiling arrays: ``atlas_profile``, ``atlas_trace``)."""
+    d = drv()
+    handle = module.handle
+    getter = d.cuLibraryGetGlobal if isinstance(handle, d.CUlibrary) else d.cuModuleGetGlobal
+    err, ptr, _size = getter(handle, symbol.encode())
+    return int(ptr) if err == d.CUresult.CUDA_SUCCESS else None
 
 
 class KernelLibrary:

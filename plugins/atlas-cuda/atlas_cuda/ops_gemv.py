@@ -4,8 +4,6 @@ fused ``linear_act_and_mul`` and ``rms_norm_linear`` (``kernels/cuda/common/line
 
 from __future__ import annotations
 
-from typing import Any
-
 from atlas_core.ops.norm import compose_rms_norm_linear
 from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
@@ -144,8 +142,7 @@ class GemvOps:
         if activation not in (None, "silu", "gelu_tanh", "gelu_pytorch_tanh"):
             raise ValueError(f"rms_norm_linear: unsupported activation {activation!r}; "
                              "use None, silu or gelu_tanh")
-        K, rows_w = x.shape[-1], weight.shape[0]
-        M = x.size // K if K else 0
+        rows_w = weight.shape[0]
         if activation is not None and rows_w % 2:
             raise ValueError(f"rms_norm_linear: weight has {rows_w} rows; gate and up need an "
                              "even count")
