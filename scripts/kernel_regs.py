@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of each kernel of a module, from ptxas (no GPU needed):
 
-    python scripts/kernel_regs.py moe_block [bf16] [--hw hopper] [--grep mb_down]
+    python scripts/kernel_regs.py moe_block [bf16] [--hw hopper] [--grep mb_down] [-D X=1]
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ def main() -> None:
     p.add_argument("variant", nargs="?", default="bf16")
     p.add_argument("--hw", default="hopper", choices=("hopper", "gb10"))
     p.add_argument("--grep", default="")
+    p.add_argument("-D", dest="defines", action="append", default=[],
+                   help="an extra macro, NAME or NAME=VALUE (repeatable)")
     a = p.parse_args()
     from cuda.bindings import nvrtc
     from atlas_cuda import compiler
@@ -27,6 +29,7 @@ def main() -> None:
     args = [f"-arch={opts['arch']}", "-std=c++17", "-Xptxas", "-v"]
     args += [f"-D{m}" if isinstance(m, str) else f"-D{m[0]}={m[1]}"
              for m in opts.get("define_macro", [])]
+    args += [f"-D{d}" for d in a.defines]
     _, prog = nvrtc.nvrtcCreateProgram(sources.text(a.module + ".cu").encode(), b"k.cu", 0, [], [])
     err, = nvrtc.nvrtcCompileProgram(prog, len(args), [s.encode() for s in args])
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)

@@ -20,6 +20,11 @@ _MIN_BLOCKS = 128
 #: Kernels after which DRAM idles (one decode token's attention, a GDN recurrent step): the next
 #: GEMV loads two weight groups before its PDL wait (:meth:`GemvOps._preload_two`).
 _LATENCY_BOUND_MODULES = frozenset({"attention_rope_decode", "attention_decode", "delta_rule"})
+#: Output columns from which a GEMV with K <= 2,048 (a small model's lm_head) takes two columns
+#: per warp and no K split, so each warp keeps two weight groups in flight instead of one:
+#: H200 batch 1, qwen3-30b-a3b's lm_head (151,936 x 2,048) 415.5 -> 421.6 tok/s against one
+#: column and two splits (four columns 420.2, one column and no split 419.2; session 11).
+_WIDE_N = 16384
 #: Weights (N * K) up to which the fused norm GEMV takes four columns per warp.
 _SMALL_NORM_GEMV = 12 << 20
 
@@ -36,7 +41,8 @@ def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> t
     (docs/benchmarks.md, session 4): ``linear`` with N in 2048..4096 (o_proj, the 8B down) takes
     four columns per warp and splits K until there are about two blocks per SM (2 x
     :data:`_MIN_BLOCKS`; 8B o_proj 11.2 -> 9.8 us, down 29.7 -> 25.5, the MoE models' o_proj 6.9
-    -> 5.8); other shapes four K splits for K >= 8192, else two (qkv, gate_up, lm_head). The
+    -> 5.8); other shapes four K splits for K >= 8192, two columns and no split for K <= 2,048
+    and at least :data:`_WIDE_N` columns (a small model's lm_head), else two splits. The
     fused norm GEMV reads two weight rows per warp (two columns, or the gate and up row of
     one), four columns for matrices of at most :data:`_SMALL_NORM_GEMV` weights (30B qkv 8.9 ->
     7.4 us), one below 1,024 columns (a MoE router), no split. Small grids split K further
@@ -52,6 +58,8 @@ def gemv_tile(N: int, K: int, fused_norm: bool = False, pair: bool = False) -> t
             s *= 2
     elif K >= 8192:
         g, s = 1, 4
+    elif K <= 2048 and N >= _WIDE_N:
+        g, s = 2, 1
     else:
         g, s = 1, 2
     while s < 8 and -(-N // (8 // s * g)) < _MIN_BLOCKS and K >= 512 * s:

@@ -12,6 +12,8 @@ from atlas_cuda.ops_gemv import gemv_tile
     (2048, 768, False, False, (4, 2)),      # short K: at least 128 blocks
     (6144, 4096, False, False, (1, 2)),     # qkv without the norm
     (151936, 4096, False, False, (1, 2)),   # lm_head
+    (151936, 2048, False, False, (2, 1)),   # 30B lm_head: two groups a warp, no split
+    (151936, 1024, False, False, (2, 1)),   # 0.6B lm_head
     (6144, 4096, True, False, (2, 1)),      # 8B qkv after the input norm
     (5120, 2048, True, False, (4, 1)),      # 30B qkv: small, four columns per warp
     (12288, 4096, True, True, (1, 1)),      # gate_up + SiLU: gate and up row per column

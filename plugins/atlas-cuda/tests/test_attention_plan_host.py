@@ -1,0 +1,28 @@
+"""Split decode attention's (heads per block, splits) plan (no GPU needed): measured bests on an
+H200 (132 SMs), docs/benchmarks.md."""
+
+import pytest
+
+from atlas_cuda.ops_attention import BLOCKS_PER_SM, COMBINE_FLOATS, decode_plan
+
+
+@pytest.mark.parametrize("t,h,kh,d,ctx,want", [
+    (1, 32, 4, 128, 4096, (1, 8)),    # qwen3-30b-a3b batch 1: one head, 8 splits (not 2 x 16)
+    (1, 32, 8, 128, 4096, (1, 8)),    # qwen3-8b
+    (1, 16, 8, 128, 4096, (1, 16)),   # qwen3-0.6b (not 2 x 32)
+    (1, 16, 2, 256, 4096, (1, 16)),   # qwen3.5-35b-a3b's attention layers
+    (1, 32, 4, 128, 128, (1, 4)),     # a short cache: splits of at least a round of keys
+    (32, 32, 8, 128, 4096, (4, 1)),   # 32 tokens fill the wave: 4 heads share K/V, no split
+])
+def test_decode_plan(t, h, kh, d, ctx, want):
+    assert decode_plan(t, h, kh, d, ctx, 132) == want
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 8, 32, 256])
+@pytest.mark.parametrize("h,kh,d", [(32, 4, 128), (32, 8, 128), (16, 2, 256), (8, 8, 64)])
+def test_decode_plan_limits(t, h, kh, d):
+    hb, splits = decode_plan(t, h, kh, d, 32768, 132)
+    assert (h // kh) % hb == 0
+    assert splits * hb * d <= COMBINE_FLOATS or splits == 1
+    blocks = t * kh * (h // kh // hb) * splits
+    assert splits == 1 or blocks <= BLOCKS_PER_SM * 132
