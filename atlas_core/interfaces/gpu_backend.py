@@ -152,6 +152,13 @@ class GpuBackend(ABC):
         allocates nothing and replays into the same addresses (what makes graph capture work).
         """
 
+    def layer_scope(self, nbytes: int) -> Any:
+        """Optional. Called by the model loop before its layers with the bytes each layer hands
+        to the next (hidden + residual); returns None or an object whose ``carry(*arrays)``,
+        called after every layer, returns those arrays (maybe moved) and lets the backend reuse
+        everything else that layer's ops allocated. Default: None (nothing to reuse)."""
+        return None
+
     @property
     def supports_graphs(self) -> bool:
         """Optional. True when :meth:`capture` records real device graphs."""

@@ -78,8 +78,12 @@ class CausalLM(Module):
         ops = self.ops
         hidden = ops.embedding(input_ids, self.params["model.embed_tokens.weight"])
         residual = None
+        # the backend may reuse each layer's op outputs once the next layer has its inputs
+        scope = self.backend.layer_scope(2 * hidden.nbytes) if self.backend else None
         for layer in self.layers:
             hidden, residual = layer.forward(hidden, residual, meta)
+            if scope is not None:
+                hidden, residual = scope.carry(hidden, residual)
         norm = self.params["model.norm.weight"]
         if residual is None:
             return ops.rms_norm(hidden, norm, self.eps, zero_centered=self.zero_centered_norm)

@@ -15,12 +15,15 @@ from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.driver import DeviceAllocation, check, drv
 from atlas_cuda.kernels_loader import KernelLibrary
-from atlas_cuda.memory import StagingRing, Workspace
+from atlas_cuda.memory import LayerScope, StagingRing, Workspace
 from atlas_cuda.targets import pick_target
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKSPACE_BYTES = 256 << 20
+#: Bytes a layer hands to the next (hidden + residual) from which a step reuses each layer's
+#: workspace (:class:`LayerScope`): 2 MiB = 256 tokens of a 4,096-wide bf16 model.
+LAYER_SCOPE_BYTES = 2 << 20
 SMALL_COPY_BYTES = 256 << 10
 
 
@@ -214,6 +217,12 @@ class CudaBackend(GpuBackend):
     def reset_workspace(self) -> None:
         self.ensure_current()
         self.workspace.reset()
+
+    def layer_scope(self, nbytes: int) -> LayerScope | None:
+        """A :class:`LayerScope` for steps whose layers hand on at least
+        :data:`LAYER_SCOPE_BYTES` (prefill chunks; decode steps keep their plain arena), else
+        None. The choice depends on the size only, so a graph's probe run and its capture agree."""
+        return LayerScope(self, nbytes) if nbytes >= LAYER_SCOPE_BYTES else None
 
     @property
     def supports_graphs(self) -> bool:

@@ -94,3 +94,15 @@ def test_engine_tokens_same_with_overlap(paths, arch):
     assert got == want
     threaded, _ = _run(paths[arch], True, threaded=True)
     assert threaded == want
+
+
+@pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen3_5ForCausalLM"])
+def test_engine_tokens_same_with_layer_scope(paths, arch, monkeypatch):
+    """Every step (prefills and the captured decode graphs) reusing each layer's workspace."""
+    if arch not in paths:
+        pytest.skip("atlas-qwen35 is not installed")
+    import atlas_cuda.backend
+    want, _ = _run(paths[arch], False)
+    monkeypatch.setattr(atlas_cuda.backend, "LAYER_SCOPE_BYTES", 0)
+    got, _ = _run(paths[arch], False)
+    assert got == want

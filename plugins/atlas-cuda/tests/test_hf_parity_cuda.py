@@ -57,7 +57,25 @@ def test_logits_match_hf(tmp_path_factory, registry, cuda_backend, arch, dtype):
             assert diff.max() < 0.15
 
 
-def test_greedy_matches_hf_generate(tmp_path_factory, registry, cuda_backend):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_hf_with_layer_scope(tmp_path_factory, registry, cuda_backend, monkeypatch,
+                                          arch):
+    """Every step reusing each layer's workspace (the LayerScope long prefills take)."""
+    import atlas_cuda.backend
+    monkeypatch.setattr(atlas_cuda.backend, "LAYER_SCOPE_BYTES", 0)
+    model, hf = _pair(tmp_path_factory, registry, cuda_backend, arch, "float32")
+    runner = ForwardRunner(model, model.backend, max_seq_len=64)
+    ids = np.random.default_rng(3).integers(0, 377, 40).tolist()
+    got = runner.step([ids], all_logits=True)[0]
+    assert np.abs(got - _hf_logits(hf, ids)).max() < 2e-3
+
+
+@pytest.mark.parametrize("scoped", [False, True])
+def test_greedy_matches_hf_generate(tmp_path_factory, registry, cuda_backend, monkeypatch,
+                                    scoped):
+    if scoped:  # prefill and every decode step (graphs included) through the LayerScope
+        import atlas_cuda.backend
+        monkeypatch.setattr(atlas_cuda.backend, "LAYER_SCOPE_BYTES", 0)
     model, hf = _pair(tmp_path_factory, registry, cuda_backend, "Qwen3ForCausalLM", "float32")
     prompt = np.random.default_rng(7).integers(0, 377, 14).tolist()
     got = ForwardRunner(model, model.backend, max_seq_len=64).greedy([prompt], num_tokens=24)[0]
