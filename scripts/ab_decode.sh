@@ -4,7 +4,8 @@
 #   scripts/ab_decode.sh "35b|qwen3.5-35b-a3b|" "35b-block|qwen3.5-35b-a3b|ATLAS_CUDA_MOE_ROUTER=block"
 # Install as gpu_check.sh does (wheels from ./.whl); env: PROMPT (128), DECODE (128), REPEAT (1),
 # BENCH_TIMEOUT (60 s per run), UTIL (--gpu-memory-utilization: 0.85, qwen3.5 shapes 0.6; the 8B
-# with a 4,096-token prompt needs 0.6). Logs in $OUT (default ./ab_out).
+# with a 4,096-token prompt needed 0.6 before the layer scope, session 11). Logs in $OUT
+# (default ./ab_out).
 set -uo pipefail
 OUT=${OUT:-$PWD/ab_out}
 mkdir -p "$OUT"

@@ -79,7 +79,7 @@ class CausalLM(Module):
         hidden = ops.embedding(input_ids, self.params["model.embed_tokens.weight"])
         residual = None
         # the backend may reuse each layer's op outputs once the next layer has its inputs
-        scope = self.backend.layer_scope(2 * hidden.nbytes) if self.backend else None
+        scope = self.backend.layer_scope(2 * hidden.nbytes)
         for layer in self.layers:
             hidden, residual = layer.forward(hidden, residual, meta)
             if scope is not None:

@@ -97,8 +97,6 @@ class LayerScope:
         self.turn = 0
 
     def carry(self, *arrays: DeviceArray | None) -> tuple:
-        if self.be.workspace is not self.ws:
-            return arrays
         sizes = [0 if a is None else (a.nbytes + ALIGN - 1) // ALIGN * ALIGN for a in arrays]
         if sum(sizes) > self.nbytes:
             return arrays  # more than the slot holds: keep everything this time
