@@ -36,3 +36,29 @@ def log_level() -> str:
 def fixtures_dir() -> str | None:
     """``ATLAS_FIXTURES_DIR``: the real-model test fixtures folder (tests only)."""
     return os.environ.get("ATLAS_FIXTURES_DIR") or None
+
+
+def host() -> str | None:
+    """``ATLAS_HOST``: address ``atlas serve`` listens on when ``--host`` is not given."""
+    return os.environ.get("ATLAS_HOST", "").strip() or None
+
+
+def port() -> int | None:
+    """``ATLAS_PORT``: port ``atlas serve`` listens on when ``--port`` is not given.
+
+    Raises:
+        ValueError: the variable is set but is not a port number.
+    """
+    raw = os.environ.get("ATLAS_PORT", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ValueError(f"ATLAS_PORT={raw!r} is not a port number; set it to 1-65535 (e.g. "
+                         "8888) or unset it")
+    return int(raw)
+
+
+def api_keys() -> list[str]:
+    """``ATLAS_API_KEY``: the key ``atlas serve`` requires when no ``--api-key`` is given."""
+    raw = os.environ.get("ATLAS_API_KEY", "").strip()
+    return [raw] if raw else []

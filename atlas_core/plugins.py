@@ -24,6 +24,7 @@ ENTRY_POINT_GROUP = "atlas"
 
 # Built-in plugins go through the same manager as third-party ones.
 DEFAULT_PLUGINS = (
+    "atlas_core.ops.plugin",
     "atlas_core.backends.plugin",
     "atlas_core.comm.plugin",
     "atlas_core.storage.plugin",
@@ -37,6 +38,9 @@ HOOK_KINDS = {
     "register_layers": "layers",
     "register_comm_backends": "comm_backends",
     "register_storage_backends": "storage_backends",
+    "register_ops": "ops",
+    "register_kernel_sources": "kernel_sources",
+    "register_kernel_targets": "kernel_targets",
 }
 
 
@@ -140,7 +144,12 @@ class Registry:
         for impl in hook.get_hookimpls():
             owner = self.pm.get_name(impl.plugin) or repr(impl.plugin)
 
-            def register(name: str, factory: Any, _owner: str = owner) -> None:
+            def register(name: str, factory: Any, _owner: str = owner, *,
+                         backend: str | None = None) -> None:
+                if backend is not None:
+                    if kind != "ops":
+                        raise PluginError(f"plugin {_owner!r}: only register_ops takes backend=")
+                    name = f"{name}@{backend}"
                 if name in table and table[name][1] != _owner:
                     raise PluginError(
                         f"{kind} name {name!r} is registered twice: by plugin {table[name][1]!r} "
@@ -169,10 +178,17 @@ class Registry:
     def create(self, kind: str, name: str, **kwargs: Any) -> Any:
         """Call the factory registered as ``name`` under ``kind`` with ``kwargs``.
 
+        GPU backends also get ``op_registry``: the ops of this registry's plugins, from which
+        they build their ``ops`` table.
+
         Raises:
             KeyError: nothing is registered under that name (the message lists what is).
         """
-        return self.get(kind, name)(**kwargs)
+        factory = self.get(kind, name)
+        if kind == "gpu_backends" and "op_registry" not in kwargs:
+            from atlas_core.ops.registry import OpRegistry
+            kwargs["op_registry"] = OpRegistry(self)
+        return factory(**kwargs)
 
     def plugins(self) -> list[PluginInfo]:
         """Every plugin the manager loaded, and every owner of a registration, by name."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Batch-1 decode tok/s of bench shapes under environment switches, one device call
 # (docs/benchmarks.md). Each argument is "tag|model|VAR=value VAR=value" (empty env: defaults):
-#   scripts/ab_decode.sh "35b|qwen3.5-35b-a3b|" "35b-block|qwen3.5-35b-a3b|ATLAS_CUDA_MOE_ROUTER=block"
+#   scripts/ab_decode.sh "35b|qwen3.5-35b-a3b|" "30b-fused|qwen3-30b-a3b|ATLAS_CUDA_MOE_FUSED=1"
 # Install as gpu_check.sh does (wheels from ./.whl); env: PROMPT (128), DECODE (128), REPEAT (1),
 # BENCH_TIMEOUT (60 s per run), UTIL (--gpu-memory-utilization: 0.85, qwen3.5 shapes 0.6; the 8B
 # with a 4,096-token prompt needed 0.6 before the layer scope, session 11). Logs in $OUT

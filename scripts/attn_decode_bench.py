@@ -1,12 +1,13 @@
-"""A/B microseconds per op of decode attention, the rope prologue and sampling on the GPU: the
-old kernels (``ATLAS_CUDA_ATTN_DECODE=old``) against the current ones, each op captured
-``REPS`` times in one CUDA graph (in-graph time, launch gaps included) and event-timed.
+"""Microseconds per op of decode attention, the rope prologue and sampling on the GPU, each op
+captured ``REPS`` times in one CUDA graph (in-graph time, launch gaps included) and event-timed.
+(The previous kernels these were A/B-timed against are gone; their numbers are in
+docs/benchmarks.md.)
 
 Attention bytes: K and V of every context token once (q and out are negligible); the floor is
 those bytes at 4.2 TB/s. Block tables are as wide as the context (as in the profiled engine).
 
 Rope + attention (``--rope-attention``: that section only): ``rope_cache_attention`` as the
-rope prologue then attention (``ATLAS_CUDA_ROPE_ATTENTION=split``) against the fused kernel.
+rope prologue then attention (its two-op composition) against the fused kernel.
 
     python scripts/attn_decode_bench.py [--precompile | --rope-attention]
 """
@@ -25,19 +26,14 @@ CASES = [(1, c) for c in (128, 512, 1024, 4096, 32768)] + [(4, 1024), (8, 1024),
 REPS, REPLAYS, BLOCK, FLOOR_BPS = 20, 30, 16, 4.2e12
 
 
-def per_op_us(be, fn, mode: str) -> float:
-    """Median in-graph microseconds of one ``fn()`` under ``ATLAS_CUDA_ATTN_DECODE=mode``."""
-    os.environ["ATLAS_CUDA_ATTN_DECODE"] = mode
+def per_op_us(be, fn) -> float:
+    """Median in-graph microseconds of one ``fn()``."""
     be.reset_workspace()
     return graph_ms(be, lambda: [fn() for _ in range(REPS)], REPLAYS) * 1e3 / REPS
 
 
-def ab(be, fn) -> tuple[float, float]:
-    return per_op_us(be, fn, "old"), per_op_us(be, fn, "new")
-
-
 def attention(be, bf16) -> None:
-    print("attention | heads q/kv/d | batch | ctx | KV MB | floor us | old us | new us | new GB/s")
+    print("attention | heads q/kv/d | batch | ctx | KV MB | floor us | us | GB/s")
     for name, (h, kh, d) in HEADS.items():
         for batch, ctx in CASES:
             width = -(-ctx // BLOCK)
@@ -51,18 +47,17 @@ def attention(be, bf16) -> None:
             sl = be.from_host(np.full(batch, ctx, np.int32))
             cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
             nbytes = 2 * batch * ctx * kh * d * 2
-            old, new = ab(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5))
+            new = per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5))
             print(f"{name} | {h}/{kh}/{d} | {batch} | {ctx} | {nbytes / 1e6:.1f} | "
-                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | {old:.2f} | {new:.2f} | "
-                  f"{nbytes / new / 1e3:,.0f}")
+                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | {new:.2f} | {nbytes / new / 1e3:,.0f}")
             del kc, vc
 
 
 def sweep(be, bf16) -> None:
-    """New kernel only, under other ``COMBINE_FLOATS`` caps (heads per block / splits plan)."""
+    """Under other ``COMBINE_FLOATS`` caps (heads per block / splits plan)."""
     from atlas_cuda import ops_attention
     default = ops_attention.COMBINE_FLOATS
-    print("sweep | heads q/kv/d | batch | ctx | combine floats | plan | new us")
+    print("sweep | heads q/kv/d | batch | ctx | combine floats | plan | us")
     for name, (h, kh, d) in HEADS.items():
         for batch, ctx in ((1, 4096), (1, 32768), (8, 4096)):
             width = -(-ctx // BLOCK)
@@ -76,16 +71,16 @@ def sweep(be, bf16) -> None:
             cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
             for cap in (8192, 16384, 32768, 65536):
                 ops_attention.COMBINE_FLOATS = cap
-                plan = be.ops._decode_plan(batch, h, kh, d, ctx)
+                plan = ops_attention.decode_plan(batch, h, kh, d, ctx, be.num_sms)
                 us = per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu,
-                                                                  d ** -0.5), "new")
+                                                                  d ** -0.5))
                 print(f"{name} | {h}/{kh}/{d} | {batch} | {ctx} | {cap} | {plan} | {us:.2f}")
             del kc, vc
     ops_attention.COMBINE_FLOATS = default
 
 
 def rope(be, bf16) -> None:
-    print("rope prologue | heads q/kv/d | tokens | old us | new us")
+    print("rope prologue | heads q/kv/d | tokens | us")
     for name, (h, kh, d) in HEADS.items():
         for t in (1, 8):
             qkv = be.empty((t, (h + 2 * kh) * d), bf16)
@@ -97,14 +92,15 @@ def rope(be, bf16) -> None:
             norm_dtype = np.float32 if d == 256 else bf16
             qn, kn = be.zeros((d,), norm_dtype), be.zeros((d,), norm_dtype)
             rot = 64 if d == 256 else d
-            old, new = ab(be, lambda: be.ops.qk_norm_rope_and_cache(
+            new = per_op_us(be, lambda: be.ops.qk_norm_rope_and_cache(
                 qkv, pos, cs, kc, vc, slots, num_heads=h, num_kv_heads=kh, head_dim=d,
                 q_norm=qn, k_norm=kn, rotary_dim=rot))
-            print(f"{name} | {h}/{kh}/{d} | {t} | {old:.2f} | {new:.2f}")
+            print(f"{name} | {h}/{kh}/{d} | {t} | {new:.2f}")
 
 
 def rope_attention(be, bf16) -> None:
     """Split (rope kernel + attention) against fused ``rope_cache_attention``, qk norms on."""
+    from atlas_core.ops.attention import compose_rope_cache_attention
     print("rope+attention | heads q/kv/d | batch | ctx | KV MB | floor us | split us | fused us")
     for name, (h, kh, d) in HEADS.items():
         for batch, ctx in ((1, 128), (1, 1024), (1, 4096), (8, 1024)):
@@ -127,23 +123,20 @@ def rope_attention(be, bf16) -> None:
                                  .astype(np.int32))
             cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
 
-            def fn():
-                return be.ops.rope_cache_attention(
-                    qkv, pos, cs, kc, vc, slots, bt, sl, cu, d ** -0.5, num_heads=h,
-                    num_kv_heads=kh, head_dim=d, q_norm=qn, k_norm=kn, rotary_dim=rot)
-            us = {}
-            for mode in ("split", "fused"):
-                os.environ["ATLAS_CUDA_ROPE_ATTENTION"] = mode
-                us[mode] = per_op_us(be, fn, "new")
+            args = (qkv, pos, cs, kc, vc, slots, bt, sl, cu, d ** -0.5)
+            kw = dict(num_heads=h, num_kv_heads=kh, head_dim=d, q_norm=qn, k_norm=kn,
+                      rotary_dim=rot)
+            us = {"split": per_op_us(be, lambda: compose_rope_cache_attention(be.ops, *args,
+                                                                               **kw)),
+                  "fused": per_op_us(be, lambda: be.ops.rope_cache_attention(*args, **kw))}
             nbytes = 2 * batch * ctx * kh * d * 2
             print(f"{name} | {h}/{kh}/{d} | {batch} | {ctx} | {nbytes / 1e6:.2f} | "
                   f"{nbytes / FLOOR_BPS * 1e6:.2f} | {us['split']:.2f} | {us['fused']:.2f}")
             del kc, vc
-    os.environ.pop("ATLAS_CUDA_ROPE_ATTENTION", None)
 
 
 def sampling(be) -> None:
-    print("sample (vocab 151936) | rows | temperature | old us | new us")
+    print("sample (vocab 151936) | rows | temperature | us")
     vocab = 151936
     for n in (1, 8):
         logits = be.empty((n, vocab), np.float32)
@@ -152,8 +145,8 @@ def sampling(be) -> None:
             args = [be.from_host(a) for a in (
                 np.full(n, temp, np.float32), np.zeros(n, np.int32), np.ones(n, np.float32),
                 np.zeros(n, np.float32), np.arange(n, dtype=np.uint64), np.zeros(n, np.int64))]
-            old, new = ab(be, lambda: be.ops.sample(logits, *args))
-            print(f"sample | {n} | {temp} | {old:.2f} | {new:.2f}")
+            new = per_op_us(be, lambda: be.ops.sample(logits, *args))
+            print(f"sample | {n} | {temp} | {new:.2f}")
 
 
 def precompile() -> None:
@@ -189,7 +182,6 @@ def main() -> None:
     sweep(be, bfloat16)
     rope(be, bfloat16)
     sampling(be)
-    os.environ.pop("ATLAS_CUDA_ATTN_DECODE", None)
 
 
 if __name__ == "__main__":

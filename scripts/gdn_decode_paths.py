@@ -5,7 +5,7 @@ model). ``python3 scripts/gdn_decode_paths.py [--batches 1,2,4,8]``.
 
 Paths: ``none`` leaves the GDN op out (out_proj reads z), so ``path - none`` is the op's
 in-graph cost per layer (conv + gating kernel and the recurrent-step kernel, PDL overlap
-included); ``head`` / ``split[c, t]``: ``ATLAS_CUDA_GDN_DECODE`` (``c`` columns and ``t``
+included); ``head`` / ``split[c, t]``: kernel policy ``gdn_decode`` (``c`` columns and ``t``
 threads per block); ``head+ba``: the in_proj_ba GEMV separate again (two norm GEMVs, as before
 the stacked weight). Bytes of the recurrent step: the state read and written (4 x Hv x Dk x Dv
 per sequence) plus q, k, v, z and the output."""
@@ -13,7 +13,7 @@ per sequence) plus q, k, v, z and the output."""
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 
 import numpy as np
 from atlas_core.bench.graph_timing import graph_ms
@@ -65,12 +65,13 @@ def _step(be, x, layers, meta, path):
     return hidden
 
 
-def _set_path(path):
-    from atlas_cuda import ops_gdn
-    os.environ["ATLAS_CUDA_GDN_DECODE"] = "split" if path.startswith("split") else "head"
+def _set_path(be, base, path):
+    from atlas_qwen35.cuda import gdn_ops
+    be.set_policy(dataclasses.replace(
+        base, gdn_decode="split" if path.startswith("split") else "head"))
     if path.startswith("split["):
         cols, threads = (int(v) for v in path[6:-1].split(","))
-        ops_gdn.SPLIT_COLS, ops_gdn.SPLIT_THREADS = (cols,), threads
+        gdn_ops.SPLIT_COLS, gdn_ops.SPLIT_THREADS = (cols,), threads
 
 
 def main() -> None:
@@ -82,6 +83,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=100)
     args = parser.parse_args()
     be = CudaBackend()
+    policy = be.policy
     batches = [int(b) for b in args.batches.split(",")]
     layers = _layers(be, max(batches))
     first = [be.to_host(layers[0][name]) for name in ("conv", "ssm")]
@@ -95,7 +97,7 @@ def main() -> None:
         nbytes = n * (4 * HV * DK * DV * 2 + 2 * (CONV_DIM + 3 * VALUE_DIM))
         base, outs = None, {}
         for path in paths:
-            _set_path(path)
+            _set_path(be, policy, path)
             for name, host in zip(("conv", "ssm"), first):
                 be.copy_from_host(layers[0][name], host)
             be.reset_workspace()
@@ -110,7 +112,7 @@ def main() -> None:
             if path.startswith("split"):
                 print(f"{n} | {path} vs head: rel err of one layer's output "
                       f"{rel_error(outs[path], outs['head']):.2e}")
-    os.environ.pop("ATLAS_CUDA_GDN_DECODE", None)
+    be.set_policy(policy)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Time ``gated_delta_rule_chunked`` on the GPU: the token-sequential kernel
-(``ATLAS_CUDA_GDN_PREFILL=sequential``) against the chunked WY kernels, at Qwen3.5-35B-A3B's
+(kernel policy ``gdn_prefill=sequential``) against the chunked WY kernels, at Qwen3.5-35B-A3B's
 GDN heads (16 key heads, 32 value heads, 128 x 128), one sequence of each length, random inputs.
 
 Also prints the chunked result's relative error against the sequential kernel and, for the
@@ -10,7 +10,7 @@ scratch)."""
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 
 import numpy as np
 from atlas_core.bench.graph_timing import graph_ms
@@ -34,22 +34,21 @@ def _inputs(rng, n):
     return qkv, g, beta
 
 
-def _run(be, mode, dev, pool):
-    os.environ["ATLAS_CUDA_GDN_PREFILL"] = mode
+def _run(be, dev, pool):
     qkv, g, beta, cu, seq_lens, slots = dev
     return be.ops.gated_delta_rule_chunked(qkv, g, beta, pool, cu, seq_lens, slots, **HEADS)
 
 
 def _prep_only(be, dev):
     """Launch gdn_chunk_prep alone (the parallel half of the chunked path)."""
-    from atlas_cuda import ops_gdn
+    from atlas_qwen35.cuda import gdn_ops
     qkv, g, beta, cu = dev[:4]
-    n = qkv.shape[0]
-    scratch = be.ops._gdn_scratch(n, 32, 128)
-    shmem = ops_gdn._PREP_SHMEM
-    be.ops._launch(be.ops._k("gdn_chunked", qkv.dtype, "gdn_chunk_prep", shmem),
-                   (n // ops_gdn.GC_CHUNK + 1, 32), ops_gdn.GC_THREADS, *scratch, qkv, g, beta,
-                   cu, 1, 16, 32, 128, 128 ** -0.5, 1, shmem=shmem)
+    n, ctx = qkv.shape[0], be.ctx
+    scratch = ctx.bind(gdn_ops.GdnOps)._gdn_scratch(n, 32, 128)
+    shmem = gdn_ops._PREP_SHMEM
+    ctx.launch(ctx.kernel("gdn_chunked", qkv.dtype, "gdn_chunk_prep", shmem),
+               (n // gdn_ops.GC_CHUNK + 1, 32), gdn_ops.GC_THREADS, *scratch, qkv, g, beta,
+               cu, 1, 16, 32, 128, 128 ** -0.5, 1, shmem=shmem)
 
 
 def main() -> None:
@@ -63,6 +62,7 @@ def main() -> None:
                         help="compare with the NumPy reference up to this length")
     args = parser.parse_args()
     be, rng = CudaBackend(), np.random.default_rng(0)
+    policy = be.policy
     print("tokens | sequential ms | chunked ms | speedup | chunked GB/s (floor bytes) | "
           "rel err vs sequential | rel err vs numpy | prep kernel ms")
     for n in (int(x) for x in args.lengths.split(",")):
@@ -73,10 +73,11 @@ def main() -> None:
         pool = be.zeros((1, 32, 128, 128), np.float32)
         outs, times = {}, {}
         for mode in ("sequential", "chunked"):
+            be.set_policy(dataclasses.replace(policy, gdn_prefill=mode))
             be.reset_workspace()
             be.copy_from_host(pool, np.zeros((1, 32, 128, 128), np.float32))
-            outs[mode] = be.to_host(_run(be, mode, dev, pool)).astype(np.float32)
-            times[mode] = time_ms(be, lambda m=mode: _run(be, m, dev, pool), args.reps)
+            outs[mode] = be.to_host(_run(be, dev, pool)).astype(np.float32)
+            times[mode] = time_ms(be, lambda: _run(be, dev, pool), args.reps)
         prep_ms = time_ms(be, lambda: _prep_only(be, dev), args.reps)
         nbytes = qkv.nbytes + n * 32 * 128 * 2
         err_ref = "-"
@@ -89,7 +90,7 @@ def main() -> None:
               f"{nbytes / times['chunked'] / 1e6:,.0f} | "
               f"{rel_error(outs['chunked'], outs['sequential']):.2e} | {err_ref} | {prep_ms:.3f}",
               flush=True)
-    os.environ.pop("ATLAS_CUDA_GDN_PREFILL", None)
+
 
 
 if __name__ == "__main__":

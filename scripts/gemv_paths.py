@@ -1,7 +1,7 @@
 """Time the batch-1 decode GEMVs of the qwen3-8b shape on the GPU, inside a replayed CUDA graph
-(what decode runs): ``linear`` on every ``ATLAS_CUDA_GEMV_TILE`` (``old`` is ``linear.cu``) and
-``rms_norm_linear`` fused (``ATLAS_CUDA_NORM_GEMV=1``, per tile) against ``rms_norm`` then
-``linear`` (then ``silu_and_mul`` for gate_up) as before.
+(what decode runs): ``linear`` on every kernel policy ``gemv_tile`` (``ATLAS_CUDA_GEMV_TILE``) and
+``rms_norm_linear`` fused (per tile) against its composition, ``rms_norm`` then ``linear`` (then
+``silu_and_mul`` for gate_up).
 
 Each graph runs one op over enough distinct weight copies that L2 (50 MB on an H200) cannot
 hold them, so every launch streams its weight from HBM; the time per launch includes the gap
@@ -12,8 +12,9 @@ between graph nodes, as in a real step. GB/s = weight bytes / time per launch.
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import sys
+
 from atlas_core.bench.graph_timing import graph_ms
 
 HIDDEN, INTER, QKV, VOCAB = 4096, 12288, 6144, 151936
@@ -23,7 +24,7 @@ SHAPES = {"qkv": (QKV, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up": (2 * INTE
 #: ``--moe``: the attention-side GEMVs of qwen3-30b-a3b and qwen3.5-35b-a3b (hidden 2048).
 MOE_SHAPES = {"qkv": (5120, 2048), "qkv_gated": (9216, 2048), "gdn_in_proj": (12352, 2048),
               "o_proj": (2048, 4096)}
-TILES = ["old", "g1s1", "g2s1", "g4s1", "g1s2", "g2s2", "g4s2", "g1s4", "g4s4", "auto"]
+TILES = ["g1s1", "g2s1", "g4s1", "g1s2", "g2s2", "g4s2", "g1s4", "g4s4", "auto"]
 NORM_TILES = ["g1s1", "g2s1", "g1s2", "g2s2", "g4s1", "g4s2", "g4s4", "auto"]
 
 
@@ -42,13 +43,15 @@ def weights(be, n: int, k: int):
     return ws, copies * max(1, 32 // copies)
 
 
-def run(be, label: str, env: dict, fn, launches: int, name: str, n: int, k: int) -> None:
-    os.environ.update(env)
+def run(be, label: str, tile: str, fn, launches: int, name: str, n: int, k: int) -> None:
+    """Time ``fn`` with the backend's policy ``gemv_tile`` set to ``tile`` for the run."""
+    from atlas_cuda.policy import parse_value
+    base = be.policy
+    be.set_policy(dataclasses.replace(base, gemv_tile=parse_value("gemv_tile", tile, "tile")))
     try:
         us = per_launch_us(be, fn, launches)
     finally:
-        for key in env:
-            os.environ.pop(key, None)
+        be.set_policy(base)
     nbytes = n * k * 2
     print(f"{name} | {n} x {k} | {nbytes / 1e6:,.1f} | {label} | {us:.2f} | "
           f"{nbytes / us / 1e3:,.0f}", flush=True)
@@ -57,6 +60,7 @@ def run(be, label: str, env: dict, fn, launches: int, name: str, n: int, k: int)
 def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
+    from atlas_core.ops.norm import compose_rms_norm_linear
     quick = "--quick" in sys.argv
     shapes = MOE_SHAPES if "--moe" in sys.argv else SHAPES
     be = CudaBackend()
@@ -73,19 +77,20 @@ def main() -> None:
     for name, (n, k) in shapes.items():
         ws, launches = weights(be, n, k)
         x, c = xs[k], len(ws)
-        for tile in (["old", "auto"] if quick else TILES):
-            run(be, f"linear {tile}", {"ATLAS_CUDA_GEMV_TILE": tile},
+        for tile in (["auto"] if quick else TILES):
+            run(be, f"linear {tile}", tile,
                 lambda: [ops.linear(x, ws[i % c]) for i in range(launches)], launches, name, n, k)
         if name in ("qkv", "gate_up", "qkv_gated", "gdn_in_proj"):
             act = "silu" if name == "gate_up" else None
             norm = lambda: [ops.rms_norm_linear(x, res[k], nw[k], 1e-6, ws[i % c], None, False,
                                                 act)
                             for i in range(launches)]
-            run(be, "norm+linear old", {"ATLAS_CUDA_NORM_GEMV": "0", "ATLAS_CUDA_GEMV_TILE": "old"},
-                norm, launches, name, n, k)
+            composed = lambda: [compose_rms_norm_linear(ops, x, res[k], nw[k], 1e-6, ws[i % c],
+                                                        None, False, act)
+                                for i in range(launches)]
+            run(be, "rms_norm then linear", "auto", composed, launches, name, n, k)
             for tile in (["auto"] if quick else NORM_TILES):
-                run(be, f"norm fused {tile}", {"ATLAS_CUDA_GEMV_TILE": tile}, norm, launches,
-                    name, n, k)
+                run(be, f"norm fused {tile}", tile, norm, launches, name, n, k)
         del ws
         be.synchronize()
 

@@ -8,7 +8,7 @@ graph, reads the array after each replay (the last launch of the module in the s
 last layer) and prints, per slot, when the blocks reached it relative to the first block's slot 0
 (min / median / max over the blocks that reached it, median over replays), in microseconds.
 
-    ATLAS_CUDA_MOE_EXPERTS1=1 python scripts/kernel_phases.py qwen3-30b-a3b --module moe_experts1
+    python scripts/kernel_phases.py qwen3-30b-a3b --module moe_experts1
 """
 
 from __future__ import annotations

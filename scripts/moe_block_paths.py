@@ -1,14 +1,16 @@
 """Time ``moe_block`` on the GPU at the MoE bench models' shapes with random weights: the
-separate ops (``unfused``), the ``moe_decode.cu`` kernels (``warp``) and the ``moe_block.cu``
-kernels (``block``), and the post-attention norm with it: ``norm+block`` (``rms_norm`` then
-``moe_block``) against ``fold`` (``rms_norm_moe_block``, the norm in the router kernel).
+separate ops (``unfused``: kernel policy ``moe_fused=0``) and the fused kernels (``fused``:
+``moe_fused=1``; ``moe_block.cu`` for one token, ``moe_decode.cu`` for more), and the
+post-attention norm with it: ``norm+fused`` (``rms_norm`` then the fused ``moe_block``) against
+``fold`` (``rms_norm_moe_block`` under the default policy). (The one-token ``moe_decode.cu``
+path and the unfolded norm this once compared lost and are gone: docs/benchmarks.md.)
 ``python3 scripts/moe_block_paths.py [modes]``.
 
 Bytes counted: router, the distinct experts the tokens chose and the shared expert, read once."""
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import sys
 
 import numpy as np
@@ -16,16 +18,8 @@ from atlas_core.bench.graph_timing import graph_ms
 
 #: name: (hidden, expert intermediate, experts, top-k, shared intermediate)
 SHAPES = {"qwen3-30b-a3b": (2048, 768, 128, 8, 0), "qwen3.5-35b-a3b": (2048, 512, 256, 8, 512)}
-#: mode: environment it runs under
-MODES = {
-    "unfused": {"ATLAS_CUDA_MOE_FUSED": "0"},
-    "warp": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "warp"},
-    "block": {"ATLAS_CUDA_MOE_FUSED": "1", "ATLAS_CUDA_MOE_DECODE": "block"},
-    "norm+warp": {"ATLAS_CUDA_MOE_DECODE": "warp", "ATLAS_CUDA_MOE_FUSED": "1"},
-    "norm+block": {"ATLAS_CUDA_MOE_NORM_FOLD": "0"},
-    "fold": {},
-}
-_VARS = sorted({v for env in MODES.values() for v in env})
+#: mode: the kernel policy's ``moe_fused`` it runs under (None: the backend's own)
+MODES = {"unfused": "0", "fused": "1", "norm+fused": "1", "fold": None}
 
 
 def time_ms(be, fn, reps: int = 200) -> float:
@@ -34,7 +28,11 @@ def time_ms(be, fn, reps: int = 200) -> float:
 
 
 def _block_fn(be, mode, x, res, nw, k, w):
-    if mode.startswith("norm") or mode == "fold":
+    from atlas_core.ops.moe import compose_rms_norm_moe_block
+    if mode == "norm+fused":
+        return lambda: compose_rms_norm_moe_block(be.ops, x, res, nw, 1e-6, False, top_k=k,
+                                                  renormalize=True, **w)
+    if mode == "fold":
         return lambda: be.ops.rms_norm_moe_block(x, res, nw, 1e-6, False, top_k=k,
                                                  renormalize=True, **w)
     return lambda: be.ops.moe_block(x, top_k=k, renormalize=True, **w)
@@ -44,6 +42,7 @@ def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
     be = CudaBackend()
+    base = be.policy
     modes = sys.argv[1:] or list(MODES)
     print("shape | tokens | experts touched | path | us (graph replay) | GB/s")
     for name, (hidden, inter, experts, k, shared) in SHAPES.items():
@@ -66,14 +65,13 @@ def main() -> None:
             touched = len(np.unique(be.to_host(ids)))
             nbytes = 2 * hidden * (experts + 1 + 3 * (touched * inter + shared))
             for mode in modes:
-                for var in _VARS:
-                    os.environ.pop(var, None)
-                os.environ.update(MODES[mode])
+                fused = MODES[mode]
+                be.set_policy(base if fused is None
+                              else dataclasses.replace(base, moe_fused=fused))
                 ms = time_ms(be, _block_fn(be, mode, x, res, nw, k, w))
                 print(f"{name} | {tokens} | {touched} | {mode} | {ms * 1e3:.1f} | "
                       f"{nbytes / ms / 1e6:,.0f}", flush=True)
-    for var in _VARS:
-        os.environ.pop(var, None)
+    be.set_policy(base)
 
 
 if __name__ == "__main__":

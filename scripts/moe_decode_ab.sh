@@ -22,18 +22,13 @@ head -3 "$RAW/gpu_check/gpu.txt"
 if [[ "${TESTS:-1}" != 0 ]]; then
   stamp tests
   timeout -s INT ${TEST_TIMEOUT:-90} python3 -m pytest -q -p no:cacheprovider \
-    plugins/atlas-cuda/tests/test_moe_cuda.py plugins/atlas-cuda/tests/test_gdn_cuda.py \
+    plugins/atlas-cuda/tests/test_moe_cuda.py plugins/atlas-qwen35/tests/test_gdn_cuda.py \
     plugins/atlas-cuda/tests/test_contract_cuda.py \
     -k "moe_block or gated_delta_rule_decode or decode_step or fused" \
     2>&1 | tee "$RAW/tests.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -12
 fi
 stamp moe_block_paths
 timeout -s INT 40 python3 scripts/moe_block_paths.py 2>&1 | tee "$RAW/moe_block_paths.log" | tail -13
-# The fused runs use the expert kernels that were faster above (one token, both shapes).
-MOE_KERNEL=$(awk -F' [|] ' '$2 == "1" && $4 == "warp" {w += $5} $2 == "1" && $4 == "split" {s += $5}
-  END {print (s > 0 && s < 0.95 * w) ? "split" : "warp"}' "$RAW/moe_block_paths.log")
-echo "fused runs use ATLAS_CUDA_MOE_DECODE=$MOE_KERNEL"
-export ATLAS_CUDA_MOE_DECODE=$MOE_KERNEL
 bench() {  # tag moe_fused gdn_fused model util
   stamp "bench $1"
   ATLAS_CUDA_MOE_FUSED=$2 ATLAS_CUDA_GDN_FUSED=$3 timeout -s ABRT ${BENCH_TIMEOUT:-45} \

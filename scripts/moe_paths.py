@@ -5,7 +5,7 @@ Bytes counted: the distinct experts the step touches, read once (the floor for a
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import statistics
 
 import numpy as np
@@ -30,6 +30,7 @@ def main() -> None:
     from atlas_cuda.backend import CudaBackend
     from atlas_core.ops._dtypes import bfloat16
     be = CudaBackend()
+    base = be.policy
     print("shape | tokens | experts touched | mode | ms | GB/s of touched weights")
     for name, (hidden, inter, experts, k) in SHAPES.items():
         gu, dn = be.empty((experts, 2 * inter, hidden), bfloat16), be.empty((experts, hidden, inter), bfloat16)
@@ -47,11 +48,11 @@ def main() -> None:
             touched = len(np.unique(be.to_host(ids)))
             nbytes = touched * 3 * hidden * inter * 2
             for mode in ("gemv", "grouped"):
-                os.environ["ATLAS_CUDA_MOE"] = mode
+                be.set_policy(dataclasses.replace(base, moe=mode))
                 reps = 5 if tokens > 1000 else 50
                 ms = time_ms(be, lambda: be.ops.moe_experts(x, gu, dn, w, ids), reps)
                 print(f"{name} | {tokens} | {touched} | {mode} | {ms:.3f} | {nbytes / ms / 1e6:,.0f}")
-        os.environ.pop("ATLAS_CUDA_MOE", None)
+        be.set_policy(base)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 import json
 from importlib import metadata
 
+import pytest
+
 from atlas_core.cli import main
 from atlas_core.cli import plugins as plugins_cli
 
@@ -47,3 +49,40 @@ def test_collect_matches_installed_entry_points():
     names = {p["name"] for p in plugins_cli.collect()["plugins"]}
     for ep in metadata.entry_points(group="atlas"):
         assert ep.name in names
+
+
+def test_hardware_targets_are_plugins_listed_with_what_they_provide(capsys):
+    """atlas-hopper / atlas-gb10 register through the ``register_kernel_targets`` hook: listed
+    like every plugin, with the arch and GPUs each target serves."""
+    pytest.importorskip("atlas_cuda")
+    by_name = {p["name"]: p for p in plugins_cli.collect()["plugins"]}
+    for name, arch, gpus in (("hopper", "sm_90a", ["9.0"]), ("gb10", "sm_121", ["12.1"])):
+        assert by_name[name]["registered"]["kernel_targets"] == [name]
+        assert by_name[name]["kernel_targets"] == [{"name": name, "arch": arch, "gpus": gpus}]
+    assert main(["plugins"]) == 0
+    assert "kernel target hopper: sm_90a for GPUs 9.0" in capsys.readouterr().out
+
+
+def test_a_broken_kernel_target_fails_strict(monkeypatch, capsys):
+    pytest.importorskip("atlas_cuda")
+    from atlas_core.hookspecs import hookimpl
+    from atlas_core import plugins
+
+    class BrokenTarget:
+        @hookimpl
+        def register_kernel_targets(self, register):
+            register("brokenhw", "atlas_cuda.targets:Target.from_dir")
+
+    real = plugins.make_plugin_manager
+
+    def with_broken(**kwargs):
+        pm = real(**kwargs)
+        pm.register(BrokenTarget(), name="brokenhw-plugin")
+        return pm
+
+    monkeypatch.setattr(plugins, "make_plugin_manager", with_broken)
+    assert main(["plugins", "--strict", "--json"]) == 1
+    failures = json.loads(capsys.readouterr().out)["failures"]
+    assert [f["name"] for f in failures] == ["kernel target brokenhw"]
+    assert "TypeError" in failures[0]["error"]
+    assert main(["plugins"]) == 0

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from atlas_core.engine import AsyncLLMEngine, EngineDeadError, QueueFull, SamplingParams
+from atlas_core.engine import (AsyncLLMEngine, EngineDeadError, QueueFull, RequestError,
+                               SamplingParams)
+from atlas_core.engine.llm_engine import MAX_CONSECUTIVE_FAILURES
 from atlas_core.engine.fake_model import make_fake_engine
 
 pytestmark = pytest.mark.timeout(30)
@@ -112,14 +114,19 @@ def test_engine_error_reaches_every_waiting_request():
         params = SamplingParams(max_tokens=50)
         results = await asyncio.gather(*(collect(aengine, f"r{i}", prompt(i, 4), params)
                                          for i in range(3)), return_exceptions=True)
+        late = [await asyncio.gather(collect(aengine, f"late{i}", prompt(1, 4), params),
+                                     return_exceptions=True)
+                for i in range(MAX_CONSECUTIVE_FAILURES - 1)]
         with pytest.raises(EngineDeadError):
-            await collect(aengine, "late", prompt(1, 4), params)
-        return results
+            await collect(aengine, "later", prompt(1, 4), params)
+        return results, late
     try:
-        results = asyncio.run(main())
+        results, late = asyncio.run(main())
     finally:
         aengine.shutdown()
-    assert all(isinstance(r, EngineDeadError) and "device fell over" in str(r) for r in results)
+    assert all(isinstance(r, RequestError) and "device fell over" in str(r) for r in results)
+    assert isinstance(late[0][0], RequestError) and isinstance(late[-1][0], EngineDeadError)
+    assert "device fell over" in str(late[-1][0])
     assert aengine.errored
 
 
@@ -136,7 +143,7 @@ def test_invalid_request_raises_before_queueing():
 
 
 def test_bounded_waiting_queue_raises_queue_full():
-    engine = make_fake_engine()
+    engine = make_fake_engine(max_num_seqs=1)
     gate = threading.Event()
     forward = engine.model.forward
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -74,3 +75,64 @@ def test_test_module_names_are_unique_and_conftest_is_never_imported():
     assert not dupes, f"test module basenames must be unique across test folders: {dupes}"
     offenders = [str(p.relative_to(ROOT)) for p in files if re.search(r"^\s*(from|import) conftest\b", p.read_text(), re.M)]
     assert not offenders, f"import helpers from a uniquely named module, not conftest: {offenders}"
+
+
+PLUGIN_ROOTS = [*sorted((ROOT / "plugins").glob("*/")), *sorted((ROOT / "examples").glob("*/"))]
+
+
+def _core_imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every ``atlas_core`` import in ``path`` (``from atlas_core import x``
+    counts as module ``atlas_core.x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "atlas_core":
+                found += [(node.lineno, f"atlas_core.{a.name}") for a in node.names]
+            else:
+                found.append((node.lineno, node.module))
+    return [(line, m) for line, m in found if m.split(".")[0] == "atlas_core"]
+
+
+def _is_allowed(module: str, in_tests: bool) -> bool:
+    if module == "atlas_core.api":
+        return True
+    return in_tests and (module == "atlas_core.testing" or module.startswith("atlas_core.testing."))
+
+
+def _is_test_code(path: Path) -> bool:
+    # Contract-case modules (`OpSpec(cases="pkg.x_cases:...")`) are imported only by tests.
+    return "tests" in path.relative_to(ROOT).parts or path.stem.endswith("_cases")
+
+
+def _plugin_sources() -> list[Path]:
+    skip = ("build", "__pycache__")
+    return [p for root in PLUGIN_ROOTS for p in sorted(root.rglob("*.py"))
+            if not any(part in skip or part.endswith(".egg-info") for part in p.parts)]
+
+
+def test_plugins_import_core_only_through_the_plugin_api():
+    offenders = []
+    for path in _plugin_sources():
+        in_tests = _is_test_code(path)
+        offenders += [f"{path.relative_to(ROOT)}:{line}: {module}"
+                      for line, module in _core_imports(path) if not _is_allowed(module, in_tests)]
+    assert not offenders, ("in-tree plugins may import only atlas_core.api (and, in tests and "
+                           "contract-case modules, atlas_core.testing); add what they need to "
+                           "atlas_core.api:\n" + "\n".join(offenders))
+
+
+def test_import_rule_sees_every_form_of_core_import(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text("import atlas_core.ops\nfrom atlas_core import env, api\n"
+                      "from atlas_core.api import hookimpl\nfrom atlas_core.testing.forward import X\n"
+                      "def f():\n    from atlas_core.model.params import Module\n")
+    modules = [m for _, m in _core_imports(source)]
+    assert modules == ["atlas_core.ops", "atlas_core.env", "atlas_core.api", "atlas_core.api",
+                       "atlas_core.testing.forward", "atlas_core.model.params"]
+    assert [_is_allowed(m, in_tests=False) for m in modules] == [False, False, True, True, False,
+                                                                 False]
+    assert _is_allowed("atlas_core.testing.forward", in_tests=True)
+    assert _is_test_code(ROOT / "examples" / "atlas-toy" / "atlas_toy" / "softcap_cases.py")
+    assert not _is_test_code(ROOT / "examples" / "atlas-toy" / "atlas_toy" / "softcap.py")

@@ -107,15 +107,26 @@ def test_unknown_model(server):
 
 
 def test_over_context(server):
-    err = openai_error(server.post("/v1/chat/completions", json={**CHAT, "max_tokens": 60}), 400,
-                       "max_tokens")
-    assert "64" in err["message"] and "60" in err["message"]
+    clamped = server.post("/v1/chat/completions", json={**CHAT, "max_tokens": 60})
+    assert clamped.status_code == 200, clamped.text
+    usage = clamped.json()["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= 64
     err = openai_error(server.post("/v1/completions", json={"prompt": "x" * 80}), 400)
     assert "64" in err["message"]
-    err = anthropic_error(server.post("/v1/messages", json={**MSG, "max_tokens": 100}), 400,
-                          "invalid_request_error")
-    assert "64" in err["message"]
+    assert server.post("/v1/messages", json={**MSG, "max_tokens": 100}).status_code == 200
     still_serves(server)
+
+
+def test_over_context_strict():
+    config = ServerConfig(served_model_names=["fake"], strict_max_tokens=True)
+    with ServerThread(create_app(FakeAsyncEngine(max_seq_len=64), config)) as srv:
+        with httpx.Client(base_url=srv.url, timeout=10) as client:
+            err = openai_error(client.post("/v1/chat/completions",
+                                           json={**CHAT, "max_tokens": 60}), 400, "max_tokens")
+            assert "64" in err["message"] and "60" in err["message"]
+            err = anthropic_error(client.post("/v1/messages", json={**MSG, "max_tokens": 100}),
+                                  400, "invalid_request_error")
+            assert "64" in err["message"]
 
 
 def test_invalid_token_ids(server):

@@ -46,7 +46,7 @@ def test_disconnect_mid_stream_frees_the_sequence(tiny_dir):
             body = json.dumps(long_chat).encode()
             generated = engine.stats().num_generation_tokens
             with socket.create_connection((host, int(port)), timeout=30) as sock:
-                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n"
                              b"content-type: application/json\r\n"
                              + f"content-length: {len(body)}\r\n\r\n".encode() + body)
                 assert wait_until(lambda: engine.stats().num_running == 1), engine.stats()

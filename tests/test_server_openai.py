@@ -167,7 +167,7 @@ def test_metrics_count_requests(server, client):
 def test_errors_against_the_real_engine(server, client):
     bad_ids = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 10 ** 6]})
     assert bad_ids.status_code == 400 and bad_ids.json()["error"]["param"] == "prompt[0]"
-    with pytest.raises(openai.BadRequestError) as info:
-        chat(client, max_tokens=250)
-    assert "256" in info.value.message
+    clamped = chat(client, max_tokens=250)
+    assert clamped.choices[0].finish_reason == "length"
+    assert clamped.usage.prompt_tokens + clamped.usage.completion_tokens == 256
     assert chat(client, max_tokens=1).usage.completion_tokens == 1

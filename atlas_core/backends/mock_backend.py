@@ -16,7 +16,7 @@ import numpy as np
 from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.interfaces import DeviceInfo, Graph
 from atlas_core.interfaces.gpu_backend import HostRead
-from atlas_core.ops import INPLACE_OPS, OP_NAMES, STATEFUL_OPS
+from atlas_core.ops.registry import OpRegistry, OpTable
 
 #: Every event kind the mock records.
 EVENT_KINDS = ("launch", "graph_node", "capture_node", "alloc", "workspace", "h2d", "d2h", "d2d",
@@ -86,29 +86,29 @@ def _nbytes(result: Any) -> int:
     return 0
 
 
-class _RecordingOps:
-    """``backend.ops`` of the mock: every op of the numpy backend, logged as a launch."""
+def _recording_table(backend: "MockGpuBackend", inner: OpTable,
+                     registry: OpRegistry) -> OpTable:
+    """``backend.ops`` of the mock: every op of the numpy table, logged as a launch."""
+    table = OpTable("mock")
+    for name in inner:
+        setattr(table, name, _record(backend, name, getattr(inner, name),
+                                     registry.spec(name).writes_args))
+    return table
 
-    def __init__(self, backend: "MockGpuBackend", inner: Any) -> None:
-        for name in OP_NAMES:
-            setattr(self, name, self._wrap(backend, name, getattr(inner, name)))
 
-    @staticmethod
-    def _wrap(backend: "MockGpuBackend", name: str, fn: Callable) -> Callable:
-        writes_args = name in INPLACE_OPS or name in STATEFUL_OPS
-
-        @functools.wraps(fn)
-        def op(*args, **kwargs):
-            backend._emit(backend._op_kind, name)
-            if writes_args and backend._op_kind == "capture_node":
-                # A CUDA capture records work without running it: keep caches and state intact.
-                args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-                kwargs = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
-            result = fn(*args, **kwargs)
-            if backend._op_kind == "launch" and _nbytes(result):
-                backend._emit("workspace", name, _nbytes(result))
-            return result
-        return op
+def _record(backend: "MockGpuBackend", name: str, fn: Callable, writes_args: bool) -> Callable:
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        backend._emit(backend._op_kind, name)
+        if writes_args and backend._op_kind == "capture_node":
+            # A CUDA capture records work without running it: keep caches and state intact.
+            args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+            kwargs = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+        result = fn(*args, **kwargs)
+        if backend._op_kind == "launch" and _nbytes(result):
+            backend._emit("workspace", name, _nbytes(result))
+        return result
+    return op
 
 
 class MockGpuBackend(NumpyBackend):
@@ -149,7 +149,7 @@ class MockGpuBackend(NumpyBackend):
         self.events: list[Event] = []
         self._recordings: list[Recording] = []
         self._op_kind = "launch"
-        self.ops = _RecordingOps(self, self.ops)
+        self.ops = _recording_table(self, self.ops, self.op_registry)
 
     def _emit(self, kind: str, name: str = "", nbytes: int = 0) -> None:
         event = Event(kind, name, int(nbytes))
@@ -250,6 +250,6 @@ class MockGpuBackend(NumpyBackend):
         with self._mode("capture_node"):
             fn()
         ops = [e.name for e in self.events[start:] if e.kind == "capture_node"
-               and e.name in OP_NAMES]
+               and e.name in self.ops]
         self._emit("capture", f"{len(ops)} nodes")
         return MockGraph(self, fn, ops)

@@ -9,9 +9,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from atlas_core.backends.numpy_convert import Float32Cache
-from atlas_core.backends.numpy_ops import NumpyOps
 from atlas_core.interfaces import DeviceInfo, GpuBackend
 from atlas_core.ops._dtypes import as_dtype
+from atlas_core.ops.quant import FORMATS
+from atlas_core.ops.registry import OpRegistry
 
 
 def host_memory() -> tuple[int, int]:
@@ -41,18 +42,26 @@ class NumpyBackend(GpuBackend):
 
     Storage dtypes are whatever the caller asks for (bf16 / fp16 / fp32, fp8 for KV caches via
     ``ml_dtypes``). Op outputs are fresh arrays, so :meth:`reset_workspace` has nothing to do.
+    ``ops`` holds every registered op: the numpy implementation, else the unfused definition,
+    else the reference.
 
     Args:
-        cache_weights: keep a float32 copy of each low-precision weight the first time an op
-            reads it (faster decode at the cost of 2x weight memory for bf16 models).
+        cache_weights: keep a float32 copy of each low-precision or quantized weight the
+            first time an op reads it (faster decode at the cost of 2x weight memory for bf16
+            models).
+        op_registry: the registered ops (default: those of a fresh plugin manager).
         **options: other factory options (``device_id``, ``memory_utilization``…) are ignored.
     """
 
     name = "numpy"
+    #: Every quantized weight format: the weight-reading ops dequantize (once, into the cache).
+    quantized_weight_formats = frozenset(FORMATS)
 
-    def __init__(self, *, cache_weights: bool = True, **options: Any) -> None:
+    def __init__(self, *, cache_weights: bool = True, op_registry: OpRegistry | None = None,
+                 **options: Any) -> None:
         self.weight_cache = Float32Cache() if cache_weights else None
-        self.ops = NumpyOps(self.weight_cache)
+        self.op_registry = op_registry if op_registry is not None else OpRegistry.load()
+        self.ops = self.op_registry.build_table("numpy", self, use_reference=True)
 
     def device_info(self) -> DeviceInfo:
         cpu = platform.processor() or platform.machine() or "cpu"

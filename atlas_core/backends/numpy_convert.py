@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 
 from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
+from atlas_core.ops.quant import QuantizedWeight, dequantize
 
 _FP8_TO_F32 = np.arange(256, dtype=np.uint8).view(float8_e4m3fn).astype(np.float32)
 _CODES_16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
@@ -20,7 +21,10 @@ _LUTS = {float8_e4m3fn: (np.uint8, _FP8_TO_F32),
 
 
 def to_f32(a: np.ndarray) -> np.ndarray:
-    """``a`` as float32: ``a`` itself when already float32, else a converted copy."""
+    """``a`` as float32: ``a`` itself when already float32, else a converted copy (the exact
+    dequantization of a :class:`~atlas_core.ops.quant.QuantizedWeight`)."""
+    if isinstance(a, QuantizedWeight):
+        return dequantize(a)
     if a.dtype == np.float32:
         return a
     if a.dtype == float8_e4m3fn:
@@ -42,6 +46,9 @@ def as_codes(a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 class Float32Cache:
     """float32 copies of long-lived low-precision arrays (weights), keyed by array identity.
 
+    A :class:`~atlas_core.ops.quant.QuantizedWeight` is dequantized once into the cache like any
+    low-precision array (the model keeps holding the quantized arrays).
+
     An entry holds a weak reference to its source and is dropped the moment the source is
     garbage-collected, so a recycled ``id()`` can never hit a stale copy. Arrays are assumed not
     to change after their first use as a weight unless written through the backend's copy
@@ -61,7 +68,7 @@ class Float32Cache:
 
     def get(self, a: np.ndarray) -> np.ndarray:
         """float32 version of ``a``, converted once per array object."""
-        if a.dtype == np.float32:
+        if not isinstance(a, QuantizedWeight) and a.dtype == np.float32:
             return a
         key = id(a)
         hit = self._entries.get(key)
@@ -79,12 +86,18 @@ class Float32Cache:
 
     def invalidate(self, written: np.ndarray) -> None:
         """Forget cached copies of any array sharing memory with ``written``."""
-        if not self._entries or written.dtype == np.float32:
+        if not self._entries:
             return
         for key, (ref, _) in list(self._entries.items()):
             src = ref()
-            if src is None or np.may_share_memory(src, written):
+            if src is None or any(np.may_share_memory(part, written) for part in _parts(src)):
                 self._entries.pop(key, None)
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def _parts(src) -> tuple[np.ndarray, ...]:
+    if isinstance(src, QuantizedWeight):
+        return tuple(a for a in (src.data, src.scale, src.global_scale) if a is not None)
+    return (src,)

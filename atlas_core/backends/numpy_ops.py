@@ -1,34 +1,34 @@
-"""The op table of the numpy backend: the references, made fast where it matters.
+"""The numpy backend's own op implementations: the references, made fast where it matters.
 
-Every method has the signature and semantics of the function of the same name in
-:mod:`atlas_core.ops.reference`. Weights given to :meth:`NumpyOps.linear` and
-:meth:`NumpyOps.moe_experts` are converted to float32 once and cached (see
-:class:`~atlas_core.backends.numpy_convert.Float32Cache`).
+Each method has the signature and semantics of the reference of the same name; the
+registrations in :mod:`atlas_core.backends.plugin` say which ops come from here, which from
+the faster module functions (``numpy_attention``, ``numpy_sampling``), and the table falls back
+to each op's unfused definition, else its reference, for the rest. Weights given to
+:meth:`NumpyOps.linear` and :meth:`NumpyOps.moe_experts` are converted to float32 once and
+cached (see :class:`~atlas_core.backends.numpy_convert.Float32Cache`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from atlas_core.backends import numpy_attention, numpy_gdn, numpy_sampling
-from atlas_core.backends.numpy_convert import Float32Cache, to_f32
+from atlas_core.backends.numpy_convert import to_f32
 from atlas_core.backends.numpy_gemm import linear_f32, matmul_nt
-from atlas_core.ops import OP_NAMES, reference
-from atlas_core.ops.attention import compose_qk_norm_rope_and_cache, compose_rope_cache_attention
-from atlas_core.ops.gdn import compose_gdn_decode
-from atlas_core.ops.moe import compose_moe_block, compose_rms_norm_moe_block
-from atlas_core.ops.norm import ACTIVATIONS, compose_rms_norm_linear
+from atlas_core.ops.norm import ACTIVATIONS
 
 
 class NumpyOps:
-    """``backend.ops`` of :class:`~atlas_core.backends.numpy_backend.NumpyBackend`.
+    """Op implementations of :class:`~atlas_core.backends.numpy_backend.NumpyBackend`.
 
     Args:
-        weight_cache: cache of float32 weight copies, or ``None`` to convert on every call.
+        backend: the backend; its ``weight_cache`` (float32 weight copies, or ``None`` to
+            convert on every call) serves the weight-reading ops.
     """
 
-    def __init__(self, weight_cache: Float32Cache | None = None) -> None:
-        self.weight_cache = weight_cache
+    def __init__(self, backend: Any) -> None:
+        self.weight_cache = backend.weight_cache
 
     def _weight(self, w: np.ndarray) -> np.ndarray:
         return self.weight_cache.get(w) if self.weight_cache is not None else to_f32(w)
@@ -47,11 +47,6 @@ class NumpyOps:
         ms = np.einsum("...i,...i->...", xf, xf)[..., None] / np.float32(xf.shape[-1])
         y = (xf / np.sqrt(ms + np.float32(eps)) * w).astype(dtype, copy=False)
         return (y, x) if residual is not None else y
-
-    def rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None,
-                        zero_centered=False, activation=None):
-        return compose_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias,
-                                       zero_centered, activation)
 
     def linear(self, x, weight, bias=None):
         y = linear_f32(to_f32(x), self._weight(weight))
@@ -76,41 +71,6 @@ class NumpyOps:
     def gelu_tanh_and_mul(self, x):
         return self._act_and_mul(x, "gelu_tanh")
 
-    def rotary_embedding(self, q, k, positions, cos_sin_cache, rotary_dim=None, is_neox=True):
-        return reference.rotary_embedding(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
-
-    def reshape_and_cache(self, k, v, k_cache, v_cache, slot_mapping, kv_scale=1.0):
-        reference.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
-
-    def prefill_attention(self, q, k, v, cu_seqlens, scale):
-        return numpy_attention.prefill_attention(q, k, v, cu_seqlens, scale)
-
-    def paged_attention(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-                        kv_scale=1.0):
-        return numpy_attention.paged_attention(q, k_cache, v_cache, block_tables, seq_lens,
-                                               cu_seqlens_q, scale, kv_scale)
-
-    def qk_norm_rope_and_cache(self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                               *, num_heads, num_kv_heads, head_dim, q_norm=None, k_norm=None,
-                               eps=1e-6, rotary_dim=None, is_neox=True, kv_scale=1.0):
-        return compose_qk_norm_rope_and_cache(
-            self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm,
-            k_norm=k_norm, eps=eps, rotary_dim=rotary_dim, is_neox=is_neox, kv_scale=kv_scale)
-
-    def rope_cache_attention(self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                             block_tables, seq_lens, cu_seqlens_q, scale, kv_scale=1.0, *,
-                             num_heads, num_kv_heads, head_dim, q_norm=None, k_norm=None,
-                             eps=1e-6, rotary_dim=None, is_neox=True):
-        return compose_rope_cache_attention(
-            self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, block_tables,
-            seq_lens, cu_seqlens_q, scale, kv_scale, num_heads=num_heads,
-            num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm, k_norm=k_norm, eps=eps,
-            rotary_dim=rotary_dim, is_neox=is_neox)
-
-    def moe_route(self, router_logits, top_k, renormalize, scoring="softmax"):
-        return reference.moe_route(router_logits, top_k, renormalize, scoring)
-
     def moe_experts(self, x, w_gate_up, w_down, topk_weights, topk_ids, activation="silu"):
         act = ACTIVATIONS[activation]
         xf = to_f32(x)
@@ -125,70 +85,3 @@ class NumpyOps:
             h = act(gate_up[:, :inter]) * gate_up[:, inter:]
             np.add.at(out, rows, matmul_nt(h, w2[e]) * weights[rows, slots][:, None])
         return out.astype(x.dtype, copy=False)
-
-    def moe_block(self, x, router_weight, w_gate_up, w_down, top_k, renormalize,
-                  scoring="softmax", activation="silu", shared_gate_up=None, shared_down=None,
-                  shared_gate=None):
-        return compose_moe_block(self, x, router_weight, w_gate_up, w_down, top_k, renormalize,
-                                 scoring, activation, shared_gate_up, shared_down, shared_gate)
-
-    def rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered, router_weight,
-                           w_gate_up, w_down, top_k, renormalize, scoring="softmax",
-                           activation="silu", shared_gate_up=None, shared_down=None,
-                           shared_gate=None):
-        return compose_rms_norm_moe_block(self, x, residual, norm_weight, eps, zero_centered,
-                                          router_weight, w_gate_up, w_down, top_k, renormalize,
-                                          scoring, activation, shared_gate_up, shared_down,
-                                          shared_gate)
-
-    def gated_delta_rule_chunked(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
-                                 state_indices, *, num_k_heads, num_v_heads, head_k_dim,
-                                 head_v_dim, scale=None, use_qk_l2norm=True, chunk_size=64):
-        return numpy_gdn.gated_delta_rule(
-            qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
-            num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
-            head_v_dim=head_v_dim, scale=scale, use_qk_l2norm=use_qk_l2norm)
-
-    def gated_delta_rule_recurrent(self, qkv, g, beta, ssm_states, cu_seqlens, seq_lens,
-                                   state_indices, *, num_k_heads, num_v_heads, head_k_dim,
-                                   head_v_dim, scale=None, use_qk_l2norm=True):
-        return numpy_gdn.gated_delta_rule(
-            qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
-            num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
-            head_v_dim=head_v_dim, scale=scale, use_qk_l2norm=use_qk_l2norm)
-
-    def gated_delta_rule_decode(self, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
-                                conv_states, ssm_states, cu_seqlens, seq_lens, state_indices, *,
-                                num_k_heads, num_v_heads, head_k_dim, head_v_dim, eps=1e-6):
-        return compose_gdn_decode(self, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight,
-                                  conv_states, ssm_states, cu_seqlens, seq_lens, state_indices,
-                                  num_k_heads=num_k_heads, num_v_heads=num_v_heads,
-                                  head_k_dim=head_k_dim, head_v_dim=head_v_dim, eps=eps)
-
-    def argmax(self, logits):
-        return numpy_sampling.argmax(logits)
-
-    def log_softmax(self, logits):
-        return reference.log_softmax(logits)
-
-    def topk(self, x, k):
-        return numpy_sampling.topk(x, k)
-
-    def apply_penalties(self, logits, prompt_ids, output_ids, repetition_penalty, presence_penalty,
-                        frequency_penalty):
-        return numpy_sampling.apply_penalties(logits, prompt_ids, output_ids, repetition_penalty,
-                                              presence_penalty, frequency_penalty)
-
-    def sample(self, logits, temperature, top_k, top_p, min_p, seeds, steps):
-        return numpy_sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps)
-
-
-def _adopt_references() -> None:
-    # Ops without a faster version above run their reference as is (recurrent-layer ops, and any
-    # op added to OP_NAMES later), so the numpy backend always provides the whole contract.
-    for name in OP_NAMES:
-        if not hasattr(NumpyOps, name):
-            setattr(NumpyOps, name, staticmethod(getattr(reference, name)))
-
-
-_adopt_references()

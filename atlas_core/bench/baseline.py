@@ -24,16 +24,16 @@ def hf_model(path: str | None = None, config: dict[str, Any] | None = None) -> A
     return model.eval()
 
 
-def hf_bench(model: Any, concurrency: list[int], decode_tokens: int,
-             prompt_len: int = 0) -> dict[str, Any]:
-    """Decode tok/s of ``generate`` at each batch size (prefill time subtracted) and, when
-    ``prompt_len`` is given, the time to the first token of one such prompt."""
+def hf_bench(model: Any, batches: list[int], contexts: list[int],
+             decode_tokens: int) -> dict[str, Any]:
+    """Decode tok/s of ``generate`` at each batch x context cell (the prefill's time
+    subtracted) and the time to the first token of the cell's batched prompts."""
     import torch
     vocab = model.config.vocab_size
     out: dict[str, Any] = {"library": f"transformers (torch {torch.__version__}, eager)",
-                           "decode_tokens": decode_tokens}
+                           "decode_tokens": decode_tokens, "cells": []}
 
-    def timed(batch: int, new: int, length: int = 128) -> float:
+    def timed(batch: int, new: int, length: int) -> float:
         ids = torch.randint(0, vocab, (batch, length), device="cuda")
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -43,45 +43,55 @@ def hf_bench(model: Any, concurrency: list[int], decode_tokens: int,
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    for c in concurrency:
-        timed(c, 2)
-        full, one = timed(c, decode_tokens), timed(c, 1)
-        out[str(c)] = c * (decode_tokens - 1) / (full - one)
-    if prompt_len:
-        timed(1, 1, prompt_len)
-        out["ttft_s"] = timed(1, 1, prompt_len)
-        out["prefill_tok_s"] = prompt_len / out["ttft_s"]
+    for context in contexts:
+        for batch in batches:
+            cell: dict[str, Any] = {"batch": batch, "context": context}
+            try:
+                timed(batch, 2, min(context, 16))
+                full, one = timed(batch, decode_tokens, context), timed(batch, 1, context)
+            except Exception as exc:  # noqa: BLE001 - an out-of-memory cell is a result too
+                cell["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                torch.cuda.empty_cache()
+            else:
+                step = (full - one) / (decode_tokens - 1)
+                cell.update(step_ms=1e3 * step, tok_s=batch / step, ttft_s=one,
+                            prefill_tok_s=batch * context / one)
+            out["cells"].append(cell)
     return out
 
 
-def hf_decode(path: str, concurrency: list[int], decode_tokens: int) -> dict[str, Any]:
-    """Decode tok/s of ``transformers.generate`` on a checkpoint directory."""
-    return hf_bench(hf_model(path), concurrency, decode_tokens)
+def hf_decode(path: str, batches: list[int], contexts: list[int],
+              decode_tokens: int) -> dict[str, Any]:
+    """:func:`hf_bench` of ``transformers.generate`` on a checkpoint directory."""
+    return hf_bench(hf_model(path), batches, contexts, decode_tokens)
 
 
-def run_isolated(spec: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-    """Run :func:`main` on ``spec`` in a child process; ``{"error": ...}`` when it fails."""
+def run_isolated(spec: dict[str, Any], timeout: float | None = None,
+                 module: str = "atlas_core.bench.baseline") -> dict[str, Any]:
+    """Run ``python -m module SPEC_JSON`` in a child process and read its last stdout line as
+    JSON; ``{"error": ...}`` when it fails."""
     import subprocess
-    cmd = [sys.executable, "-m", "atlas_core.bench.baseline", json.dumps(spec)]
+    cmd = [sys.executable, "-m", module, json.dumps(spec)]
+    name = module.rsplit(".", 1)[-1]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"HF baseline did not finish in {timeout:.0f} s"}
+        return {"error": f"{name} did not finish in {timeout:.0f} s"}
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"HF baseline failed (exit {proc.returncode}): {tail}"}
+        return {"error": f"{name} failed (exit {proc.returncode}): {tail}"}
     return json.loads(lines[-1])
 
 
 def main(argv: list[str]) -> int:
-    """``SPEC_JSON``: ``{"path" | "config", "concurrency", "decode_tokens", "prompt_len"}``;
-    prints the result as one JSON line."""
+    """``SPEC_JSON``: ``{"path" | "config", "batches", "contexts", "decode_tokens"}``; prints
+    the result as one JSON line."""
     spec = json.loads(argv[0])
     start = time.perf_counter()
     model = hf_model(spec.get("path"), spec.get("config"))
     load_s = time.perf_counter() - start
-    result = hf_bench(model, spec["concurrency"], spec["decode_tokens"], spec.get("prompt_len", 0))
+    result = hf_bench(model, spec["batches"], spec["contexts"], spec["decode_tokens"])
     result["load_s"] = load_s
     print(json.dumps(result))
     return 0

@@ -1,4 +1,10 @@
-"""The measurements of ``atlas bench``: copy bandwidth, cold start, TTFT / prefill, decode."""
+"""The measurements of ``atlas bench``: a matrix of batch sizes x context lengths.
+
+Each cell prefills ``batch`` distinct prompts of ``context`` tokens at once (the batched TTFT
+and prefill rate), then times the decode steps that follow, AT that context. The floor of a
+cell is :class:`~atlas_core.bench.floor.StepBytes` at the mean context of the timed steps over
+the device bandwidth. A cell whose KV cache cannot fit is reported as skipped, not run.
+"""
 
 from __future__ import annotations
 
@@ -8,80 +14,126 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.bench.shapes import step_bytes
+from atlas_core.engine.step_timing import StepBytes
+
+_GIB = 1 << 30
 
 
 @dataclass
 class BenchResult:
-    """Everything one bench run measured (times in seconds, rates per second)."""
+    """Everything one bench run measured (times in seconds, rates per second).
+
+    ``cells`` holds one :func:`measure_cell` dict per batch x context; ``baselines`` one
+    result per baseline (``"hf"``, ``"compiled"``), each with its own ``cells``.
+    """
 
     model: str
     backend: str
     device: str
-    copy_bandwidth_gbs: float = 0.0
+    bandwidth_gbs: float = 0.0
+    bandwidth_source: str = ""
     cold_start_s: float = 0.0
-    prompt_len: int = 0
-    ttft_s: float = 0.0
-    prefill_tok_s: float = 0.0
-    decode: dict[int, dict[str, float]] = field(default_factory=dict)
-    baseline: dict[str, Any] = field(default_factory=dict)
+    decode_tokens: int = 0
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def copy_bandwidth(backend: Any, nbytes: int) -> float:
-    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
-    a = backend.empty((nbytes,), np.uint8)
-    b = backend.empty((nbytes,), np.uint8)
-    backend.copy_(b, a)
-    backend.synchronize()
-    reps = 10
-    start = time.perf_counter()
-    for _ in range(reps):
-        backend.copy_(b, a)
-    backend.synchronize()
-    return 2 * nbytes * reps / (time.perf_counter() - start) / 1e9
-
-
-def _run(engine: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[float]]:
-    """Submit ``prompts`` together; return (time to first token of all, per-step end times)."""
+def _run(engine: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[tuple]]:
+    """Submit ``prompts`` together; return (seconds until every one has its first token,
+    ``(end time, tokens, all started)`` of each step that produced tokens)."""
     from atlas_core.engine import SamplingParams
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"bench-{time.monotonic_ns()}-{i}", p, params)
+    ids = [f"bench-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts):
+        engine.add_request(rid, p, params)
     start = time.perf_counter()
-    first, stamps = None, []
+    started: set[str] = set()
+    first, stamps = 0.0, []
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.perf_counter()
-        if first is None and outs and all(o.outputs[0].token_ids for o in outs):
+        if not outs:
+            continue
+        was_full = len(started) == len(ids)
+        started.update(o.request_id for o in outs if o.outputs[0].token_ids)
+        if not was_full and len(started) == len(ids):
             first = now - start
-        stamps.append(now)
-    return first or 0.0, stamps
+        stamps.append((now, len(outs), was_full))
+    return first, stamps
 
 
-def measure(engine: Any, config: dict[str, Any], *, prompt_len: int, decode_tokens: int,
-            concurrency: list[int], bandwidth_gbs: float, log=print) -> tuple[float, float, dict]:
-    """TTFT and prefill rate for one prompt, then decode rates at each concurrency."""
-    rng = np.random.default_rng(0)
-    vocab = config["vocab_size"]
-    prompt = rng.integers(0, vocab, prompt_len).tolist()
+def kv_need(engine: Any, batch: int, tokens: int) -> tuple[int, int]:
+    """``(blocks needed, blocks in the pool)`` for ``batch`` sequences of ``tokens`` tokens."""
+    bs = engine.kv_config.block_size
+    return batch * -(-tokens // bs), engine.block_manager.num_blocks
+
+
+def skip_reason(engine: Any, batch: int, context: int, decode_tokens: int) -> str | None:
+    """Why a cell cannot run on this engine (``None``: it can)."""
+    tokens = context + decode_tokens + 1
+    model_max = int(engine.model.max_position_embeddings)
+    if tokens > model_max:
+        return (f"skipped: context {context} + {decode_tokens} decode tokens exceeds the "
+                f"model's max_position_embeddings {model_max}")
+    if batch > engine.args.max_num_seqs:
+        return f"skipped: batch {batch} exceeds max_num_seqs {engine.args.max_num_seqs}"
+    need, have = kv_need(engine, batch, tokens)
+    if need > have or tokens > engine.max_seq_len:
+        per = engine.kv_config.bytes_per_block
+        state = batch * getattr(engine.kv_config, "state_bytes_per_slot", 0)
+        return (f"skipped: needs {(need * per + state) / _GIB:.2f} GiB of KV cache, "
+                f"{have * per / _GIB:.2f} GiB fit (raise --gpu-memory-utilization)")
+    return None
+
+
+def measure_cell(engine: Any, step_bytes: StepBytes, batch: int, context: int,
+                 decode_tokens: int, bandwidth_gbs: float, rng: np.random.Generator) -> dict:
+    """Prefill ``batch`` prompts of ``context`` tokens, then time decode at that context."""
+    cell: dict[str, Any] = {"batch": batch, "context": context, "status": "ok"}
+    reason = skip_reason(engine, batch, context, decode_tokens)
+    if reason:
+        cell["status"] = reason
+        return cell
+    vocab = engine.model.vocab_size
+    prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
+    ttft, stamps = _run(engine, prompts, decode_tokens)
+    decode = [s for s in stamps if s[2]]
+    if len(decode) < 3:
+        cell["status"] = f"skipped: {len(decode)} decode steps timed; raise --decode-tokens"
+        return cell
+    steps, elapsed = len(decode) - 1, decode[-1][0] - decode[0][0]
+    tokens = sum(n for _, n, _ in decode[1:])
+    step_s = elapsed / steps
+    mean_context = context + decode_tokens // 2
+    nbytes = step_bytes(batch, batch * mean_context)
+    cell.update(ttft_s=ttft, prefill_tok_s=batch * context / ttft if ttft else 0.0,
+                step_ms=1e3 * step_s, tok_s=tokens / elapsed, step_gb=nbytes / 1e9,
+                gb_s=nbytes / step_s / 1e9)
+    if bandwidth_gbs:
+        floor_s = nbytes / (bandwidth_gbs * 1e9)
+        cell.update(floor_ms=1e3 * floor_s, floor_tok_s=batch / floor_s,
+                    pct_floor=100 * floor_s / step_s)
+    return cell
+
+
+def measure(engine: Any, *, batches: list[int], contexts: list[int], decode_tokens: int,
+            bandwidth_gbs: float, log=print, seed: int = 0) -> list[dict[str, Any]]:
+    """Every cell of ``batches`` x ``contexts`` (see the module docstring), after warm-ups:
+    one short request per batch size (graphs, plans) and one prompt per context length (the
+    prefill workspace)."""
+    rng = np.random.default_rng(seed)
+    vocab = engine.model.vocab_size
+    step_bytes = StepBytes(engine.model, engine.kv_config)
     log("warm-up")
-    _run(engine, [prompt[:16]], 4)
-    log("TTFT")
-    _run(engine, [prompt], 1)  # the first long prefill grows the workspace and makes plans
-    ttft, _ = _run(engine, [prompt], 1)
-    decode = {}
-    for c in concurrency:
-        log(f"decode at batch {c}")
-        prompts = [rng.integers(0, vocab, 128).tolist() for _ in range(c)]
-        _run(engine, prompts, 8)
-        _, stamps = _run(engine, prompts, decode_tokens)
-        steps = len(stamps) - 2
-        elapsed = stamps[-1] - stamps[1]
-        tok_s = c * steps / elapsed
-        ctx = 128 + decode_tokens // 2
-        need = step_bytes(config, ctx, c)
-        achieved = need * steps / elapsed / 1e9
-        decode[c] = {"tok_s": tok_s, "step_ms": 1e3 * elapsed / steps, "gb_s": achieved,
-                     "roofline_tok_s": c * bandwidth_gbs * 1e9 / need,
-                     "pct_roofline": 100 * achieved / bandwidth_gbs}
-    return ttft, prompt_len / ttft if ttft else 0.0, decode
+    for b in batches:
+        if skip_reason(engine, b, 16, 8) is None:
+            _run(engine, [rng.integers(0, vocab, 16).tolist() for _ in range(b)], 8)
+    for c in contexts:
+        if skip_reason(engine, 1, c, 1) is None:
+            _run(engine, [rng.integers(0, vocab, c).tolist()], 1)
+    cells = []
+    for c in contexts:
+        for b in batches:
+            log(f"batch {b} at context {c}")
+            cells.append(measure_cell(engine, step_bytes, b, c, decode_tokens, bandwidth_gbs, rng))
+    return cells

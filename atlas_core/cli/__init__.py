@@ -20,10 +20,20 @@ def _subcommand_modules():
             yield importlib.import_module(f"atlas_core.cli.{info.name}")
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse without prefix matching: ``--model X`` must never be taken as ``--model-name X``
+    (every flag is spelled out; an unknown one is reported with close matches instead)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="atlas", description="Atlas LLM inference server")
+    parser = ArgumentParser(prog="atlas", description="Atlas LLM inference server")
     parser.add_argument("--version", action="version", version=f"atlas {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                       parser_class=ArgumentParser)
     for module in _subcommand_modules():
         sub = module.add_parser(subparsers)
         sub.set_defaults(_run=module.run, _parser=sub)

@@ -1,5 +1,5 @@
-"""argparse ``type=`` converters: each turns a flag's text into a value or fails with one line
-saying what a valid value looks like."""
+"""argparse ``type=`` converters (each turns a flag's text into a value or fails with one line
+saying what a valid value looks like) and the ``MODEL`` / ``--model`` pair."""
 
 from __future__ import annotations
 
@@ -60,3 +60,24 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
+
+
+class _StoreModel(argparse.Action):
+    """Stores MODEL from the positional or ``--model``; giving two different models is an error."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values is None:
+            return
+        current = getattr(namespace, self.dest, None)
+        if current is not None and current != values:
+            parser.error(f"two models given ({current!r} and {values!r}); pass MODEL or --model, "
+                         "not both")
+        setattr(namespace, self.dest, values)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``MODEL`` as a positional and as ``--model MODEL`` (vLLM's spelling), one ``args.model``."""
+    parser.add_argument("model", nargs="?", default=None, metavar="MODEL", action=_StoreModel,
+                        help=help_text)
+    parser.add_argument("--model", dest="model", default=argparse.SUPPRESS, metavar="MODEL",
+                        action=_StoreModel, help="the same as MODEL (vLLM's spelling)")

@@ -1,4 +1,5 @@
-"""``atlas bench``: decode / prefill speed of a model (or a named random shape) on a backend."""
+"""``atlas bench``: decode / prefill speed of a model (or a named random shape) on a backend,
+over a matrix of batch sizes x context lengths, beside optional baselines."""
 
 from __future__ import annotations
 
@@ -6,35 +7,71 @@ import argparse
 import time
 from pathlib import Path
 
+BASELINES = ("hf", "compiled")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive integers (e.g. 1,8,32)")
+    return sorted(set(values))
+
+
+def _baselines(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"]
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown baseline {', '.join(unknown)}; use hf, compiled, both (hf,compiled) or none")
+    return list(dict.fromkeys(names))
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     from atlas_core.bench.shapes import SHAPES
-    p = subparsers.add_parser("bench", help="measure decode/prefill speed and %% of roofline")
+    p = subparsers.add_parser("bench", help="measure decode/prefill speed and %% of the floor")
     p.add_argument("--model", default="tiny",
                    help="model directory, or a named shape with random weights built on the "
-                        f"device: {', '.join(SHAPES)}")
+                        f"device: {', '.join(SHAPES)} (default: %(default)s)")
     p.add_argument("--backend", default=None, help="GpuBackend name (default: best available)")
     p.add_argument("--on-disk", action="store_true",
                    help="named shapes: write a random checkpoint under the cache dir and load "
                         "it like a real model (default: fill the weights on the device)")
-    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens for TTFT / prefill")
-    p.add_argument("--decode-tokens", type=int, default=64, help="tokens generated per request")
-    p.add_argument("--concurrency", default="1", help="comma-separated batch sizes, e.g. 1,32")
+    p.add_argument("--batch", "--concurrency", dest="batch", type=_int_list, default=[1],
+                   help="comma-separated batch sizes, e.g. 1,8,32 (default: 1)")
+    p.add_argument("--context", "--prompt-len", dest="context", type=_int_list, default=[512],
+                   help="comma-separated context lengths: each cell prefills prompts of this "
+                        "many tokens and times decode at that context (default: 512)")
+    p.add_argument("--decode-tokens", type=int, default=64, help="tokens generated per request (default: %(default)s)")
+    p.add_argument("--max-prefill-tokens", type=int, default=None,
+                   help="prefill chunk size of the engine (default: the longest context, at "
+                        "most 16384)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap each decode step's host work with the previous step's device "
                         "work (default: on for backends with graphs)")
-    p.add_argument("--copy-mb", type=int, default=1024, help="bytes for the copy-bandwidth probe")
+    p.add_argument("--copy-mb", type=int, default=1024, help="MiB for the copy-bandwidth probe (default: %(default)s)")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help="memory bandwidth in GB/s for the floor (default: the copy probe)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
                    help="fraction of device memory the engine may take (room left for prefill "
-                        "workspace)")
-    p.add_argument("--baseline", choices=["none", "hf"], default="none",
-                   help="also time HF transformers first, in its own process (needs torch + a "
-                        "CUDA GPU)")
+                        "workspace; default: %(default)s)")
+    p.add_argument("--baseline", type=_baselines, default=[],
+                   help="comma list of baselines timed first, each in its own process at the "
+                        "same cells: hf (transformers eager), compiled (plain PyTorch with a "
+                        "static KV cache under torch.compile); need torch (default: none)")
+    p.add_argument("--baseline-mode", choices=["compile", "eager"], default="compile",
+                   help="compiled baseline: torch.compile(mode='reduce-overhead', "
+                        "fullgraph=True) or eager (default: %(default)s)")
     p.add_argument("--baseline-decode-tokens", type=int, default=None,
-                   help="tokens per request for the baseline (default: --decode-tokens)")
+                   help="tokens per request for the baselines (default: --decode-tokens)")
     p.add_argument("--baseline-timeout", type=float, default=600.0,
-                   help="seconds before the baseline is given up (recorded as an error)")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout)")
+                   help="seconds before a baseline is given up (recorded as an error; "
+                        "default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout; default: text only)")
+    p.add_argument("--csv", metavar="FILE", help="write one row per engine and cell as CSV to FILE ('-': stdout; default: none)")
     return p
 
 
@@ -63,53 +100,80 @@ def _progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _engine(args, path: str | None, config: dict, concurrency: list[int]):
+def _engine(args, path: str | None, config: dict):
+    """An engine for the whole matrix: KV sized for the longest cell when it fits, else what
+    memory allows (the cells that do not fit are skipped, not run)."""
     from atlas_core.engine import EngineArgs, LLMEngine
-    engine_args = EngineArgs(model=path, backend=args.backend, max_num_seqs=max(concurrency),
-                             max_prefill_tokens=max(args.prompt_len, 128),
-                             max_seq_len=args.prompt_len + args.decode_tokens + 256,
-                             enable_prefix_caching=False,
-                             gpu_memory_utilization=args.gpu_memory_utilization,
-                             async_scheduling=getattr(args, "async_scheduling", None))
+    from atlas_core.engine.loading import create_backend, load_engine_parts
+    longest = max(args.context) + args.decode_tokens + 16
+    model_max = int(config.get("max_position_embeddings") or longest)
+    prefill = args.max_prefill_tokens or max(128, min(max(args.context), 16384))
+    fields = dict(model=path, backend=args.backend, max_num_seqs=max(args.batch),
+                  max_prefill_tokens=prefill, enable_prefix_caching=False,
+                  gpu_memory_utilization=args.gpu_memory_utilization,
+                  async_scheduling=args.async_scheduling)
     if path is not None:
-        return LLMEngine.from_args(engine_args)
-    from atlas_core.bench.random_model import build_random_model
-    from atlas_core.engine.loading import create_backend
-    backend, registry = create_backend(args.backend)
-    model = build_random_model(config, backend, registry)
-    return LLMEngine(model, backend, engine_args)
+        parts = load_engine_parts(EngineArgs(**fields))
+        backend, model = parts.backend, parts.model
+    else:
+        from atlas_core.bench.random_model import build_random_model
+        backend, registry = create_backend(args.backend)
+        model = build_random_model(config, backend, registry)
+    try:
+        return LLMEngine(model, backend, EngineArgs(**fields, max_seq_len=min(longest, model_max)))
+    except ValueError as exc:
+        _progress(f"the longest cell does not fit ({exc}); sizing the KV cache from memory")
+        return LLMEngine(model, backend, EngineArgs(**fields))
+
+
+def _run_baselines(args, path: str | None, config: dict) -> dict:
+    from atlas_core.bench.baseline import run_isolated
+    spec = {"path": path, "config": None if path else config, "batches": args.batch,
+            "contexts": args.context, "mode": args.baseline_mode,
+            "decode_tokens": args.baseline_decode_tokens or args.decode_tokens}
+    out = {}
+    for name in args.baseline:
+        module = {"hf": "atlas_core.bench.baseline", "compiled": "atlas_core.bench.torch_baseline"}[name]
+        _progress(f"baseline {name} (own process)")
+        out[name] = run_isolated(spec, args.baseline_timeout, module)
+        _progress(f"baseline {name}: {out[name].get('error') or 'done'}")
+    return out
+
+
+def _bandwidth(args, backend) -> tuple[float, str]:
+    from atlas_core.bench.floor import copy_bandwidth
+    if args.bandwidth:
+        return args.bandwidth, "--bandwidth"
+    return copy_bandwidth(backend, args.copy_mb << 20), "measured copy, read + write"
+
+
+def _write(target: str | None, text: str) -> None:
+    if target:
+        print(text) if target == "-" else Path(target).write_text(text)
 
 
 def run(args) -> int:
     from atlas_core.bench import report
-    from atlas_core.bench.runner import BenchResult, copy_bandwidth, measure
-    concurrency = [int(c) for c in args.concurrency.split(",") if c]
+    from atlas_core.bench.runner import BenchResult, measure
+    from atlas_core.cli import UserError
+    if args.decode_tokens < 4:
+        raise UserError(f"--decode-tokens {args.decode_tokens} is too few to time decode steps; "
+                        "use 4 or more")
     _progress(f"preparing {args.model}")
     path, config = _model(args.model, args.on_disk)
-    baseline = {}
-    if args.baseline == "hf":
-        from atlas_core.bench.baseline import run_isolated
-        _progress("HF transformers baseline (own process)")
-        spec = {"path": path, "config": None if path else config, "concurrency": concurrency,
-                "decode_tokens": args.baseline_decode_tokens or args.decode_tokens,
-                "prompt_len": args.prompt_len}
-        baseline = run_isolated(spec, args.baseline_timeout)
-        _progress(f"baseline: {baseline}")
+    baselines = _run_baselines(args, path, config)
     _progress(f"loading {path or 'random weights on the device'}")
     start = time.perf_counter()
-    engine = _engine(args, path, config, concurrency)
-    backend = engine.backend
+    engine = _engine(args, path, config)
     cold = time.perf_counter() - start
-    info = backend.device_info()
+    info = engine.backend.device_info()
     _progress(f"loaded in {cold:.1f} s; measuring")
-    bw = copy_bandwidth(backend, args.copy_mb << 20)
-    ttft, prefill, decode = measure(engine, config, prompt_len=args.prompt_len,
-                                    decode_tokens=args.decode_tokens, concurrency=concurrency,
-                                    bandwidth_gbs=bw, log=_progress)
-    result = BenchResult(args.model, backend.name, info.name, bw, cold, args.prompt_len, ttft,
-                         prefill, decode, baseline)
+    bw, source = _bandwidth(args, engine.backend)
+    cells = measure(engine, batches=args.batch, contexts=args.context,
+                    decode_tokens=args.decode_tokens, bandwidth_gbs=bw, log=_progress)
+    result = BenchResult(args.model, engine.backend.name, info.name, bw, source, cold,
+                         args.decode_tokens, cells, baselines)
     print(report.to_text(result))
-    if args.json:
-        text = report.to_json(result)
-        print(text) if args.json == "-" else Path(args.json).write_text(text)
+    _write(args.json, report.to_json(result))
+    _write(args.csv, report.to_csv(result))
     return 0

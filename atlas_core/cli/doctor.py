@@ -39,23 +39,30 @@ def _gpu_lines() -> list[str]:
     return lines
 
 
-def _kernel_lines() -> list[str]:
+def _kernel_lines(registry=None) -> list[str]:
     from atlas_core import env
     lines = []
     try:
         from atlas_cuda.compiler import KernelSources, nvrtc_version
-        from atlas_cuda.targets import generic_target, installed_targets
+        from atlas_cuda.policy import target_policy
+        from atlas_cuda.targets import generic_target, load_targets
     except ImportError:
         return ["kernel targets: atlas-cuda not installed"]
     try:
         lines.append(f"NVRTC: {nvrtc_version()}")
     except Exception as exc:  # noqa: BLE001 - report, don't crash
         lines.append(f"NVRTC: unavailable ({exc})")
-    for t in installed_targets() + [generic_target((0, 0))]:
+    targets, broken = load_targets(registry)
+    for t in targets + [generic_target((0, 0))]:
         mods = KernelSources(t.search_dirs()).modules()
         caps = ", ".join(".".join(map(str, c)) for c in t.compute_capabilities) or "any"
         lines.append(f"kernel target {t.name}: {t.arch if t.name != 'cuda' else 'device arch'} "
                      f"(GPUs {caps}), {len(mods)} modules")
+        try:
+            lines.append(f"  kernel policy: {target_policy(t).summary()}")
+        except ValueError as exc:
+            lines.append(f"  kernel policy: INVALID ({exc})")
+    lines += [f"kernel target {name} FAILED: {error}" for name, error in broken]
     cache = env.cache_dir() / "kernels"
     n = len(list(cache.glob("*.cubin"))) if cache.is_dir() else 0
     lines.append(f"kernel cache: {cache} ({n} cubins)")
@@ -66,9 +73,9 @@ def run(args) -> int:
     from atlas_core import __version__
     from atlas_core.plugins import Registry
     print(f"atlas {__version__}, Python {sys.version.split()[0]}, {platform.platform()}")
-    for line in _gpu_lines() + _kernel_lines():
-        print(line)
     reg = Registry()
+    for line in _gpu_lines() + _kernel_lines(reg):
+        print(line)
     for info in reg.plugins():
         things = "; ".join(f"{k}: {', '.join(v)}" for k, v in info.registered.items())
         print(f"plugin {info.name} ({info.dist or '?'}): {things or '-'}")

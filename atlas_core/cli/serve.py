@@ -11,10 +11,15 @@ import re
 import sys
 from pathlib import Path
 
-from atlas_core.cli._arg_types import (non_negative_int, parse_json_object, parse_name, parse_port,
-                                        parse_seconds, parse_size)
+from atlas_core import env
+from atlas_core.cli._arg_types import (add_model_arguments, non_negative_int, parse_json_object,
+                                        parse_name, parse_port, parse_seconds, parse_size)
 
 DEMO_NAME = "atlas-demo"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8888
+#: vLLM's ``--reasoning-parser`` names -> Atlas's parser of the same format.
+VLLM_REASONING_PARSERS = {"qwen3": "think", "deepseek_r1": "think"}
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -23,14 +28,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "serve", help="serve a model over OpenAI- and Anthropic-compatible HTTP",
         description="Serve MODEL (a local directory or Hugging Face id; default: the built-in "
                     "demo model) on http://HOST:PORT/v1. See docs/serving.md.")
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="model directory or Hugging Face id (default: the built-in demo model)")
+    add_model_arguments(p, "model directory or Hugging Face id (default: the built-in demo model)")
     g = p.add_argument_group("model")
     g.add_argument("--served-model-name", "--model-name", action="append", default=None,
                    type=parse_name, metavar="NAME", help="name clients use in `model` (repeatable; the first is "
                    "reported; default: MODEL as given)")
     g.add_argument("--revision", default=None, help="Hub branch, tag or commit")
-    g.add_argument("--cache-dir", default=None, help="where downloaded models are kept "
+    g.add_argument("--cache-dir", "--download-dir", default=None,
+                   help="where downloaded models are kept "
                    "(default: the Hugging Face cache)")
     g.add_argument("--backend", default=None, help="GpuBackend (default: ATLAS_BACKEND, else "
                    "cuda when a GPU is present, else numpy)")
@@ -41,9 +46,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="sequences running at once (default 64)")
     e.add_argument("--max-batch-size", type=int, default=None,
                    help="sequences per step (default: --max-num-seqs)")
-    e.add_argument("--max-prefill-tokens", type=int, default=2048,
+    e.add_argument("--max-prefill-tokens", "--max-num-batched-tokens", type=int, default=2048,
                    help="prompt tokens per step; longer prompts are chunked (default 2048)")
-    e.add_argument("--max-seq-len", type=int, default=None, help="longest prompt + output "
+    e.add_argument("--max-seq-len", "--max-model-len", type=int, default=None,
+                   help="longest prompt + output "
                    "(default: the model's limit, capped by the KV cache)")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of device memory Atlas may use (default 0.9)")
@@ -59,13 +65,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     e.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     e.add_argument("--max-waiting", type=int, default=None, help="requests allowed to wait for "
                    "a slot; more get HTTP 429 with Retry-After (default: unlimited)")
+    add_kv_tier_arguments(p)
     s = p.add_argument_group("server")
-    s.add_argument("--host", "--bind", default="127.0.0.1", metavar="ADDR",
-                   help="address to listen on (default 127.0.0.1, this machine only; use "
-                   "0.0.0.0 to accept other machines and containers)")
-    s.add_argument("--port", type=parse_port, default=8888, help="HTTP port (default 8888)")
-    s.add_argument("--api-key", "--auth-token", action="append", default=[], metavar="KEY",
-                   help="require this key (Bearer or x-api-key; repeatable)")
+    s.add_argument("--host", "--bind", default=None, metavar="ADDR",
+                   help=f"address to listen on (default: ATLAS_HOST, else {DEFAULT_HOST}, this "
+                   "machine only; use 0.0.0.0 to accept other machines and containers)")
+    s.add_argument("--port", type=parse_port, default=None,
+                   help=f"HTTP port (default: ATLAS_PORT, else {DEFAULT_PORT})")
+    s.add_argument("--api-key", "--auth-token", action="append", default=None, metavar="KEY",
+                   help="require this key (Bearer or x-api-key; repeatable; default: "
+                   "ATLAS_API_KEY, else no key)")
     s.add_argument("--auth-tokens-file", default=None, metavar="PATH",
                    help="file of accepted keys, one per line (# comments allowed)")
     s.add_argument("--request-timeout", type=parse_seconds, default=0.0, metavar="SECONDS",
@@ -75,10 +84,40 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--default-chat-template-kwargs", type=parse_json_object, default={},
                    metavar="JSON", help='chat-template variables for every request, e.g. '
                    '\'{"enable_thinking": true}\' (requests may override)')
-    s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
-                   help="allow browser calls (CORS) from this origin (repeatable; `*` for any)")
+    s.add_argument("--chat-template", default=None, metavar="PATH|TEMPLATE",
+                   help="chat template to use instead of the model's (a .jinja file or the "
+                   "template text)")
+    s.add_argument("--strict-max-tokens", action="store_true",
+                   help="answer max_tokens beyond the room left in the context with HTTP 400 "
+                   "(default: lower it to that room; the output ends with finish reason length)")
+    s.add_argument("--allowed-origin", "--allowed-origins", action="append", default=[],
+                   metavar="ORIGIN", help="allow browser pages from this origin to call the API "
+                   "(CORS; without --api-key other pages get 403; repeatable; `*` for any)")
+    s.add_argument("--allowed-host", "--allowed-hosts", action="append", default=[],
+                   metavar="NAME", help="also answer to this Host name without --api-key "
+                   "(default: localhost names and the bind address; any when bound to 0.0.0.0; "
+                   "repeatable; `*` for any)")
+    s.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                   help="log one line per request on stderr (default on)")
     add_agent_arguments(p)
     return p
+
+
+def add_kv_tier_arguments(p: argparse.ArgumentParser) -> None:
+    """Host-memory and disk tiers of the prefix cache (see docs/serving.md, "KV tiers")."""
+    t = p.add_argument_group("KV tiers")
+    t.add_argument("--kv-host-gb", type=float, default=0.0, metavar="GIB",
+                   help="host memory for prefix-cache blocks evicted from the GPU (default 0: "
+                   "none)")
+    t.add_argument("--kv-offload-dir", default=None, metavar="DIR",
+                   help="keep evicted prefix-cache blocks in this directory (NVMe) too; they "
+                   "survive restarts (default: no disk tier)")
+    t.add_argument("--kv-offload-gb", type=float, default=64.0, metavar="GIB",
+                   help="most GiB kept in --kv-offload-dir, least recently used out first "
+                   "(default 64)")
+    t.add_argument("--kv-storage", default="auto", metavar="NAME",
+                   help="storage backend of the disk tier: io_uring, posix (default auto: "
+                   "io_uring when atlas-iouring is installed and the kernel allows it)")
 
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
@@ -90,10 +129,14 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["auto", "none", *sorted(TOOL_PARSERS)],
                    help="tool-call format of the model's output (default auto: from the chat "
                    "template and model_type; none: leave calls in the content)")
-    a.add_argument("--reasoning-parser", default="auto",
+    a.add_argument("--reasoning-parser", default="auto", type=_reasoning_parser,
                    choices=["auto", "none", *sorted(REASONING_PARSERS)],
                    help="reasoning format (default auto: think when the chat template has "
-                   "<think> blocks; none: leave reasoning in the content)")
+                   "<think> blocks; none: leave reasoning in the content; vLLM's "
+                   f"{' and '.join(VLLM_REASONING_PARSERS)} mean think)")
+    a.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted for vLLM compatibility: Atlas always parses tool calls "
+                   "(tool_choice auto) unless --tool-call-parser none")
     a.add_argument("--default-thinking", choices=["on", "off"], default=None,
                    help="enable_thinking for requests that do not choose (default: the chat "
                    "template's own default)")
@@ -105,6 +148,10 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--max-stored-responses", type=non_negative_int, default=1000, metavar="N",
                    help="Responses API results kept in memory for previous_response_id "
                    "(least recently used dropped first; default 1000, 0 stores none)")
+
+
+def _reasoning_parser(text: str) -> str:
+    return VLLM_REASONING_PARSERS.get(text, text)
 
 
 def served_names(args) -> list[str]:
@@ -123,7 +170,7 @@ def engine_args(args):
     from atlas_core.cli import UserError
     from atlas_core.engine import EngineArgs
     try:
-        return EngineArgs(
+        eargs = EngineArgs(
             model=args.model, backend=args.backend, dtype=args.dtype, seed=args.seed,
             max_num_seqs=args.max_num_seqs, max_batch_size=args.max_batch_size,
             max_prefill_tokens=args.max_prefill_tokens, max_seq_len=args.max_seq_len,
@@ -131,7 +178,13 @@ def engine_args(args):
             block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=args.enable_prefix_caching, cache_dir=args.cache_dir,
             served_model_name=served_names(args)[0], max_waiting=args.max_waiting,
-            revision=args.revision, async_scheduling=args.async_scheduling)
+            revision=args.revision, async_scheduling=args.async_scheduling,
+            kv_host_gb=args.kv_host_gb, kv_offload_dir=args.kv_offload_dir,
+            kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage)
+        if eargs.kv_offload_dir:
+            from atlas_core.engine.kv_tiers import check_offload_dir
+            check_offload_dir(eargs.kv_offload_dir)
+        return eargs
     except ValueError as exc:
         message = re.sub(r"^(\w+) must", lambda m: f"--{m.group(1).replace('_', '-')} must",
                          str(exc))
@@ -150,6 +203,9 @@ def check_model(args) -> None:
                         ) from None
     path = Path(source).expanduser()
     looks_local = path.exists() or source.startswith((".", "/", "~")) or source.count("/") > 1
+    if path.suffix == ".gguf":
+        raise UserError(f"{source} is a GGUF file (llama.cpp's format), which Atlas does not "
+                        "load; pass the model's Hugging Face id or its safetensors directory")
     if looks_local and not (path / "config.json").is_file():
         raise UserError(f"{source} is not a model directory (no config.json there); pass a "
                         "directory holding config.json + *.safetensors, or a Hugging Face id")
@@ -170,7 +226,8 @@ def server_config(args):
     from atlas_core.cli import UserError
     from atlas_core.server import ServerConfig
     from atlas_core.server.auth import read_tokens_file
-    keys = list(args.api_key)
+    from atlas_core.server.guards import default_allowed_hosts
+    keys = list(args.api_key) if args.api_key else env.api_keys()
     if args.auth_tokens_file:
         try:
             keys += read_tokens_file(args.auth_tokens_file)
@@ -181,13 +238,39 @@ def server_config(args):
                         request_timeout=args.request_timeout,
                         default_chat_template_kwargs=args.default_chat_template_kwargs,
                         allowed_origins=args.allowed_origin,
+                        allowed_hosts=default_allowed_hosts(listen_address(args)[0],
+                                                            args.allowed_host),
+                        access_log=args.access_log,
                         tool_call_parser=_parser_name(args.tool_call_parser),
                         reasoning_parser=_parser_name(args.reasoning_parser),
                         default_thinking=(None if args.default_thinking is None
                                           else args.default_thinking == "on"),
                         disable_thinking=args.disable_thinking,
                         reasoning_budget=args.reasoning_budget,
-                        max_stored_responses=args.max_stored_responses)
+                        max_stored_responses=args.max_stored_responses,
+                        strict_max_tokens=args.strict_max_tokens)
+
+
+def listen_address(args) -> tuple[str, int]:
+    """``(host, port)``: the flags, else ``ATLAS_HOST`` / ``ATLAS_PORT``, else the defaults."""
+    from atlas_core.cli import UserError
+    try:
+        port = args.port if args.port is not None else env.port()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return (args.host or env.host() or DEFAULT_HOST, DEFAULT_PORT if port is None else port)
+
+
+def chat_template_override(value: str | None) -> str | None:
+    """The ``--chat-template`` text (read and compiled now, before the port is bound)."""
+    from atlas_core.cli import UserError
+    from atlas_core.tokenizer.chat_template import ChatTemplateError, load_chat_template
+    if value is None:
+        return None
+    try:
+        return load_chat_template(value)
+    except ChatTemplateError as exc:
+        raise UserError(f"--chat-template: {exc}") from None
 
 
 def _parser_name(value: str) -> str | None:
@@ -205,21 +288,34 @@ def describe(engine, names: list[str]) -> str:
             f"{engine.args.max_num_seqs}")
 
 
+def close_tiers(engines: list) -> None:
+    """Persist the KV tiers of the engines a server ran and print their final state."""
+    from atlas_core.engine.kv_tiers import close_kv_tiers
+    for engine in engines:
+        if engine.kv_tiers is not None:
+            close_kv_tiers(engine)
+            print(engine.kv_tiers.describe(), flush=True)
+
+
 def run(args) -> int:
     from atlas_core.cli import UserError, error_message
     from atlas_core.engine import AsyncLLMEngine, LLMEngine
     from atlas_core.server import create_app
+    from atlas_core.server.access_log import log_to_stderr
     from atlas_core.server.launch import bind_socket, make_server
 
     check_model(args)
     eargs = engine_args(args)
     config = server_config(args)
+    template = chat_template_override(args.chat_template)
+    host, port = listen_address(args)
     try:
-        sock = bind_socket(args.host, args.port)
+        sock = bind_socket(host, port)
     except OSError as exc:
-        raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; "
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; "
                         "pick another --port or stop the program using it") from None
     failure: list[str] = []
+    loaded: list = []
     server = None
 
     def load():
@@ -228,26 +324,37 @@ def run(args) -> int:
             if engine.tokenizer is None:
                 raise ValueError("it has no tokenizer (tokenizer.json + tokenizer_config.json); "
                                  "copy them from the original model into its directory")
+            if template is not None:
+                engine.tokenizer.chat_templates = {"default": template}
         except Exception as exc:
             failure.append(f"cannot load {args.model or DEMO_NAME}: {error_message(exc)}")
             server.should_exit = True
             raise
         print(describe(engine, config.served_model_names), flush=True)
+        from atlas_core.bench.floor import floor_line
+        print(floor_line(engine), flush=True)
+        if engine.kv_tiers is not None:
+            print(engine.kv_tiers.describe(), flush=True)
+        loaded.append(engine)
         return AsyncLLMEngine(engine)
 
     app = create_app(None, config, loader=load)
+    app.on_shutdown.append(lambda: close_tiers(loaded))
     server = make_server(app, sock, log_level="warning")
-    url = f"http://{args.host}:{sock.getsockname()[1]}"
+    url = f"http://{host}:{sock.getsockname()[1]}"
     print(f"Atlas listening on {url}/v1 (OpenAI + Anthropic APIs); loading "
           f"{args.model or DEMO_NAME}, GET /health turns 200 when ready", flush=True)
-    if args.host in LOOPBACK:
+    if host in LOOPBACK:
         print("  reachable from this machine only; pass --host 0.0.0.0 to accept other "
               "machines and containers", flush=True)
     elif not config.api_keys:
         print("  warning: listening beyond this machine without --api-key: anyone who can "
               "reach the port can use the server", flush=True)
+    if config.access_log:
+        log_to_stderr()
     server.run(sockets=[sock])
-    if failure:
-        print(f"error: {failure[0]}", file=sys.stderr)
+    reason = failure[0] if failure else app.state.atlas.exit_reason
+    if reason:
+        print(f"error: {reason}", file=sys.stderr)
         return 1
     return 0

@@ -7,7 +7,8 @@
 """
 
 from atlas_core.engine.args import EngineArgs
-from atlas_core.engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFull
+from atlas_core.engine.async_engine import (AsyncLLMEngine, EngineDeadError, QueueFull,
+                                            RequestError)
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.engine.model_runner import ModelRunner
@@ -19,6 +20,6 @@ from atlas_core.engine.sequence import Sequence, SequenceGroup
 
 __all__ = [
     "AsyncLLMEngine", "BlockManager", "CompletionOutput", "EngineArgs", "EngineDeadError",
-    "EngineStats", "LLMEngine", "ModelRunner", "QueueFull", "RequestMetrics", "RequestOutput",
-    "SamplingParams", "Scheduler", "Sequence", "SequenceGroup", "TokenLogprob",
+    "EngineStats", "LLMEngine", "ModelRunner", "QueueFull", "RequestError", "RequestMetrics",
+    "RequestOutput", "SamplingParams", "Scheduler", "Sequence", "SequenceGroup", "TokenLogprob",
 ]

@@ -34,6 +34,12 @@ class EngineArgs:
             detokenisation, stop checks) with the device work of the previous one (``None``:
             on for backends with ``supports_graphs``). Steps that need the host's view of the
             last token (prefill, guided, penalties, logprobs...) still run synchronously.
+        kv_host_gb: GiB of host memory for prefix-cache blocks evicted from the device (0: none).
+        kv_offload_dir: directory where evicted prefix-cache blocks persist across restarts
+            (``None``: no disk tier).
+        kv_offload_gb: most GiB the disk tier keeps (least recently used out first).
+        kv_storage: StorageBackend of the disk tier (``auto``: io_uring when installed, else
+            posix).
     """
 
     model: str | None = None
@@ -55,6 +61,10 @@ class EngineArgs:
     revision: str | None = None
     num_state_snapshots: int | None = None
     async_scheduling: bool | None = None
+    kv_host_gb: float = 0.0
+    kv_offload_dir: str | None = None
+    kv_offload_gb: float = 64.0
+    kv_storage: str = "auto"
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")
@@ -73,6 +83,9 @@ class EngineArgs:
                              f"{self.gpu_memory_utilization!r}")
         if self.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "float8_e4m3fn"):
             raise ValueError(f"kv_cache_dtype must be auto, bf16 or fp8, got {self.kv_cache_dtype!r}")
+        for name in ("kv_host_gb", "kv_offload_gb"):
+            if not float(getattr(self, name)) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.max_batch_size is None:
             self.max_batch_size = self.max_num_seqs
 

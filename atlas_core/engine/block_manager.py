@@ -4,14 +4,16 @@ A full block is identified by a chained hash: ``H(parent_hash, its block_size to
 equal hashes mean equal prefixes, not just equal blocks. Computed full blocks are registered
 under their hash; later sequences with the same prefix take a reference instead of recomputing.
 Blocks whose reference count drops to zero stay cached (and findable) until their memory is
-needed, then the least recently freed are evicted first.
+needed, then the least recently freed are evicted first. With :attr:`BlockManager.tiers` set,
+evicted blocks are copied to host memory / disk first, and a prefix that continues past the
+device-cached blocks is read back from there instead of recomputed.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,9 +34,12 @@ class BlockManager:
         num_blocks: blocks in the KV pool.
         block_size: tokens per block.
         enable_prefix_caching: register computed full blocks and reuse them.
+        tiers: lower tiers (:class:`~atlas_core.engine.kv_tiers.KVTiers`) evicted blocks
+            spill to and prefixes are restored from, or ``None``.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 tiers: Any = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -45,6 +50,8 @@ class BlockManager:
         self.free_cached: OrderedDict[int, None] = OrderedDict()
         self.num_hit_tokens = 0
         self.num_query_tokens = 0
+        self.tiers = tiers
+        self._evicted: list[tuple[int, bytes]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -64,7 +71,10 @@ class BlockManager:
             block = self.free_uncached.popleft()
         else:
             block, _ = self.free_cached.popitem(last=False)
-            del self.block_of[self.hash_of.pop(block)]
+            h = self.hash_of.pop(block)
+            del self.block_of[h]
+            if self.tiers is not None:
+                self._evicted.append((block, h))
         self.ref_counts[block] = 1
         return block
 
@@ -98,8 +108,46 @@ class BlockManager:
         for block in blocks:
             self._ref(block)
             seq.block_table.append(block)
+        if self.tiers is not None and usable is None and len(blocks) < num_prefix:
+            self._restore(seq, seq.block_hashes[len(blocks):num_prefix])
         seq.num_committed_blocks = len(seq.block_table)
         return len(seq.block_table) * self.block_size
+
+    def prefetch(self, seq: Sequence) -> bool:
+        """Start reading ``seq``'s prefix blocks held by lower tiers only; True once nothing
+        it could use is still in flight (always True without tiers)."""
+        if self.tiers is None or not self.enable_prefix_caching or seq.block_table:
+            return True
+        self.update_hashes(seq, len(seq) - 1)
+        hashes = seq.block_hashes[:(len(seq) - 1) // self.block_size]
+        first = next((i for i, h in enumerate(hashes) if h not in self.block_of), len(hashes))
+        return self.tiers.prefetch(hashes[first:])
+
+    def _restore(self, seq: Sequence, hashes: list[bytes]) -> None:
+        # Blocks past the device-cached prefix come back from host memory (disk reads were
+        # staged there by prefetch); as many as free blocks allow.
+        end = next((i for i, h in enumerate(hashes) if h in self.block_of), len(hashes))
+        payloads = self.tiers.take(hashes[:min(end, self.num_free_blocks)])
+        if not payloads:
+            return
+        blocks = [self._take() for _ in payloads]
+        self.spill_evicted()
+        self.tiers.io.write(blocks, payloads)
+        for block, h in zip(blocks, hashes):
+            self.hash_of[block] = h
+            self.block_of[h] = block
+            seq.block_table.append(block)
+
+    def spill_evicted(self) -> None:
+        """Copy the blocks evicted since the last call to the lower tiers (before reuse)."""
+        if self._evicted:
+            evicted, self._evicted = self._evicted, []
+            self.tiers.spill(evicted)
+
+    def flush_to_tiers(self) -> None:
+        """Copy every device-cached block to the lower tiers (at shutdown: disk persists)."""
+        if self.tiers is not None:
+            self.tiers.spill(sorted(self.hash_of.items()))
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         """Count one admitted sequence's prefix-cache lookup (tokens looked up / reused)."""
@@ -115,6 +163,7 @@ class BlockManager:
         if need > self.num_free_blocks:
             raise RuntimeError(f"out of KV blocks: need {need}, {self.num_free_blocks} free")
         seq.block_table.extend(self._take() for _ in range(need))
+        self.spill_evicted()
 
     def commit(self, seq: Sequence) -> None:
         """Register ``seq``'s computed full blocks in the prefix cache."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from typing import Any, Callable
@@ -9,18 +10,25 @@ from typing import Any, Callable
 from atlas_core.engine.args import EngineArgs
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.kv_sizing import plan_kv_cache
+from atlas_core.engine.kv_tiers import create_kv_tiers, with_tier_stats
 from atlas_core.engine.model_runner import ModelRunner, PendingStep
 from atlas_core.engine.overlap import OverlapPolicy
-from atlas_core.engine.outputs import (CompletionOutput, EngineStats, Prefix, RequestMetrics,
-                                       RequestOutput)
+from atlas_core.engine.outputs import EngineStats, RequestMetrics, RequestOutput
 from atlas_core.engine.sampler import LogitsRow
 from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.engine.scheduler import Scheduler, SchedulerOutput
 from atlas_core.engine.sequence import Sequence, SequenceGroup
 from atlas_core.engine.state_cache import StateCache
+from atlas_core.engine.step_timing import DecodeStepTimer
 from atlas_core.engine.stop import StopChecker
 from atlas_core.engine.thinking import ThinkingBudgets
 from atlas_core.guided.sequences import GuidedSequences
+
+log = logging.getLogger(__name__)
+
+#: Steps failing in a row before :meth:`LLMEngine.step` gives up and raises (the device or
+#: the engine's own state is broken, not one request).
+MAX_CONSECUTIVE_FAILURES = 3
 
 
 def sibling_seed(seed: int, index: int) -> int:
@@ -64,6 +72,7 @@ class LLMEngine:
                                    args.max_prefill_tokens, self.state_cache)
         self.runner = ModelRunner(model, backend, self.kv_config, args.max_batch_size,
                                   args.max_prefill_tokens, self.max_seq_len)
+        self.kv_tiers = create_kv_tiers(args, model, self.runner, self.block_manager)
         if eos_token_ids is None:
             eos_token_ids = set(getattr(tokenizer, "eos_token_ids", ()) or ())
         if detokenizer_factory is None and tokenizer is not None:
@@ -73,6 +82,9 @@ class LLMEngine:
                 return IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip)
         self.stop_checker = StopChecker(eos_token_ids, self.max_seq_len, detokenizer_factory)
         self.generation_defaults = dict(generation_defaults or {})
+        top_k = self.generation_defaults.get("top_k")
+        if isinstance(top_k, int) and top_k > model.vocab_size:
+            self.generation_defaults["top_k"] = 0  # keeping every token is what it asks for
         self.thinking = ThinkingBudgets()
         self.guided = GuidedSequences(tokenizer, model.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
@@ -82,6 +94,10 @@ class LLMEngine:
                                  else bool(args.async_scheduling))
         self.overlap = OverlapPolicy(self.scheduler, self.max_seq_len)
         self._inflight: PendingStep | None = None
+        self._planned: list[SchedulerOutput] = []
+        self._failed: list[RequestOutput] = []
+        self.num_consecutive_failures = 0
+        self.decode_timer = DecodeStepTimer(model, self.kv_config)
 
     @classmethod
     def from_args(cls, args: EngineArgs, backend=None) -> "LLMEngine":
@@ -166,7 +182,7 @@ class LLMEngine:
             self.guided.forget(seq)
         group.pending = []
         group.metrics.finish_time = time.time()
-        return self._output(group)
+        return group.output()
 
     def has_unfinished_requests(self) -> bool:
         """Whether some added request has not finished (nor been aborted) yet."""
@@ -179,19 +195,54 @@ class LLMEngine:
 
         With async scheduling a decode step is launched before the previous one's tokens are
         read (see :mod:`atlas_core.engine.overlap`); each call still returns one step's tokens.
+
+        An exception while handling one sequence fails its request alone; one while running
+        the whole step fails the requests of that step. Either way their outputs come back
+        finished with ``finish_reason="error"`` and :attr:`RequestOutput.error` set, and the
+        engine goes on.
+
+        Raises:
+            Exception: the error of the last of :data:`MAX_CONSECUTIVE_FAILURES` steps that
+                failed in a row.
         """
+        self._planned = []
+        try:
+            outputs = self._step()
+        except Exception as exc:
+            self.num_consecutive_failures += 1
+            if self.num_consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+                raise
+            log.exception("engine step failed; failing the requests it was running")
+            self._fail_step(exc)
+            outputs = []
+        else:
+            self.num_consecutive_failures = 0
+        failed, self._failed = self._failed, []
+        return failed + outputs
+
+    def _step(self) -> list[RequestOutput]:
         if self._inflight is not None and all(s.seq.is_finished for s in self._inflight.sched.scheduled):
             self._inflight.results()
             self._inflight = None
         if self._inflight is not None:
             return self._step_overlapped()
         sched = self.scheduler.schedule()
+        self._planned.append(sched)
         if not sched.scheduled:
             for group in self.groups.values():
                 self._release(group)
             return []
-        rows_of = {s.seq.seq_id: self._rows(s.seq, s.start, s.num_tokens, s.samples)
-                   for s in sched.scheduled}
+        rows_of, failed_slots = {}, set()
+        for s in sched.scheduled:
+            try:
+                rows_of[s.seq.seq_id] = self._rows(s.seq, s.start, s.num_tokens, s.samples)
+            except Exception as exc:  # noqa: BLE001 - one request's fault fails it alone
+                failed_slots.add(s.seq.state_slot)
+                self._fail_seq(s.seq, exc)
+        if failed_slots:
+            self._drop_failed(sched, failed_slots)
+        if not sched.scheduled:
+            return []
         self._begin(sched)
         if self.async_scheduling and self.overlap.can_launch(sched, rows_of):
             rows = [rows_of[s.seq.seq_id][0] for s in sched.scheduled]
@@ -204,8 +255,10 @@ class LLMEngine:
     def _step_overlapped(self) -> list[RequestOutput]:
         # Launch step N+1 (when it may run ahead), then read and finish step N meanwhile.
         prev, self._inflight = self._inflight, None
+        self._planned.append(prev.sched)
         nxt = self.overlap.plan_next(prev.sched)
         if nxt is not None:
+            self._planned.append(nxt)
             self._begin(nxt)
             self._inflight = self.runner.launch_decode(nxt, [LogitsRow(s.seq) for s in nxt.scheduled],
                                                        prev)
@@ -226,6 +279,7 @@ class LLMEngine:
     def _complete(self, sched: SchedulerOutput, results) -> list[RequestOutput]:
         # Tokens of sequences finished since the step was planned (abort, or a stop in the
         # previous step's token under async scheduling) are dropped unseen.
+        self.decode_timer.on_complete(sched)
         touched: dict[str, SequenceGroup] = {}
         for res in results:
             seq, group = res.row.seq, res.row.seq.group
@@ -234,10 +288,58 @@ class LLMEngine:
             if not res.row.samples:
                 group.prompt_logprobs[res.row.position + 1] = res.logprob
                 continue
-            self._accept(seq, res.token_id, res.logprob)
+            try:
+                self._accept(seq, res.token_id, res.logprob)
+            except Exception as exc:  # noqa: BLE001 - one request's fault fails it alone
+                self._fail_seq(seq, exc)
+                continue
             touched[group.request_id] = group
         self._release_pending(sched)
-        return [self._finish_step_output(g) for g in touched.values()]
+        return [self._finish_step_output(g) for g in touched.values()
+                if g.request_id in self.groups]
+
+    def _drop_failed(self, sched: SchedulerOutput, slots: set[int]) -> None:
+        sched.scheduled = [s for s in sched.scheduled if not s.seq.is_finished]
+        if self.state_cache is not None:
+            self.state_cache.cancel([c for c in sched.snapshots if c[0] in slots])
+            sched.snapshots = [c for c in sched.snapshots if c[0] not in slots]
+
+    def _fail_step(self, exc: Exception) -> None:
+        seqs = [s.seq for sched in self._planned for s in sched.scheduled]
+        if self._inflight is not None:
+            seqs += [s.seq for s in self._inflight.sched.scheduled]
+            self._inflight = None
+        try:
+            self.backend.synchronize()
+        except Exception:  # noqa: BLE001 - the device may be what failed; nothing to wait for
+            log.debug("synchronize after a failed step failed too", exc_info=True)
+        if self.state_cache is not None:
+            self.state_cache.cancel()
+        if not seqs:
+            seqs = [seq for group in self.groups.values() for seq in group.seqs]
+        for group in {seq.group.request_id: seq.group for seq in seqs}.values():
+            self._fail(group, exc)
+
+    def _fail_seq(self, seq: Sequence, exc: Exception) -> None:
+        log.error("request %s failed; the engine goes on", seq.request_id, exc_info=exc)
+        self._fail(seq.group, exc)
+
+    def _fail(self, group: SequenceGroup, exc: Exception) -> None:
+        if self.groups.pop(group.request_id, None) is None:
+            return
+        for seq in group.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                self.stop_checker.abort(seq)
+                seq.finish_reason = "error"
+            self.thinking.forget(seq)
+            self.guided.forget(seq)
+        group.pending = []
+        group.metrics.finish_time = time.time()
+        self._stats.num_failed_requests += 1
+        out = group.output()
+        out.error = f"{type(exc).__name__}: {exc}"
+        self._failed.append(out)
 
     def _rows(self, seq: Sequence, start: int, num_tokens: int, samples: bool) -> list[LogitsRow]:
         rows = []
@@ -279,31 +381,11 @@ class LLMEngine:
         group.pending = []
 
     def _finish_step_output(self, group: SequenceGroup) -> RequestOutput:
-        out = self._output(group)
+        out = group.output()
         if out.finished:
             group.metrics.finish_time = time.time()
             self.groups.pop(group.request_id, None)
         return out
-
-    def _output(self, group: SequenceGroup) -> RequestOutput:
-        completions = []
-        for seq in group.seqs:
-            st = seq.stop_state
-            # finished: real lists; running: views of the append-only lists (no per-step copy)
-            done = seq.finish_reason is not None
-            tokens = list(seq.output_token_ids) if done else Prefix(seq.output_token_ids)
-            text = st.text[:st.released]
-            logprobs = None
-            if seq.logprobs is not None:
-                logprobs = list(seq.logprobs) if done else Prefix(seq.logprobs)
-            completions.append(CompletionOutput(
-                index=seq.index, token_ids=tokens, text=text,
-                new_token_ids=list(tokens[st.reported_tokens:]), new_text=text[st.reported_text:],
-                logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
-            st.reported_tokens, st.reported_text = len(tokens), len(text)
-        return RequestOutput(group.request_id, group.prompt_token_ids, completions,
-                             finished=group.is_finished, num_cached_tokens=group.num_cached_tokens,
-                             metrics=group.metrics, prompt_logprobs=group.prompt_logprobs)
 
     def stats(self) -> EngineStats:
         """Current gauges and counters."""
@@ -314,4 +396,4 @@ class LLMEngine:
         s.num_kv_blocks_used, s.num_kv_blocks_total = bm.num_used_blocks, bm.num_blocks
         s.prefix_cache_hits, s.prefix_cache_queries = bm.num_hit_tokens, bm.num_query_tokens
         s.num_preemptions = self.scheduler.num_preemptions
-        return EngineStats(**vars(s))
+        return with_tier_stats(self.decode_timer.annotate(EngineStats(**vars(s))), self.kv_tiers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,11 @@ def load_engine_parts(args, backend=None) -> EngineParts:
     if backend is None or isinstance(backend, str):
         backend, registry = create_backend(backend or args.backend)
     source = model_path_or_demo(args.model)
+    start = time.perf_counter()
+    log.info("loading %s on the %s backend", source, getattr(backend, "name", backend))
     model = load_model(source, backend, dtype=args.dtype, registry=registry,
                        revision=args.revision, cache_dir=args.cache_dir)
+    log.info("model ready in %.1f s", time.perf_counter() - start)
     path = Path(getattr(model, "path", source))
     tokenizer = None
     if any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):

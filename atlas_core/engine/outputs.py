@@ -113,6 +113,8 @@ class RequestOutput:
         metrics: timestamps.
         prompt_logprobs: per prompt token (``None`` for the first), when asked for.
         prompt: the prompt text, when the caller gave text (set by :class:`~atlas_core.LLM`).
+        error: why the engine failed this request (its completions end with
+            ``finish_reason="error"``); ``None`` otherwise.
     """
 
     request_id: str
@@ -123,6 +125,7 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt: str | None = None
+    error: str | None = None
 
 
 @dataclass
@@ -139,6 +142,8 @@ class EngineStats:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_steps: int = 0
+    num_failed_requests: int = 0
+    is_alive: bool = True
 
     @property
     def kv_cache_usage(self) -> float:

@@ -75,7 +75,7 @@ class Sampler:
             p = row.seq.params
             if row.samples and not p.is_greedy:
                 h["temperature"][i] = p.temperature
-            h["top_k"][i] = p.top_k
+            h["top_k"][i] = min(p.top_k, self.vocab_size)
             h["top_p"][i] = p.top_p
             h["min_p"][i] = p.min_p
             h["seeds"][i] = row.seq.seed

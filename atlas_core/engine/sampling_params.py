@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from atlas_core.guided.params import GuidedDecodingParams
 
 #: The most top logprobs a request may ask for per token.
 MAX_LOGPROBS = 20
+#: The most completions one request may ask for.
+MAX_N = 128
+#: Ceiling of every count (tokens, top_k): the device keeps them as int32.
+MAX_COUNT = 2 ** 31 - 1
 
 
 def _check(ok: bool, name: str, allowed: str, value) -> None:
     if not ok:
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _is_int(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_real(value, low: float, high: float) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and low <= value <= high)
 
 
 #: What ``top_p=0`` becomes: a nucleus holding only the most likely token.
@@ -95,44 +109,45 @@ class SamplingParams:
             self.top_p = TOP_P_MIN  # OpenAI accepts 0: keep only the most likely token
 
     def _validate(self) -> None:
-        _check(isinstance(self.n, int) and 1 <= self.n <= 128, "n", "an integer in [1, 128]", self.n)
-        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-               "max_tokens", "an integer >= 1 (or None)", self.max_tokens)
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
-               "an integer >= 0", self.min_tokens)
+        _check(_is_int(self.n, 1, MAX_N), "n", f"an integer in [1, {MAX_N}]", self.n)
+        _check(self.max_tokens is None or _is_int(self.max_tokens, 1, MAX_COUNT), "max_tokens",
+               f"an integer in [1, {MAX_COUNT}] (or None)", self.max_tokens)
+        _check(_is_int(self.min_tokens, 0, MAX_COUNT), "min_tokens",
+               f"an integer in [0, {MAX_COUNT}]", self.min_tokens)
         if self.max_tokens is not None:
             _check(self.min_tokens <= self.max_tokens, "min_tokens",
                    f"<= max_tokens ({self.max_tokens})", self.min_tokens)
-        _check(0.0 <= self.temperature <= 100.0, "temperature", "in [0, 100]", self.temperature)
-        _check(0.0 <= self.top_p <= 1.0, "top_p", "in [0, 1]", self.top_p)
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
-               "an integer >= 0 (0 or -1 disables)", self.top_k)
-        _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
-        _check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "in (0, 10]",
-               self.repetition_penalty)
-        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]",
-               self.presence_penalty)
-        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]",
-               self.frequency_penalty)
+        _check(_is_real(self.temperature, 0.0, 100.0), "temperature", "a number in [0, 100]",
+               self.temperature)
+        _check(_is_real(self.top_p, 0.0, 1.0), "top_p", "a number in [0, 1]", self.top_p)
+        _check(_is_int(self.top_k, 0, MAX_COUNT), "top_k",
+               "-1 or 0 (off) or an integer >= 1 (at most the vocabulary size)", self.top_k)
+        _check(_is_real(self.min_p, 0.0, 1.0), "min_p", "a number in [0, 1]", self.min_p)
+        _check(_is_real(self.repetition_penalty, 0.0, 10.0) and self.repetition_penalty > 0,
+               "repetition_penalty", "a number in (0, 10]", self.repetition_penalty)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_real(value, -2.0, 2.0), name, "a number in [-2, 2]", value)
         for tok, bias in (self.logit_bias or {}).items():
-            _check(tok >= 0, "logit_bias", "keyed by token ids >= 0", tok)
-            _check(-100.0 <= bias <= 100.0, "logit_bias", "values in [-100, 100]", bias)
-        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2 ** 64),
-               "seed", "an integer in [0, 2**64)", self.seed)
+            _check(_is_int(tok, 0, MAX_COUNT), "logit_bias", "keyed by token ids >= 0", tok)
+            _check(_is_real(bias, -100.0, 100.0), "logit_bias", "values in [-100, 100]", bias)
+        _check(self.seed is None or _is_int(self.seed, 0, 2 ** 64 - 1), "seed",
+               "an integer in [0, 2**64)", self.seed)
         for s in self.stop:
             _check(isinstance(s, str) and s != "", "stop", "a list of non-empty strings", s)
-        for t in self.stop_token_ids:
-            _check(t >= 0, "stop_token_ids", "token ids >= 0", t)
-        _check(self.thinking_budget is None or (isinstance(self.thinking_budget, int)
-                                                and self.thinking_budget >= 0),
-               "thinking_budget", "an integer >= 0 (or None)", self.thinking_budget)
+        for name in ("stop_token_ids", "thinking_start_token_ids", "thinking_end_token_ids"):
+            for t in getattr(self, name):
+                _check(_is_int(t, 0, MAX_COUNT), name,
+                       "token ids >= 0 (below the vocabulary size)", t)
+        _check(self.thinking_budget is None or _is_int(self.thinking_budget, 0, MAX_COUNT),
+               "thinking_budget", f"an integer in [0, {MAX_COUNT}] (or None)", self.thinking_budget)
         _check(self.thinking_budget is None or bool(self.thinking_end_token_ids),
                "thinking_end_token_ids", "set when thinking_budget is", self.thinking_end_token_ids)
         _check(self.guided is None or isinstance(self.guided, GuidedDecodingParams), "guided",
                "a GuidedDecodingParams (or None)", self.guided)
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            _check(v is None or (isinstance(v, int) and 0 <= v <= MAX_LOGPROBS), name,
+            _check(v is None or _is_int(v, 0, MAX_LOGPROBS), name,
                    f"an integer in [0, {MAX_LOGPROBS}] (or None)", v)
 
     @property
@@ -147,7 +162,11 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
     def validate_vocab(self, vocab_size: int) -> None:
-        """Raise ``ValueError`` when a token id named here is outside ``[0, vocab_size)``."""
+        """Raise ``ValueError`` when a token id named here is outside ``[0, vocab_size)`` or
+        ``top_k`` is larger than the vocabulary."""
+        _check(self.top_k <= vocab_size, "top_k",
+               f"-1 or 0 (off) or an integer in [1, {vocab_size}] (this model's vocabulary size)",
+               self.top_k)
         for name, ids in (("logit_bias", list(self.logit_bias or {})),
                           ("stop_token_ids", self.stop_token_ids),
                           ("thinking_start_token_ids", self.thinking_start_token_ids),

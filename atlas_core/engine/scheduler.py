@@ -51,7 +51,9 @@ class Scheduler:
     budget and KV blocks allow. When a running sequence needs a block and none is free, the
     newest running sequence is preempted: its blocks are freed and it goes back to the front of
     the queue keeping its generated tokens, to be recomputed later (its full blocks usually
-    survive in the prefix cache).
+    survive in the prefix cache). A waiting sequence whose cached prefix is being read back from
+    disk (``block_manager.tiers``) is passed over until its blocks are in memory; when nothing
+    else can run, :meth:`schedule` waits briefly for those reads.
 
     On hybrid models (``state_cache`` given) a running sequence also owns a recurrent-state slot.
     With snapshots enabled, prefill chunks are cut at block boundaries (the last boundary before a
@@ -106,6 +108,9 @@ class Scheduler:
         budget = self._schedule_running(out, self.max_prefill_tokens)
         if not out.preempted:
             self._admit_waiting(out, budget)
+            tiers = self.block_manager.tiers
+            if not out.scheduled and self.waiting and tiers is not None and tiers.wait_reads():
+                self._admit_waiting(out, budget)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -179,9 +184,13 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm, states = self.block_manager, self.state_cache
         usable = states.usable_blocks if states is not None else None
+        loading: list[Sequence] = []
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < self.max_batch_size):
             seq = self.waiting[0]
+            if usable is None and not bm.prefetch(seq):
+                loading.append(self.waiting.popleft())
+                continue
             cached = bm.match_prefix(seq, usable)
             num_tokens = self._chunk_size(seq, cached, budget)
             if not bm.can_allocate(seq, cached + num_tokens):
@@ -203,6 +212,7 @@ class Scheduler:
             budget -= num_tokens
             if len(seq) - cached > 1:
                 self._plan_snapshot(out, seq, cached + num_tokens)
+        self.waiting.extendleft(reversed(loading))
 
     def schedule_ahead(self, prev: SchedulerOutput, seqs: list[Sequence]) -> SchedulerOutput | None:
         """Plan the decode step after ``prev`` (still on the device) for ``seqs`` (async scheduling).

@@ -7,7 +7,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas_core.engine.outputs import RequestMetrics, TokenLogprob
+from atlas_core.engine.outputs import (CompletionOutput, Prefix, RequestMetrics, RequestOutput,
+                                       TokenLogprob)
 from atlas_core.engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
@@ -114,3 +115,25 @@ class SequenceGroup:
     @property
     def num_cached_tokens(self) -> int:
         return max((s.num_cached_tokens for s in self.seqs), default=0)
+
+    def output(self) -> RequestOutput:
+        """The request's state now; each completion's ``new_*`` fields hold what was added
+        since the previous call."""
+        completions = []
+        for seq in self.seqs:
+            st = seq.stop_state
+            # finished: real lists; running: views of the append-only lists (no per-step copy)
+            done = seq.finish_reason is not None
+            tokens = list(seq.output_token_ids) if done else Prefix(seq.output_token_ids)
+            text = st.text[:st.released]
+            logprobs = None
+            if seq.logprobs is not None:
+                logprobs = list(seq.logprobs) if done else Prefix(seq.logprobs)
+            completions.append(CompletionOutput(
+                index=seq.index, token_ids=tokens, text=text,
+                new_token_ids=list(tokens[st.reported_tokens:]), new_text=text[st.reported_text:],
+                logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+            st.reported_tokens, st.reported_text = len(tokens), len(text)
+        return RequestOutput(self.request_id, self.prompt_token_ids, completions,
+                             finished=self.is_finished, num_cached_tokens=self.num_cached_tokens,
+                             metrics=self.metrics, prompt_logprobs=self.prompt_logprobs)

@@ -113,6 +113,21 @@ class StateCache:
         self.pending_saves.clear()
         self.pending_restores.clear()
 
+    def cancel(self, copies: list[tuple[int, int]] | None = None) -> None:
+        """Drop planned snapshots whose forward will not run (a failed step or sequence), so
+        they are never published; ``None`` drops the whole step's saves and restores."""
+        rows = None if copies is None else {row for _, row in copies}
+        for h, row in list(self.pending_saves.items()):
+            if rows is None or row in rows:
+                del self.pending_saves[h]
+                self._unref(row)
+                if row not in self.ref_counts:
+                    self.free_rows.append(row)
+        if copies is None:
+            for row in self.pending_restores:
+                self._unref(row)
+            self.pending_restores.clear()
+
     def reset(self) -> None:
         """Forget every snapshot not in use this step."""
         for h, row in list(self.row_of.items()):

@@ -12,9 +12,10 @@ from atlas_core.guided.matcher import GuidedMatcher, fill_bitmasks
 from atlas_core.guided.openai import forced_tool_name, guided_from_openai
 from atlas_core.guided.params import (GUIDED_KINDS, TOOL_CALL_FORMATS, GuidedDecodingError,
                                       GuidedDecodingParams, ToolCallSpec, function_specs)
+from atlas_core.guided.vllm import guided_from_vllm
 
 __all__ = [
     "GUIDED_KINDS", "GrammarCompiler", "GuidedDecodingError", "GuidedDecodingParams",
     "GuidedMatcher", "TOOL_CALL_FORMATS", "ToolCallSpec", "fill_bitmasks", "forced_tool_name",
-    "function_specs", "guided_from_openai", "ll_tokenizer",
+    "function_specs", "guided_from_openai", "guided_from_vllm", "ll_tokenizer",
 ]

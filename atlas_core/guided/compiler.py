@@ -7,6 +7,7 @@ per constraint, so a repeated schema costs only a matcher construction (~1 ms).
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -39,9 +40,41 @@ def ll_tokenizer(tokenizer, vocab_size: int | None = None):
         per_tokenizer = _ll_tokenizers.setdefault(tokenizer, {})
         if vocab_size not in per_tokenizer:
             eos = sorted(tokenizer.eos_token_ids) or None
-            per_tokenizer[vocab_size] = llguidance.LLTokenizer(
-                tokenizer.backend.to_str(), n_vocab=vocab_size, eos_token=eos)
+            per_tokenizer[vocab_size] = _new_ll_tokenizer(
+                llguidance, tokenizer.backend.to_str(), vocab_size, eos)
         return per_tokenizer[vocab_size]
+
+
+def _new_ll_tokenizer(llguidance, tokenizer_json: str, vocab_size: int, eos: list[int] | None):
+    try:
+        return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)
+    except TypeError:
+        if not eos:
+            raise
+    # Older llguidance takes one EOS id; GuidedMatcher allows the others wherever it may end.
+    return llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos[0])
+
+
+def grammar_eos_ids(ll_tok) -> set[int]:
+    """The EOS ids an ``LLTokenizer`` ends grammars with (one id on older llguidance)."""
+    many = getattr(ll_tok, "eos_tokens", None)
+    return set(many) if many else {ll_tok.eos_token}
+
+
+def as_lark(grammar: str) -> str:
+    """``grammar`` in llguidance's Lark dialect; GBNF (llama.cpp ``root ::= ...``, what vLLM
+    clients send) is converted.
+
+    Raises:
+        GuidedDecodingError: GBNF that cannot be converted.
+    """
+    if "::=" not in grammar or re.search(r"(?m)^\s*(%llguidance\b|start\s*:)", grammar):
+        return grammar
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+    try:
+        return gbnf_to_lark(grammar)
+    except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions on bad input
+        raise GuidedDecodingError(f"invalid GBNF grammar: {_one_line(str(exc))}") from None
 
 
 def _one_line(message: str) -> str:
@@ -97,7 +130,10 @@ class GrammarCompiler:
         m = llguidance.LLMatcher(self.ll_tokenizer, self.grammar(params), log_level=0)
         if m.is_error():
             raise GuidedDecodingError(f"{_describe(params)} cannot be used: {_one_line(m.get_error())}")
-        return GuidedMatcher(m, self.vocab_size)
+        known = grammar_eos_ids(self.ll_tokenizer)
+        aliases = tuple(sorted(set(self.tokenizer.eos_token_ids) - known))
+        return GuidedMatcher(m, self.vocab_size, eos_aliases=aliases,
+                             eos_token=self.ll_tokenizer.eos_token)
 
     def _build(self, params: GuidedDecodingParams) -> str:
         from llguidance import LLMatcher
@@ -109,7 +145,7 @@ class GrammarCompiler:
             if params.kind == "regex":
                 return LLMatcher.grammar_from_regex(params.spec)
             if params.kind == "grammar":
-                return LLMatcher.grammar_from_lark(params.spec)
+                return LLMatcher.grammar_from_lark(as_lark(params.spec))
         except (ValueError, TypeError) as e:
             raise GuidedDecodingError(f"invalid {_describe(params)}: {_one_line(str(e))}") from None
         for tool in params.spec.tools:

@@ -28,12 +28,18 @@ class GuidedMatcher:
     Args:
         matcher: a fresh ``llguidance.LLMatcher``.
         vocab_size: logits width the bitmask covers.
+        eos_aliases: EOS ids the grammar does not know (older llguidance takes one EOS id):
+            allowed wherever ``eos_token`` is, and consumed as it.
+        eos_token: the EOS id the grammar ends with.
     """
 
-    def __init__(self, matcher, vocab_size: int) -> None:
+    def __init__(self, matcher, vocab_size: int, eos_aliases: tuple[int, ...] = (),
+                 eos_token: int | None = None) -> None:
         self._matcher = matcher
         self.vocab_size = vocab_size
         self.num_tokens = 0
+        self.eos_aliases = eos_aliases if eos_token is not None else ()
+        self.eos_token = eos_token
 
     @property
     def bitmask_width(self) -> int:
@@ -50,10 +56,22 @@ class GuidedMatcher:
             raise ValueError(f"bitmask row must be contiguous int32 [{self.bitmask_width}], "
                              f"got {row.dtype} {row.shape}")
         self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        self._allow_eos_aliases(row)
+
+    def _allow_eos_aliases(self, row: np.ndarray) -> None:
+        if not self.eos_aliases:
+            return
+        words = row.view(np.uint32)
+        if words[self.eos_token // 32] >> np.uint32(self.eos_token % 32) & np.uint32(1):
+            for token_id in self.eos_aliases:
+                words[token_id // 32] |= np.uint32(1 << (token_id % 32))
+
+    def _grammar_id(self, token_id: int) -> int:
+        return self.eos_token if token_id in self.eos_aliases else int(token_id)
 
     def consume(self, token_id: int) -> bool:
         """Advance past ``token_id``; False when the grammar does not allow it (then :attr:`error`)."""
-        ok = self._matcher.consume_token(int(token_id))
+        ok = self._matcher.consume_token(self._grammar_id(token_id))
         self.num_tokens += 1
         return ok
 
@@ -89,7 +107,7 @@ class GuidedMatcher:
         """
         if self.num_tokens != len(token_ids):
             self.reset()
-            self._matcher.consume_tokens([int(t) for t in token_ids])
+            self._matcher.consume_tokens([self._grammar_id(t) for t in token_ids])
             self.num_tokens = len(token_ids)
 
 
@@ -109,3 +127,5 @@ def fill_bitmasks(matchers: list[GuidedMatcher | None], bitmask: np.ndarray) -> 
         matchers[jobs[0][1]].fill_bitmask(bitmask[jobs[0][1]])
         return
     _get_executor().unsafe_compute_mask_ptr(jobs, bitmask.ctypes.data, width * 4, bitmask.shape[0])
+    for _, i in jobs:
+        matchers[i]._allow_eos_aliases(bitmask[i])

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,15 @@ class TransformerLayer(ABC):
     The generic model loop calls :meth:`forward` once per layer per step with the hidden states
     of every token in the batch (prefill chunks and decode rows mixed) and the residual stream.
 
-    Required: :meth:`forward`. Optional: :meth:`state_spec`, :meth:`bind_state`.
+    Required: :meth:`forward`. Optional: :meth:`forward_prenorm`, :meth:`state_spec`,
+    :meth:`bind_state`.
+
+    Attributes:
+        ops: the backend's op table, set when the layer is materialised on a backend
+            (:meth:`atlas_core.model.params.Module.materialize`).
     """
+
+    ops: Any = None
 
     @abstractmethod
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
@@ -58,6 +65,36 @@ class TransformerLayer(ABC):
         Returns:
             ``(hidden, residual)`` for the next layer.
         """
+
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """Optional. The block's RMSNorm (with its residual add) then :meth:`forward`, as one call.
+
+        A pre-norm block (:class:`~atlas_core.model.layers.decoder.DecoderLayer`) calls this
+        instead of ``rms_norm`` and :meth:`forward`, so a layer may fold the norm and the
+        residual add into its first projection (``ops.rms_norm_linear``: one pass over the
+        weight in batch-1 decode). An override must return what this default does.
+
+        Args:
+            hidden: ``[num_tokens, hidden_size]`` output of the previous sub-block.
+            residual: ``[num_tokens, hidden_size]`` residual stream, or ``None`` at the first.
+            norm_weight: ``[hidden_size]`` weight of the norm in front of this layer.
+            eps: the norm's epsilon.
+            zero_centered: ``norm_weight`` is stored as ``w - 1``.
+            meta: per-step batch metadata.
+
+        Returns:
+            ``(out, residual)``: this layer's output over the normed input, and the new residual
+            stream (``hidden + residual``, or ``hidden`` when ``residual`` is ``None``).
+        """
+        if residual is None:
+            normed = self.ops.rms_norm(hidden, norm_weight, eps, zero_centered=zero_centered)
+            residual = hidden
+        else:
+            normed, residual = self.ops.rms_norm(hidden, norm_weight, eps, residual,
+                                                 zero_centered=zero_centered)
+        out, _ = self.forward(normed, None, meta)
+        return out, residual
 
     def state_spec(self) -> KVCacheSpec | RecurrentStateSpec | None:
         """Optional. The per-sequence state this layer keeps between steps (default none)."""

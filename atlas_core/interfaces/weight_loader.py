@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from atlas_core.model.model import CausalLM
+    from atlas_core.plugins import Registry
     from atlas_core.weights.checkpoint import Checkpoint
 
 
@@ -16,9 +17,29 @@ class ModelWeightLoader(ABC):
     Parameter names mirror the HF checkpoint; the loader walks the checkpoint's tensors and hands
     each to the layer parameter it belongs to, validating shapes with errors that name the tensor.
 
+    The factory registered with ``register_weight_loaders`` is called with one keyword,
+    ``registry``: the :class:`~atlas_core.plugins.Registry` it was found in, where the loader
+    looks up the layer kinds it builds (so another plugin may supply ``attention`` or ``moe``).
+
     Required: :meth:`load`. Optional: :meth:`validate_config`, :meth:`tiny_config`,
     :meth:`checkpoint_tensors`.
+
+    Args:
+        registry: the registry that created the loader; ``None`` (a loader made by hand) means
+            a fresh one with every installed plugin, built on first use.
     """
+
+    def __init__(self, registry: "Registry | None" = None) -> None:
+        self._registry = registry
+
+    @property
+    def registry(self) -> "Registry":
+        """The plugin registry this loader looks layer kinds up in."""
+        if self._registry is None:
+            from atlas_core.plugins import Registry  # discovery only for loaders made by hand
+
+            self._registry = Registry()
+        return self._registry
 
     @abstractmethod
     def load(self, config: dict[str, Any], checkpoint: "Checkpoint", backend: Any, *,

@@ -1,7 +1,6 @@
 """The model: :class:`CausalLM` generic loop, built-in layers, :func:`load_model`.
 
-Exports resolve lazily: :mod:`atlas_core.interfaces` imports ``atlas_core.model.metadata``, so
-this package must not import the layers (which import the interfaces) at import time.
+Exports resolve lazily, so importing the package imports no layer, op or checkpoint code.
 """
 
 from typing import Any
@@ -9,7 +8,7 @@ from typing import Any
 _EXPORTS = {
     "CausalLM": "atlas_core.model.model",
     "DecoderOnlyLoader": "atlas_core.model.decoder_loader",
-    "StepMetadata": "atlas_core.model.metadata",
+    "StepMetadata": "atlas_core.interfaces.metadata",
     "WeightLoadError": "atlas_core.model.weight_loading",
     "ModelConfigError": "atlas_core.model.loader",
     "load_model": "atlas_core.model.loader",

@@ -14,12 +14,15 @@ import numpy as np
 
 from atlas_core.interfaces.layer import TransformerLayer
 from atlas_core.interfaces.weight_loader import ModelWeightLoader
+from atlas_core.model.config_fields import (canonical_config, head_dim_from_heads,
+                                            kv_heads_from_heads)
 from atlas_core.model.layers.decoder import DecoderLayer
 from atlas_core.model.model import CausalLM
-from atlas_core.model.weight_loading import checkpoint_tensors, load_weights, plan_weights
+from atlas_core.model.quantized_loading import quantized_formats
+from atlas_core.model.weight_loading import (check_size, checkpoint_tensors, load_weights,
+                                             parameter_count, plan_weights)
 from atlas_core.ops._dtypes import as_dtype
 from atlas_core.ops.rotary import rope_parameters
-from atlas_core.plugins import resolve
 
 #: Built-in layer kinds, used when no registry is attached.
 BUILTIN_LAYERS = {
@@ -30,10 +33,13 @@ BUILTIN_LAYERS = {
 
 REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
+#: Blocks built to size a model before all of it is built (the others are assumed alike).
+SIZE_SAMPLE_LAYERS = 16
+
 
 def model_dtype(config: dict[str, Any], dtype: Any = None, fallback: Any = None) -> np.dtype:
     """Activation dtype: ``dtype`` if given, else the config's ``torch_dtype``/``dtype``, else
-    ``fallback``; fp8 storage dtypes become bfloat16 (fp8 weights are dequantised at load)."""
+    ``fallback``; fp8 storage dtypes become bfloat16 (the activation dtype of fp8 weights)."""
     chosen = dtype or config.get("torch_dtype") or config.get("dtype") or fallback or "bfloat16"
     np_dtype = as_dtype(chosen)
     return as_dtype("bfloat16") if np_dtype.itemsize == 1 else np_dtype
@@ -46,21 +52,27 @@ class DecoderOnlyLoader(ModelWeightLoader):
         qk_norm: attention has per-head ``q_norm`` / ``k_norm`` (Qwen3).
         zero_centered_norm: every decoder and final RMSNorm weight is stored as ``w - 1``
             (Qwen3.5, Gemma).
-        registry: a :class:`~atlas_core.plugins.Registry` to look layer kinds up in
-            (``load_model`` attaches its own); ``None`` uses the built-in layers.
+        config_defaults: what a field absent from config.json means: the default of the
+            architecture's HF config class (see
+            :func:`~atlas_core.model.config_fields.canonical_config`).
     """
 
     qk_norm = False
     zero_centered_norm = False
-    registry: Any = None
+    config_defaults: dict[str, Any] = {"head_dim": head_dim_from_heads,
+                                       "num_key_value_heads": kv_heads_from_heads,
+                                       "max_position_embeddings": 4096}
+
+    def resolve_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with every field under the name this loader reads, absent ones defaulted."""
+        return canonical_config(config, self.config_defaults)
 
     def layer_factory(self, kind: str) -> Any:
-        """The factory of layer ``kind`` (registry first, then the built-ins)."""
-        if self.registry is not None:
-            return self.registry.get("layers", kind)
-        return resolve(BUILTIN_LAYERS[kind])
+        """The factory registered as layer ``kind`` in the loader's registry."""
+        return self.registry.get("layers", kind)
 
     def validate_config(self, config: dict[str, Any]) -> None:
+        config = self.resolve_config(config)
         for name in REQUIRED_FIELDS:
             if not isinstance(config.get(name), int) or config[name] <= 0:
                 raise ValueError(f"config.json field {name!r} must be a positive integer, got "
@@ -91,7 +103,7 @@ class DecoderOnlyLoader(ModelWeightLoader):
         return dict(hidden_size=config["hidden_size"], num_experts=config["num_experts"],
                     num_experts_per_tok=config["num_experts_per_tok"],
                     moe_intermediate_size=config["moe_intermediate_size"],
-                    norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+                    norm_topk_prob=bool(config.get("norm_topk_prob", False)),
                     hidden_act=config.get("hidden_act", "silu"))
 
     def max_position_embeddings(self, config: dict[str, Any]) -> int:
@@ -110,6 +122,7 @@ class DecoderOnlyLoader(ModelWeightLoader):
 
     def build(self, config: dict[str, Any]) -> CausalLM:
         """The model tree for ``config``, parameters declared but not allocated."""
+        config = self.resolve_config(config)
         self.validate_config(config)
         layers = [self.build_layer(config, i) for i in range(config["num_hidden_layers"])]
         return CausalLM(config, layers, hidden_size=config["hidden_size"],
@@ -118,13 +131,29 @@ class DecoderOnlyLoader(ModelWeightLoader):
                         max_position_embeddings=self.max_position_embeddings(config),
                         zero_centered_norm=self.zero_centered_norm)
 
+    def parameter_count(self, config: dict[str, Any]) -> int:
+        """Parameters of the model ``config`` describes, from its first
+        :data:`SIZE_SAMPLE_LAYERS` blocks scaled to ``num_hidden_layers`` (fast for any config)."""
+        config = self.resolve_config(config)
+        num_layers = config["num_hidden_layers"]
+        k = min(num_layers, SIZE_SAMPLE_LAYERS)
+        sample = {**config, "num_hidden_layers": k}
+        if isinstance(config.get("layer_types"), list):
+            sample["layer_types"] = config["layer_types"][:k]
+        blocks = sum(parameter_count(self.build_layer(sample, i)) for i in range(k))
+        embeddings = config["vocab_size"] * config["hidden_size"]
+        heads = 1 if config.get("tie_word_embeddings") else 2
+        return embeddings * heads + config["hidden_size"] + blocks * num_layers // k
+
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
              dtype: Any = None) -> CausalLM:
-        model = self.build(config)
-        plan = plan_weights(model, checkpoint)
         embed = "model.embed_tokens.weight"
         fallback = checkpoint.dtype(embed) if embed in checkpoint else None
-        model.materialize(backend, model_dtype(config, dtype, fallback))
+        np_dtype = model_dtype(config, dtype, fallback)
+        check_size(self.parameter_count(config), np_dtype, checkpoint, backend)
+        model = self.build(config)
+        plan = plan_weights(model, checkpoint, config, quantized_formats(backend))
+        model.materialize(backend, np_dtype, plan.allocate)
         load_weights(model, checkpoint, config, plan)
         return model
 

@@ -7,20 +7,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+from atlas_core.model.config_fields import canonical_config
 from atlas_core.model.model import CausalLM
 from atlas_core.plugins import Registry
 from atlas_core.weights.checkpoint import Checkpoint
+from atlas_core.weights.quantization import check_supported
 from atlas_core.weights.resolve import resolve_model
 
-#: Architecture name prefixes -> the plugin distribution that supports them (most specific first).
-KNOWN_FAMILIES = (
-    (("Qwen3_5", "Qwen3Next"), "atlas-qwen35"),
-    (("NemotronH",), "atlas-nemotron-h"),
-    (("Gemma",), "atlas-gemma4"),
-    (("MiniMax",), "atlas-minimax"),
-    (("Mistral3", "Ministral", "Pixtral"), "atlas-mistral"),
-    (("Qwen3", "Llama", "Mistral"), "atlas-qwen3"),
-)
+#: Plugin distribution published from this repository -> the architectures it registers, for the
+#: install hint when it is missing (a test keeps this in step with the plugins' registrations).
+KNOWN_FAMILIES = {
+    "atlas-qwen3": ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "LlamaForCausalLM",
+                    "MistralForCausalLM"),
+    "atlas-qwen35": ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                     "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
+}
 
 # Fields a multimodal wrapper keeps at the top level that the text model needs.
 _INHERITED = ("architectures", "torch_dtype", "dtype", "tie_word_embeddings", "quantization_config")
@@ -35,7 +36,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
 
     For multimodal wrappers (a ``text_config`` entry) the text config is returned, with the
     wrapper's ``architectures``, dtype, ``tie_word_embeddings`` and ``quantization_config`` kept
-    when the text config lacks them.
+    when the text config lacks them. Fields saved under another transformers release's name
+    are also found under the name loaders read (:mod:`~atlas_core.model.config_fields`).
 
     Raises:
         ModelConfigError: no ``config.json``, invalid JSON, or not an object.
@@ -56,8 +58,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
         for key in _INHERITED:
             if key in config:
                 text.setdefault(key, config[key])
-        return text
-    return config
+        return canonical_config(text)
+    return canonical_config(config)
 
 
 def architecture(config: dict[str, Any]) -> str:
@@ -71,8 +73,8 @@ def architecture(config: dict[str, Any]) -> str:
 
 def plugin_for(arch: str) -> str | None:
     """The plugin distribution known to support ``arch``, if any."""
-    for prefixes, dist in KNOWN_FAMILIES:
-        if arch.startswith(prefixes):
+    for dist, architectures in KNOWN_FAMILIES.items():
+        if arch in architectures:
             return dist
     return None
 
@@ -86,10 +88,7 @@ def create_loader(registry: Registry, arch: str) -> Any:
                 else "; no known plugin supports it (see docs/plugins for writing one)")
         raise ModelConfigError(f"no weight loader for architecture {arch!r} (registered: {known})"
                                f"{hint}")
-    loader = registry.get("weight_loaders", arch)()
-    if getattr(loader, "registry", False) is None:
-        loader.registry = registry
-    return loader
+    return registry.create("weight_loaders", arch, registry=registry)
 
 
 def load_model(path_or_id: str | os.PathLike, backend: Any, *, dtype: Any = None,
@@ -106,7 +105,8 @@ def load_model(path_or_id: str | os.PathLike, backend: Any, *, dtype: Any = None
 
     Raises:
         ModelNotFoundError, ModelConfigError, CheckpointError, WeightLoadError: with messages
-        naming what was wrong and how to fix it.
+        naming what was wrong and how to fix it (``UnsupportedQuantizationError``, a
+        ``CheckpointError``, names a quantized format Atlas cannot load yet).
     """
     path = resolve_model(path_or_id, cache_dir=cache_dir, revision=revision)
     config = read_config(path)
@@ -115,6 +115,8 @@ def load_model(path_or_id: str | os.PathLike, backend: Any, *, dtype: Any = None
         backend = registry.create("gpu_backends", backend)
     loader = create_loader(registry, architecture(config))
     loader.validate_config(config)
-    model = loader.load(config, Checkpoint.open(path), backend, dtype=dtype)
+    checkpoint = Checkpoint.open(path)
+    check_supported(config, path, checkpoint.names())
+    model = loader.load(config, checkpoint, backend, dtype=dtype)
     model.path = path
     return model

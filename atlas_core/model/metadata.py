@@ -1,50 +1,8 @@
-"""Per-step batch metadata handed from the model runner to every layer."""
+"""Where :class:`StepMetadata` used to live; it is part of the layer contract now.
 
-from __future__ import annotations
+Import it from :mod:`atlas_core.interfaces` (or, in a plugin, :mod:`atlas_core.api`).
+"""
 
-from dataclasses import dataclass, field
-from typing import Any
+from atlas_core.interfaces.metadata import StepMetadata
 
-import numpy as np
-
-
-@dataclass
-class StepMetadata:
-    """Layout of one forward step over a mixed batch (prefill chunks and decode rows).
-
-    Tokens are packed by sequence: sequence ``b`` owns token rows
-    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``. Device arrays are backend arrays already uploaded;
-    ``host`` keeps the NumPy originals for backends or layers that need host-side values.
-
-    Attributes:
-        num_tokens: rows in this step.
-        num_seqs: sequences in this step.
-        positions: ``[num_tokens]`` int32 absolute position of each token.
-        slot_mapping: ``[num_tokens]`` int32 KV-cache slot of each token (``-1``: don't write).
-        cu_seqlens_q: ``[num_seqs + 1]`` int32 query-row prefix sums.
-        seq_lens: ``[num_seqs]`` int32 context length after this step (cached + new tokens).
-        block_tables: ``[num_seqs, max_blocks_per_seq]`` int32 KV block ids.
-        logits_indices: ``[num_outputs]`` int32 rows whose logits are computed (the last row of
-            every sequence that samples this step).
-        state_indices: ``[num_seqs]`` int32 recurrent-state slot of each sequence (hybrid models).
-        max_seqlen_q: longest query run in the batch.
-        max_seq_len: longest context in the batch.
-        block_size: tokens per KV block.
-        is_decode: every sequence has exactly one query row.
-        host: host (NumPy) copies of the arrays above, by field name.
-    """
-
-    num_tokens: int
-    num_seqs: int
-    positions: Any
-    slot_mapping: Any
-    cu_seqlens_q: Any
-    seq_lens: Any
-    block_tables: Any
-    logits_indices: Any
-    state_indices: Any = None
-    max_seqlen_q: int = 1
-    max_seq_len: int = 1
-    block_size: int = 16
-    is_decode: bool = False
-    host: dict[str, np.ndarray] = field(default_factory=dict)
+__all__ = ["StepMetadata"]

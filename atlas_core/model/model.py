@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec, TransformerLayer
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 from atlas_core.model.params import Module
 
 

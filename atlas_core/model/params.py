@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -26,11 +26,18 @@ class Source:
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """A parameter's shape, storage dtype (None: the model dtype) and source alternatives."""
+    """A parameter's shape, storage dtype (None: the model dtype) and source alternatives.
+
+    ``quantizable``: the loader may keep it as a
+    :class:`~atlas_core.ops.quant.QuantizedWeight` when its checkpoint tensors are quantized
+    (only weights that the module passes whole to weight-taking ops; a module that slices or
+    rewrites a parameter on the host declares it ``quantizable=False`` and gets it dequantized).
+    """
 
     shape: tuple[int, ...]
     sources: tuple[tuple[Source, ...], ...]
     dtype: Any = None
+    quantizable: bool = True
 
 
 class Module:
@@ -50,7 +57,7 @@ class Module:
         self.dtype: np.dtype | None = None
 
     def declare(self, name: str, shape: Sequence[int], sources: Sequence[Any] | None = None,
-                dtype: Any = None) -> None:
+                dtype: Any = None, quantizable: bool = True) -> None:
         """Declare parameter ``name``.
 
         Args:
@@ -59,6 +66,7 @@ class Module:
             sources: ``None`` (one checkpoint tensor of the same name and shape), a list of
                 ``(name, shape)`` pairs packed in order, or a list of such lists (alternatives).
             dtype: storage dtype; default the model dtype.
+            quantizable: see :class:`ParamSpec` (only weights of the model dtype are).
         """
         shape = tuple(int(d) for d in shape)
         if sources is None:
@@ -72,7 +80,8 @@ class Module:
                 raise ValueError(f"parameter {name!r} {list(shape)}: sources {group} hold {total} "
                                  "elements")
             groups.append(group)
-        self.specs[name] = ParamSpec(shape, tuple(groups), dtype)
+        self.specs[name] = ParamSpec(shape, tuple(groups), dtype,
+                                     quantizable and dtype is None and len(shape) >= 2)
 
     def add(self, name: str, child: "Module | None") -> Any:
         """Register ``child`` under ``name`` (no-op for ``None``) and return it."""
@@ -87,17 +96,43 @@ class Module:
         for child_name, child in self.children.items():
             yield from child.named_specs(f"{prefix}{child_name}.")
 
-    def materialize(self, backend: Any, dtype: Any) -> None:
-        """Allocate every parameter on ``backend`` (uninitialised) and run :meth:`setup`."""
+    def materialize(self, backend: Any, dtype: Any,
+                    allocate: Callable[["Module", str], Any] | None = None) -> None:
+        """Allocate every parameter on ``backend`` (uninitialised) and run :meth:`setup`.
+
+        Args:
+            backend: the GpuBackend.
+            dtype: the model dtype.
+            allocate: optional ``allocate(module, local_name)`` returning the parameter's
+                storage, or None for a plain ``backend.empty`` array (the loader passes one that
+                allocates quantized weights).
+        """
         self.backend, self.ops, self.dtype = backend, backend.ops, np.dtype(dtype)
         for local, spec in self.specs.items():
-            self.params[local] = backend.empty(spec.shape, spec.dtype or self.dtype)
+            array = allocate(self, local) if allocate is not None else None
+            self.params[local] = (array if array is not None
+                                  else backend.empty(spec.shape, spec.dtype or self.dtype))
         for child in self.children.values():
-            child.materialize(backend, dtype)
+            child.materialize(backend, dtype, allocate)
         self.setup()
+
+    def modules(self) -> Iterator["Module"]:
+        """Yield this module and every module below it, parents before children."""
+        yield self
+        for child in self.children.values():
+            yield from child.modules()
 
     def setup(self) -> None:
         """Optional. Build derived device state (e.g. rotary tables) once allocated."""
+
+    def post_load(self) -> None:
+        """Optional. Rework this module's parameters once every checkpoint tensor is in place.
+
+        The generic loader (:func:`~atlas_core.model.weight_loading.load_weights`) calls it on
+        every module of the tree, parents before children, exactly once per load: e.g. to
+        reorder a fused projection from the checkpoint's head-interleaved layout into the
+        layout the ops take. The default does nothing.
+        """
 
     def param(self, name: str) -> Any:
         """Device array of parameter ``name``, or ``None`` when it was not declared."""

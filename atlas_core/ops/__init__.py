@@ -1,56 +1,19 @@
 """The op contract.
 
-Each op has one name across the CUDA source, the backend method (``backend.ops.<name>``), the
-NumPy reference in :mod:`atlas_core.ops.reference` (whose docstring states shapes, dtypes and the
-formula), the contract test in :mod:`atlas_core.testing.contracts` and a micro-benchmark.
+Each op is declared once as an :class:`~atlas_core.ops.spec.OpSpec` registered through the
+``register_ops`` hook (core's in :mod:`atlas_core.ops.plugin`, a model family's in its plugin):
+its name, NumPy reference (whose docstring states shapes, dtypes and the formula), in-place /
+stateful flags and optional unfused definition. One name runs across the CUDA source,
+``backend.ops.<name>``, the reference, the generated contract test and a micro-benchmark.
+Each backend's ``ops`` table is built from what is registered
+(:meth:`~atlas_core.ops.registry.OpRegistry.build_table`). The core references are collected
+in :mod:`atlas_core.ops.reference`.
 
-Ops return new arrays (taken from the backend's step workspace) except the in-place ops listed
-in :data:`INPLACE_OPS`.
+Ops return new arrays (taken from the backend's step workspace) except in-place ones
+(``OpSpec.inplace``), which write into arrays they are given. Importing this package is free
+(no NumPy): plugins' entry-point modules import :class:`OpSpec` from it.
 """
 
-from atlas_core.ops import reference
+from atlas_core.ops.spec import OpSpec
 
-#: Every op a GpuBackend must provide on ``backend.ops``.
-OP_NAMES = (
-    "embedding",
-    "rms_norm",
-    "rms_norm_linear",
-    "linear",
-    "add",
-    "silu_and_mul",
-    "gelu_tanh_and_mul",
-    "linear_act_and_mul",
-    "rotary_embedding",
-    "reshape_and_cache",
-    "prefill_attention",
-    "paged_attention",
-    "qk_norm_rope_and_cache",
-    "rope_cache_attention",
-    "moe_route",
-    "moe_experts",
-    "moe_block",
-    "rms_norm_moe_block",
-    "argmax",
-    "log_softmax",
-    "topk",
-    "apply_penalties",
-    "sample",
-    "causal_conv1d",
-    "causal_conv1d_update",
-    "gated_delta_rule_chunked",
-    "gated_delta_rule_recurrent",
-    "gated_delta_rule_decode",
-    "gdn_gating",
-    "rms_norm_gated",
-    "sigmoid_mul",
-    "apply_token_bitmask",
-)
-
-#: Ops that write into arrays they are given (the KV cache) rather than returning new ones.
-INPLACE_OPS = ("reshape_and_cache", "qk_norm_rope_and_cache", "rope_cache_attention")
-
-#: Ops that also update state pools in place while returning a new array (recurrent layers).
-STATEFUL_OPS = ("causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
-                "gated_delta_rule_recurrent", "gated_delta_rule_decode")
-
-__all__ = ["INPLACE_OPS", "OP_NAMES", "STATEFUL_OPS", "reference"]
+__all__ = ["OpSpec"]

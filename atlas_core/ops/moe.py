@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from atlas_core.ops._dtypes import f32
-from atlas_core.ops.gdn import sigmoid_mul
-from atlas_core.ops.norm import ACTIVATIONS, add, linear, linear_act_and_mul, rms_norm
+from atlas_core.ops.norm import (ACTIVATIONS, add, linear, linear_act_and_mul, rms_norm,
+                                 sigmoid_mul)
+from atlas_core.ops.quant import weight_f32
 
 
 def moe_route(router_logits: np.ndarray, top_k: int, renormalize: bool,
@@ -55,6 +56,9 @@ def moe_experts(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, topk_w
         topk_ids: ``[num_tokens, top_k]`` int32.
         activation: ``"silu"`` or ``"gelu_tanh"``.
 
+    Either weight may be a :class:`~atlas_core.ops.quant.QuantizedWeight` of that shape
+    (computed with its exact float32 dequantization).
+
     Returns:
         ``[num_tokens, hidden]`` in ``x.dtype``.
     """
@@ -62,11 +66,12 @@ def moe_experts(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, topk_w
     xf = f32(x)
     out = np.zeros(x.shape, dtype=np.float32)
     inter = w_down.shape[-1]
+    w1, w2 = weight_f32(w_gate_up), weight_f32(w_down)
     for e in np.unique(topk_ids):
         rows, slots = np.nonzero(topk_ids == e)
-        gate_up = xf[rows] @ f32(w_gate_up[e]).T
+        gate_up = xf[rows] @ w1[e].T
         h = act(gate_up[:, :inter]) * gate_up[:, inter:]
-        out[rows] += (h @ f32(w_down[e]).T) * topk_weights[rows, slots][:, None]
+        out[rows] += (h @ w2[e].T) * topk_weights[rows, slots][:, None]
     return out.astype(x.dtype)
 
 
@@ -156,6 +161,26 @@ def compose_rms_norm_moe_block(ops, x, residual, norm_weight, eps, zero_centered
     else:
         h, r = ops.rms_norm(x, norm_weight, eps, residual, zero_centered=zero_centered)
     return ops.moe_block(h, *moe_args, **moe_kwargs), r
+
+
+
+def unfused_moe_block(ops, x, router_weight, w_gate_up, w_down, top_k, renormalize,
+                      scoring="softmax", activation="silu", shared_gate_up=None,
+                      shared_down=None, shared_gate=None):
+    """The unfused definition of :func:`moe_block` (its exact signature over ``ops``)."""
+    return compose_moe_block(ops, x, router_weight, w_gate_up, w_down, top_k, renormalize,
+                             scoring, activation, shared_gate_up, shared_down, shared_gate)
+
+
+def unfused_rms_norm_moe_block(ops, x, residual, norm_weight, eps, zero_centered, router_weight,
+                               w_gate_up, w_down, top_k, renormalize, scoring="softmax",
+                               activation="silu", shared_gate_up=None, shared_down=None,
+                               shared_gate=None):
+    """The unfused definition of :func:`rms_norm_moe_block` (its exact signature over ``ops``)."""
+    return compose_rms_norm_moe_block(ops, x, residual, norm_weight, eps, zero_centered,
+                                      router_weight, w_gate_up, w_down, top_k, renormalize,
+                                      scoring, activation, shared_gate_up, shared_down,
+                                      shared_gate)
 
 
 _REFERENCE_OPS = SimpleNamespace(linear=linear, linear_act_and_mul=linear_act_and_mul, add=add,

@@ -1,5 +1,5 @@
 """Reference elementwise ops: embedding, RMSNorm, linear (alone and after RMSNorm), gated
-activations."""
+activations, sigmoid gating."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from atlas_core.ops._dtypes import f32
+from atlas_core.ops.quant import weight_f32
 
 
 def embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
@@ -97,13 +98,15 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 
     Args:
         x: ``[..., in_features]``.
-        weight: ``[out_features, in_features]`` (the HF / PyTorch layout).
+        weight: ``[out_features, in_features]`` (the HF / PyTorch layout), or a
+            :class:`~atlas_core.ops.quant.QuantizedWeight` of that shape (computed with its
+            exact float32 dequantization).
         bias: optional ``[out_features]``.
 
     Returns:
         ``[..., out_features]`` in ``x.dtype``.
     """
-    y = f32(x) @ f32(weight).T
+    y = f32(x) @ weight_f32(weight).T
     if bias is not None:
         y = y + f32(bias)
     return y.astype(x.dtype)
@@ -158,3 +161,23 @@ def linear_act_and_mul(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | Non
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise ``a + b`` in float32, stored in ``a.dtype``."""
     return (f32(a) + f32(b)).astype(a.dtype)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def sigmoid_mul(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(gate)`` in float32, stored in ``x.dtype``.
+
+    Serves the gated attention output (``gate`` ``[num_tokens, num_heads * head_dim]``) and the
+    shared-expert gate (``gate`` ``[num_tokens, 1]``, broadcast along the last axis).
+
+    Args:
+        x: ``[num_tokens, d]``.
+        gate: ``[num_tokens, d]`` or ``[num_tokens, 1]``.
+
+    Returns:
+        ``[num_tokens, d]`` in ``x.dtype``.
+    """
+    return (f32(x) * _sigmoid(f32(gate))).astype(x.dtype)

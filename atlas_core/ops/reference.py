@@ -1,15 +1,13 @@
-"""Every op's NumPy reference in one namespace: the semantics all backends are tested against."""
+"""The NumPy references of the core ops in one namespace: the semantics all backends are tested
+against. Plugins' ops have their references in the plugin (``OpRegistry.reference(name)``)."""
 
 from atlas_core.ops.attention import (gather_kv, paged_attention, prefill_attention,
                                       qk_norm_rope_and_cache, reshape_and_cache,
                                       rope_cache_attention)
-from atlas_core.ops.gdn import (causal_conv1d, causal_conv1d_update, gated_delta_rule_chunked,
-                                gated_delta_rule_decode, gated_delta_rule_recurrent, gdn_gating,
-                                rms_norm_gated, sigmoid_mul)
 from atlas_core.ops.guided import apply_token_bitmask
 from atlas_core.ops.moe import moe_block, moe_experts, moe_route, rms_norm_moe_block
 from atlas_core.ops.norm import (act_and_mul, add, embedding, gelu_tanh_and_mul, linear,
-                                 linear_act_and_mul, rms_norm, rms_norm_linear,
+                                 linear_act_and_mul, rms_norm, rms_norm_linear, sigmoid_mul,
                                  silu_and_mul)
 from atlas_core.ops.rotary import rope_cos_sin_cache, rotary_embedding
 from atlas_core.ops.sampling import apply_penalties, argmax, log_softmax, sample, topk
@@ -20,9 +18,6 @@ __all__ = [
     "moe_route", "paged_attention",
     "prefill_attention", "qk_norm_rope_and_cache", "reshape_and_cache", "rms_norm",
     "rms_norm_linear", "rms_norm_moe_block", "rope_cache_attention",
-    "rope_cos_sin_cache", "rotary_embedding", "sample", "silu_and_mul", "topk",
-    "causal_conv1d", "causal_conv1d_update", "gated_delta_rule_chunked",
-    "gated_delta_rule_decode", "gated_delta_rule_recurrent", "gdn_gating", "rms_norm_gated",
-    "sigmoid_mul",
+    "rope_cos_sin_cache", "rotary_embedding", "sample", "sigmoid_mul", "silu_and_mul", "topk",
     "apply_token_bitmask",
 ]

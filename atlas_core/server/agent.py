@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas_core.guided import guided_from_openai
+from atlas_core.guided import guided_from_openai, guided_from_vllm
+from atlas_core.guided.vllm import VLLM_FIELDS
 from atlas_core.parsers import prompt_opens_reasoning
 from atlas_core.server.errors import APIError
 from atlas_core.server.prompts import render_prompt
@@ -20,6 +21,10 @@ from atlas_core.server.sampling import make_params
 from atlas_core.server.shaping import ParsePlan
 from atlas_core.server.thinking import ThinkingRequest, budget_params, resolve_thinking
 from atlas_core.server.tools import ToolChoice
+
+#: Most stop strings in one request, and most bytes of them in all.
+MAX_STOPS = 64
+MAX_STOP_BYTES = 8192
 
 
 @dataclass
@@ -37,6 +42,8 @@ class ChatRequest:
         max_tokens, max_tokens_param: the budget asked for and the field that asked.
         response_format: OpenAI ``response_format`` (``{"type": "json_schema", ...}``), or None.
         format_param: the field ``response_format`` came from (for errors).
+        guided: a constraint from vLLM-style fields (``guided_json``, ``structured_outputs``…),
+            or None; ``guided_param`` names the field it came from.
     """
 
     messages: list[dict]
@@ -53,6 +60,8 @@ class ChatRequest:
     continue_final_message: bool = False
     response_format: dict | None = None
     format_param: str = "response_format"
+    guided: Any = None
+    guided_param: str = "guided_json"
 
 
 @dataclass
@@ -84,6 +93,12 @@ def guided_constraint(req: ChatRequest, tool_parser: str | None) -> Any:
         APIError: 400 when the schema or the forced tool is invalid.
     """
     fmt = (req.response_format or {}).get("type", "text")
+    if req.guided is not None:
+        if req.tool_choice.is_forced or fmt != "text":
+            other = "tool_choice" if req.tool_choice.is_forced else req.format_param
+            raise APIError(400, f"{req.guided_param} and {other} both constrain the output; send "
+                           "only one of them", param=req.guided_param)
+        return req.guided
     if not req.tool_choice.is_forced and fmt == "text":
         return None
     param = "tool_choice" if req.tool_choice.is_forced else req.format_param
@@ -96,6 +111,52 @@ def guided_constraint(req: ChatRequest, tool_parser: str | None) -> Any:
             tool_parser=tool_parser, parallel_tool_calls=req.parallel_tool_calls)
     except ValueError as exc:
         raise APIError(400, f"invalid {param}: {exc}", param=param) from None
+
+
+def resolve_max_tokens(state, num_prompt: int, max_tokens: int | None, param: str) -> int:
+    """The generation budget of a prompt of ``num_prompt`` tokens.
+
+    A ``max_tokens`` larger than the room the context has left is lowered to that room (the
+    output then ends with finish reason ``length`` at the context's end), so clients with
+    large defaults (32k, 64k) work on smaller contexts; with the server's
+    ``strict_max_tokens`` it is a 400 instead, as is a prompt that leaves no room at all.
+    """
+    limit = state.max_seq_len
+    room = limit - num_prompt if limit is not None else None
+    if (max_tokens is not None and room is not None and max_tokens > room
+            and not state.config.strict_max_tokens):
+        max_tokens = room if room > 0 else None
+    return state.resolve_max_tokens(num_prompt, max_tokens, param)
+
+
+def checked_stops(stops: list[str] | None, param: str = "stop") -> list[str] | None:
+    """``stops``, or a 400 when there are more than :data:`MAX_STOPS` strings or more than
+    :data:`MAX_STOP_BYTES` bytes in all (each one is checked against every step's text)."""
+    if not stops:
+        return stops
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"{param} has {len(stops)} strings; at most {MAX_STOPS} are allowed",
+                       param=param)
+    size = sum(len(s.encode()) for s in stops)
+    if size > MAX_STOP_BYTES:
+        raise APIError(400, f"{param} strings total {size} bytes; at most {MAX_STOP_BYTES} bytes "
+                       "are allowed", param=param)
+    return stops
+
+
+def vllm_constraint(req: Any) -> tuple[Any, str]:
+    """The constraint of a request's vLLM fields (``guided_json``, ``structured_outputs``…)
+    and the field it came from; ``(None, "")`` when there is none.
+
+    Raises:
+        APIError: 400 when several are set or one is malformed.
+    """
+    fields = {name: getattr(req, name, None) for name in (*VLLM_FIELDS, "structured_outputs")}
+    try:
+        return guided_from_vllm(fields)
+    except ValueError as exc:
+        param = next(name for name, value in fields.items() if value is not None)
+        raise APIError(400, str(exc), param=param) from None
 
 
 def render_request(state, req: ChatRequest, *, is_guided: bool = False
@@ -129,7 +190,7 @@ def plan_chat(state, req: ChatRequest) -> ChatPlan:
     tool_cls = state.tool_parser_cls if offered else None
     guided = guided_constraint(req, tool_cls.name if tool_cls else None)
     text, ids, budget = render_request(state, req, is_guided=guided is not None)
-    max_tokens = state.resolve_max_tokens(len(ids), req.max_tokens, req.max_tokens_param)
+    max_tokens = resolve_max_tokens(state, len(ids), req.max_tokens, req.max_tokens_param)
     reasoning_cls = state.reasoning_parser_cls
     reasoner = reasoning_cls() if reasoning_cls else None
     opens = bool(reasoner) and prompt_opens_reasoning(text, reasoner.start, reasoner.end)

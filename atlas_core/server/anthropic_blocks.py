@@ -39,9 +39,16 @@ def tool_input(arguments: str) -> dict:
 
 
 class AnthropicBlocks:
-    """Accumulates the content blocks of one message; :meth:`add` returns stream events."""
+    """Accumulates the content blocks of one message; :meth:`add` returns stream events.
 
-    def __init__(self) -> None:
+    Args:
+        omit_thinking: thinking blocks keep an empty ``thinking`` text (no ``thinking_delta``
+            events) and only their signature (Anthropic ``thinking.display: "omitted"``).
+    """
+
+    def __init__(self, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking
+        self._thought = ""
         self.blocks: list[dict] = []
         self._open: str | None = None
         self._arguments, self._json = "", JsonPrefix()
@@ -67,7 +74,7 @@ class AnthropicBlocks:
         out = []
         block = self.blocks[-1]
         if block["type"] == "thinking":
-            block["signature"] = thinking_signature(block["thinking"])
+            block["signature"] = thinking_signature(self._thought)
             out.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
         elif block["type"] == "tool_use":
             block["input"] = tool_input(self._arguments)
@@ -103,7 +110,11 @@ class AnthropicBlocks:
                 start = ({"type": "thinking", "thinking": "", "signature": ""}
                          if block_type == "thinking" else {"type": "text", "text": ""})
                 out.append(self._start(dict(start), start))
-                self._open = block_type
+                self._open, self._thought = block_type, ""
+            if block_type == "thinking":
+                self._thought += value
+                if self.omit_thinking:
+                    continue
             delta_type, key = _DELTAS[block_type]
             self.blocks[-1][key] += value
             out.append(self._delta({"type": delta_type, key: value}))

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, post
 
-from atlas_core.server.agent import ChatRequest, plan_chat, render_request
+from atlas_core.server.agent import ChatRequest, checked_stops, plan_chat, render_request
 from atlas_core.server.anthropic_blocks import AnthropicBlocks
 from atlas_core.server.anthropic_schemas import (CountTokensRequest, MessagesRequest,
                                                  MessagesResponse, Usage)
@@ -33,9 +33,25 @@ def chat_request(req, max_tokens: int | None = None, stops: list[str] | None = N
     choice, parallel = anthropic_tool_choice(getattr(req, "tool_choice", None), tools)
     sampling = sampling_kwargs(req, stop=stops or None) if max_tokens else {}
     messages = anthropic_messages(req.system, req.messages)
-    return ChatRequest(messages, tools, choice, parallel, from_anthropic(req.thinking),
-                       req.chat_template_kwargs, sampling, max_tokens,
-                       continue_final_message=is_prefill(messages))
+    thinking = from_anthropic(req.thinking, req.output_config)
+    fmt, fmt_param = output_format(req)
+    return ChatRequest(messages, tools, choice, parallel, thinking, req.chat_template_kwargs,
+                       sampling, max_tokens, continue_final_message=is_prefill(messages),
+                       response_format=fmt, format_param=fmt_param)
+
+
+def output_format(req) -> tuple[dict | None, str]:
+    """Anthropic structured output (``output_config.format``, or the beta's ``output_format``:
+    ``{"type": "json_schema", "schema": {...}}``) as an OpenAI ``response_format``."""
+    config = req.output_config if isinstance(req.output_config, dict) else {}
+    fmt, param = config.get("format"), "output_config.format"
+    if fmt is None:
+        fmt, param = getattr(req, "output_format", None), "output_format"
+    if fmt is None:
+        return None, param
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise APIError(400, f"{param}.type must be json_schema", param=f"{param}.type")
+    return {"type": "json_schema", "json_schema": {"schema": fmt.get("schema")}}, param
 
 
 def is_prefill(messages: list[dict]) -> bool:
@@ -43,6 +59,11 @@ def is_prefill(messages: list[dict]) -> bool:
     last = messages[-1] if messages else {}
     return (last.get("role") == "assistant" and isinstance(last.get("content"), str)
             and bool(last["content"]) and not last.get("tool_calls"))
+
+
+def omits_thinking(req: MessagesRequest) -> bool:
+    """``thinking.display: "omitted"``: thinking blocks come back empty, with a signature."""
+    return isinstance(req.thinking, dict) and req.thinking.get("display") == "omitted"
 
 
 def stop_reason_of(choice: Choice, stop_sequences: list[str], blocks: AnthropicBlocks
@@ -65,17 +86,18 @@ def usage_of(choice: Choice) -> Usage:
 @post(PATH, status_code=200)
 async def messages(request: Request) -> Any:
     state, req, model = await read_model_request(request, MessagesRequest)
-    stops = stop_list(req.stop_sequences) or []
+    stops = checked_stops(stop_list(req.stop_sequences), "stop_sequences") or []
     plan = await asyncio.to_thread(plan_chat, state, chat_request(req, req.max_tokens, stops))
     rid = state.request_id("msg_")
     choice = Choice(0, rid, plan.prompt_ids, plan.params)
     shaper = state.make_chat_shaper(plan)
     if req.stream:
         stream = await state.stream([choice], idle_interval=state.config.ping_interval)
-        return sse_response(_message_events(model, rid, stream, stops, shaper), stream)
+        blocks = AnthropicBlocks(omits_thinking(req))
+        return sse_response(_message_events(model, rid, stream, stops, shaper, blocks), stream)
     stream = await state.run([choice], receive=request.receive)
     state.raise_if_timed_out(stream)
-    blocks = AnthropicBlocks()
+    blocks = AnthropicBlocks(omits_thinking(req))
     blocks.add(shaper.feed_all(choice.text))
     blocks.finish()
     reason, sequence = stop_reason_of(choice, stops, blocks)
@@ -83,9 +105,9 @@ async def messages(request: Request) -> Any:
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
-async def _message_events(model: str, rid: str, stream, stops: list[str], shaper):
+async def _message_events(model: str, rid: str, stream, stops: list[str], shaper,
+                          blocks: AnthropicBlocks):
     choice = stream.choices[0]
-    blocks = AnthropicBlocks()
     started = False
 
     def start_event() -> bytes:

@@ -31,6 +31,10 @@ class Message(msgspec.Struct, kw_only=True):
 
 
 class MessagesRequest(msgspec.Struct, kw_only=True):
+    """A Messages request. Fields Atlas does not use (``context_management``, ``metadata``,
+    ``service_tier``, beta fields…) are accepted and ignored; ``messages`` may hold
+    ``system`` entries (folded into the system prompt, see :mod:`atlas_core.server.prompts`)."""
+
     model: str | None = None
     messages: Annotated[list[Message], Meta(min_length=1)]
     max_tokens: Annotated[int, Meta(ge=1)]
@@ -44,6 +48,8 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
@@ -53,6 +59,7 @@ class CountTokensRequest(msgspec.Struct, kw_only=True):
     system: str | list[ContentBlock] | None = None
     tools: list[dict[str, Any]] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 

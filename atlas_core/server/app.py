@@ -10,9 +10,12 @@ from litestar.datastructures import State
 
 from atlas_core.server import (anthropic_messages, openai_chat, openai_completions, responses_api,
                                routes)
+from atlas_core.server.access_log import RecordingMetrics, access_log_middleware
 from atlas_core.server.auth import auth_middleware
 from atlas_core.server.config import ServerConfig
-from atlas_core.server.errors import EXCEPTION_HANDLERS
+from atlas_core.server.errors import EXCEPTION_HANDLERS, logger, without_paths
+from atlas_core.server.guards import guard_middleware
+from atlas_core.server.openapi import openapi_json
 from atlas_core.server.state import ServerState
 
 HANDLERS = [
@@ -20,8 +23,27 @@ HANDLERS = [
     anthropic_messages.messages, anthropic_messages.count_tokens,
     responses_api.create_response, responses_api.get_response, responses_api.delete_response,
     routes.list_models, routes.get_model, routes.tokenize, routes.detokenize,
-    routes.health, routes.live, routes.metrics,
+    routes.health, routes.ready, routes.live, routes.metrics, openapi_json,
 ]
+
+
+class AppState(ServerState):
+    """:class:`ServerState` that records per-request numbers for the access log and makes the
+    tokenizer refuse prompts that cannot fit the context before tokenizing them."""
+
+    def __init__(self, config: ServerConfig, engine: Any = None, tokenizer: Any = None):
+        super().__init__(config, engine, tokenizer=tokenizer)
+        self.metrics = RecordingMetrics(self.stats)
+
+    def fail(self, message: str) -> None:
+        logger.error("the model failed to load: %s", message)
+        super().fail(without_paths(message))
+
+    def attach(self, engine: Any) -> None:
+        super().attach(engine)
+        limit_input = getattr(self.tokenizer, "limit_input", None)
+        if limit_input is not None:
+            limit_input(self.max_seq_len)
 
 
 def create_app(engine: Any, config: ServerConfig, *, tokenizer: Any = None,
@@ -39,7 +61,7 @@ def create_app(engine: Any, config: ServerConfig, *, tokenizer: Any = None,
     Returns:
         The app; its ``state.atlas`` is the :class:`~atlas_core.server.state.ServerState`.
     """
-    state = ServerState(config, engine, tokenizer=tokenizer)
+    state = AppState(config, engine, tokenizer=tokenizer)
     background: list = []
 
     async def start_loading() -> None:
@@ -56,9 +78,11 @@ def create_app(engine: Any, config: ServerConfig, *, tokenizer: Any = None,
             if hasattr(result, "__await__"):
                 await result
 
-    middleware = [state.metrics.middleware]
+    middleware = [access_log_middleware] if config.access_log else []
+    middleware.append(state.metrics.middleware)
     if config.api_keys:
         middleware.append(auth_middleware(config.api_keys))
+    middleware.append(guard_middleware(config))
     cors = CORSConfig(allow_origins=config.allowed_origins) if config.allowed_origins else None
     return Litestar(route_handlers=HANDLERS, state=State({"atlas": state}),
                     middleware=middleware, exception_handlers=EXCEPTION_HANDLERS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from pathlib import Path
 
-from atlas_core.server.errors import APIError, error_bytes
+from atlas_core.server.errors import APIError, send_error
 
 OPEN_PATHS = ("/health", "/health/live", "/metrics")
 
@@ -60,12 +60,7 @@ def auth_middleware(keys: list[str]):
             why = "missing API key" if key is None else "invalid API key"
             err = APIError(401, f"{why}: send `Authorization: Bearer <key>` or `x-api-key: <key>` "
                            "with a key given to the server by --api-key or --auth-tokens-file",
-                           code="invalid_api_key")
-            body = error_bytes(err, scope["path"])
-            await send({"type": "http.response.start", "status": 401,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode()),
-                                    (b"www-authenticate", b"Bearer")]})
-            await send({"type": "http.response.body", "body": body})
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            await send_error(send, err, scope["path"])
         return checked
     return wrap

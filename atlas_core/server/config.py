@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 DEFAULT_MAX_REQUEST_BODY = 32 * 1024 * 1024
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 class ServerConfig(msgspec.Struct, kw_only=True):
@@ -24,7 +25,15 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             (e.g. ``{"enable_thinking": true}``); a request's ``chat_template_kwargs`` override
             them.
         ping_interval: Seconds between Anthropic ``ping`` events on an idle stream.
-        allowed_origins: CORS origins allowed to call the API from a browser; empty disables CORS.
+        allowed_origins: Browser origins allowed to call the API (CORS, and the cross-site check:
+            without API keys, a request whose ``Origin`` is neither listed nor the server itself
+            gets a 403); ``*`` allows any. Empty disables CORS.
+        allowed_hosts: ``Host`` names the server answers to without API keys (a DNS-rebinding
+            guard); ``*`` allows any. ``atlas serve`` adds the bind address.
+        header_timeout: Seconds a client may take to send the request headers (then 408).
+        body_timeout: Seconds a client may take to send the request body (then 408).
+        max_header_bytes: Largest request head (request line + headers); larger gets a 431.
+        access_log: Log one line per request to the ``atlas.access`` logger.
         max_n: Largest ``n`` (choices per request) accepted.
         tool_call_parser: Tool-call format of the model's output (a name from
             ``atlas_core.parsers.TOOL_PARSERS``); ``"auto"`` picks the model's default from its
@@ -40,6 +49,8 @@ class ServerConfig(msgspec.Struct, kw_only=True):
         max_stored_responses: Responses API results kept in memory for
             ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used
             dropped first); 0 stores none.
+        strict_max_tokens: Answer a ``max_tokens`` larger than the room the context has left
+            with a 400; by default it is lowered to that room (finish reason ``length``).
     """
 
     served_model_names: list[str]
@@ -50,6 +61,12 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     default_chat_template_kwargs: dict = msgspec.field(default_factory=dict)
     ping_interval: float = 10.0
     allowed_origins: list[str] = msgspec.field(default_factory=list)
+    allowed_hosts: list[str] = msgspec.field(
+        default_factory=lambda: list(LOCAL_HOSTS))
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_header_bytes: int = 64 * 1024
+    access_log: bool = True
     max_n: int = 16
     tool_call_parser: str | None = "auto"
     reasoning_parser: str | None = "auto"
@@ -57,12 +74,17 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     disable_thinking: bool = False
     reasoning_budget: int | None = None
     max_stored_responses: int = 1000
+    strict_max_tokens: bool = False
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
             raise ValueError("ServerConfig.served_model_names must name at least one model")
         if self.max_request_body <= 0:
             raise ValueError("ServerConfig.max_request_body must be positive")
+        if self.header_timeout <= 0 or self.body_timeout <= 0:
+            raise ValueError("ServerConfig.header_timeout and body_timeout must be positive")
+        if self.max_header_bytes < 1024:
+            raise ValueError("ServerConfig.max_header_bytes must be at least 1024")
         if self.request_timeout < 0:
             raise ValueError("ServerConfig.request_timeout must be >= 0 (0 = no limit)")
         if self.reasoning_budget is not None and self.reasoning_budget < 0:

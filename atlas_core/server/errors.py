@@ -8,12 +8,20 @@ an :class:`APIError` and rendered in the shape of the API the request was addres
 from __future__ import annotations
 
 import logging
+import re
 
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from atlas_core.tokenizer.tokenizer import EncodeCancelled, PromptTooLong
+
 logger = logging.getLogger("atlas.server")
+
+_PATH = re.compile(r"""(?<![\w/:])(?:~|[A-Za-z]:)?[\\/][^\s'"`:,;)]+""")
+
+#: Roughly how deep request JSON may nest: the decoder stops at Python's recursion limit.
+MAX_JSON_DEPTH = 1000
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -23,7 +31,9 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     429: "rate_limit_error",
+    431: "request_too_large",
     500: "api_error",
     503: "overloaded_error",
     504: "timeout_error",
@@ -74,6 +84,11 @@ def unsupported_part(kind: object, param: str, supported: str) -> APIError:
                     f"{supported})", param=param)
 
 
+def without_paths(text: str) -> str:
+    """``text`` with filesystem paths replaced by ``<path>`` (for messages clients see)."""
+    return _PATH.sub("<path>", text)
+
+
 def is_anthropic_path(path: str) -> bool:
     """Whether ``path`` belongs to the Anthropic Messages API (errors use its shape)."""
     return path.startswith("/v1/messages")
@@ -96,6 +111,16 @@ def error_response(exc: APIError, path: str) -> Response:
     """A litestar response carrying ``exc``."""
     return Response(content=error_bytes(exc, path), status_code=exc.status,
                     media_type="application/json", headers=exc.headers)
+
+
+async def send_error(send, exc: APIError, path: str) -> None:
+    """Answer an ASGI request with ``exc`` from middleware (before any route runs)."""
+    body = error_bytes(exc, path)
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def handle_api_error(request: Request, exc: APIError) -> Response:
@@ -123,8 +148,30 @@ def handle_unexpected(request: Request, exc: Exception) -> Response:
     return error_response(err, request.url.path)
 
 
+def handle_recursion(request: Request, exc: RecursionError) -> Response:
+    err = APIError(400, "the request JSON is nested too deeply (the server takes up to about "
+                   f"{MAX_JSON_DEPTH} levels); flatten the nested objects or arrays",
+                   code="json_too_deep")
+    return error_response(err, request.url.path)
+
+
+def handle_prompt_too_long(request: Request, exc: PromptTooLong) -> Response:
+    param = "prompt" if request.url.path in ("/v1/completions", "/tokenize") else "messages"
+    err = APIError(400, f"{exc}; shorten the prompt", param=param,
+                   code="context_length_exceeded")
+    return error_response(err, request.url.path)
+
+
+def handle_encode_cancelled(request: Request, exc: EncodeCancelled) -> Response:
+    err = APIError(503, "the server is shutting down; retry against a running server")
+    return error_response(err, request.url.path)
+
+
 EXCEPTION_HANDLERS = {
     APIError: handle_api_error,
+    RecursionError: handle_recursion,
+    PromptTooLong: handle_prompt_too_long,
+    EncodeCancelled: handle_encode_cancelled,
     HTTPException: handle_http_exception,
     Exception: handle_unexpected,
 }

@@ -21,10 +21,12 @@ IDLE = "idle"
 
 def as_api_error(exc: Exception) -> APIError:
     """An engine exception as the HTTP error to send (429 queue full, 400 invalid, 503 dead)."""
-    from atlas_core.engine import EngineDeadError, QueueFull
+    from atlas_core.engine import EngineDeadError, QueueFull, RequestError
 
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, RequestError):
+        return APIError(500, f"{exc}; see the server log", code="engine_request_failed")
     if isinstance(exc, QueueFull):
         return APIError(429, f"the server is busy: {exc}", headers={"Retry-After": "1"})
     if isinstance(exc, EngineDeadError):

@@ -8,6 +8,9 @@ import time
 
 import uvicorn
 
+from atlas_core.server.config import ServerConfig
+from atlas_core.server.protocol import guarded_protocol
+
 
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0 picks a free one).
@@ -29,10 +32,17 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def make_server(app, sock: socket.socket, *, log_level: str = "warning") -> uvicorn.Server:
-    """A uvicorn server for ``app`` that will listen on ``sock``."""
+    """A uvicorn server for ``app`` that will listen on ``sock``.
+
+    An Atlas app's :class:`~atlas_core.server.config.ServerConfig` sets the header deadline and
+    size limit of its connections (see :mod:`atlas_core.server.protocol`).
+    """
     host, port = sock.getsockname()[:2]
+    state = getattr(getattr(app, "state", None), "atlas", None)
+    settings = state.config if state is not None else ServerConfig(served_model_names=["-"])
+    http = guarded_protocol(settings.header_timeout, settings.max_header_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=5, lifespan="on")
+                            timeout_graceful_shutdown=5, lifespan="on", http=http)
     return _Server(config)
 
 
@@ -44,7 +54,16 @@ class _Server(uvicorn.Server):
         state = getattr(getattr(self.config.app, "state", None), "atlas", None)
         if state is not None:
             state.stop_streams()
+            cancel_encodes = getattr(state.tokenizer, "cancel_encodes", None)
+            if cancel_encodes is not None:
+                cancel_encodes()
         await super().shutdown(sockets=sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        state = getattr(getattr(self.config.app, "state", None), "atlas", None)
+        if state is not None and state.should_exit():
+            return True
+        return await super().on_tick(counter)
 
 
 class ServerThread:

@@ -1,8 +1,8 @@
 """Prometheus metrics of one server, in a registry of its own (several apps per process are fine).
 
 Counters and histograms are updated as requests run; engine gauges (running and waiting
-sequences, KV-cache usage, prefix-cache hit rate, preemptions) are read from ``engine.stats()``
-when ``/metrics`` is scraped.
+sequences, KV-cache usage, prefix-cache hit rate, preemptions) and the decode-step histogram and
+floor fraction are read from ``engine.stats()`` when ``/metrics`` is scraped.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 CONTENT_TYPE = "text/plain; version=0.0.4"  # litestar appends "; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -18,7 +18,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
                "/v1/messages/count_tokens", "/v1/responses", "/tokenize", "/detokenize",
-               "/health", "/metrics"}
+               "/health", "/health/ready", "/health/live", "/metrics"}
 
 
 def stat(stats, name: str) -> float:
@@ -53,6 +53,8 @@ class _EngineCollector:
                                            used / total if total else 0.0),
             "atlas_prefix_cache_hit_rate": ("Prefix-cache hits / queries (tokens)",
                                             hits / queries if queries else 0.0),
+            "atlas_engine_alive": ("1 while the engine loop runs, 0 once it has died",
+                                   1.0 if getattr(stats, "is_alive", True) else 0.0),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
@@ -62,6 +64,50 @@ class _EngineCollector:
                                   value=queries)
         yield CounterMetricFamily("atlas_prefix_cache_hits", "Prefix-cache hits (tokens)",
                                   value=hits)
+        yield CounterMetricFamily("atlas_failed_requests",
+                                  "Requests the engine failed alone (it went on serving)",
+                                  value=stat(stats, "num_failed_requests"))
+        yield from _decode_metrics(getattr(stats, "decode_steps", None))
+        yield from _kv_tier_metrics(getattr(stats, "kv_tiers", None))
+
+
+def _decode_metrics(steps):
+    """Decode step histogram and floor fraction from a ``DecodeStepSnapshot`` (if any)."""
+    if steps is None:
+        return
+    buckets = [("+Inf" if b == float("inf") else str(b), n) for b, n in steps.buckets]
+    yield HistogramMetricFamily("atlas_decode_step_seconds",
+                                "Interval between consecutive decode-only engine steps",
+                                buckets=buckets, sum_value=steps.total_seconds)
+    if steps.floor_fraction is not None:
+        yield GaugeMetricFamily("atlas_decode_floor_fraction",
+                                "Decode floor time (bytes read per step / memory bandwidth) over "
+                                "measured step time, last 64 decode steps",
+                                value=steps.floor_fraction)
+
+
+def _kv_tier_metrics(tiers):
+    """Hits, misses and bytes of each KV tier (host memory, disk), labelled by tier."""
+    if not tiers:
+        return
+    counters = {"hits": "Prefix-cache blocks restored from the tier",
+                "misses": "Prefix lookups that went past the device cache and found no block",
+                "bytes_read": "Bytes restored from the tier",
+                "bytes_written": "Bytes written to the tier",
+                "corrupt": "Stored blocks that failed their checks (counted, never served)",
+                "write_failures": "Writes to the tier that failed (counted, the server goes on)"}
+    for name, doc in counters.items():
+        family = CounterMetricFamily(f"atlas_kv_tier_{name}", doc, labels=["tier"])
+        for tier, values in tiers.items():
+            if name in values:
+                family.add_metric([tier], values[name])
+        yield family
+    for name, doc in (("used_bytes", "Bytes held by the tier"),
+                      ("capacity_bytes", "Most bytes the tier holds")):
+        family = GaugeMetricFamily(f"atlas_kv_tier_{name}", doc, labels=["tier"])
+        for tier, values in tiers.items():
+            family.add_metric([tier], values.get(name, 0))
+        yield family
 
 
 class Metrics:

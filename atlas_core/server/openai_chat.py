@@ -15,7 +15,8 @@ import msgspec
 from litestar import Request, Response, post
 
 from atlas_core.parsers import ParserEvents
-from atlas_core.server.agent import ChatPlan, ChatRequest, plan_chat
+from atlas_core.server.agent import (ChatPlan, ChatRequest, checked_stops, plan_chat,
+                                     vllm_constraint)
 from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
@@ -36,7 +37,8 @@ def chat_request(req: ChatCompletionRequest) -> ChatRequest:
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     tools = chat_tools(req.tools)
-    sampling = sampling_kwargs(req, seed=req.seed, stop=stop_list(req.stop),
+    guided, guided_param = vllm_constraint(req)
+    sampling = sampling_kwargs(req, seed=req.seed, stop=checked_stops(stop_list(req.stop)),
                                stop_token_ids=req.stop_token_ids,
                                logit_bias=logit_bias(req.logit_bias),
                                logprobs=(req.top_logprobs or 0) if req.logprobs else None)
@@ -45,7 +47,8 @@ def chat_request(req: ChatCompletionRequest) -> ChatRequest:
         req.parallel_tool_calls is not False, from_effort(req.reasoning_effort),
         req.chat_template_kwargs, sampling, req.max_completion_tokens or req.max_tokens,
         "max_completion_tokens" if req.max_completion_tokens else "max_tokens", req.n,
-        req.add_generation_prompt, req.continue_final_message, req.response_format)
+        req.add_generation_prompt, req.continue_final_message, req.response_format,
+        guided=guided, guided_param=guided_param or "guided_json")
 
 
 def build_choices(state, req: ChatCompletionRequest, rid: str) -> tuple[ChatPlan, list[Choice]]:

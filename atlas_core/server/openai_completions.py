@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, post
 
+from atlas_core.server.agent import checked_stops, resolve_max_tokens, vllm_constraint
 from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
@@ -53,12 +54,15 @@ def build_choices(state, req: CompletionRequest, rid: str) -> list[Choice]:
     if req.n > state.config.max_n:
         raise APIError(400, f"n must be <= {state.config.max_n}", param="n")
     choices = []
+    stops = checked_stops(stop_list(req.stop))
+    guided = vllm_constraint(req)[0]
     for p, (prompt_ids, text) in enumerate(prompt_token_lists(state, req)):
-        max_tokens = state.resolve_max_tokens(len(prompt_ids), req.max_tokens or 16, "max_tokens")
+        max_tokens = resolve_max_tokens(state, len(prompt_ids), req.max_tokens or 16, "max_tokens")
         fields = sampling_kwargs(
-            req, max_tokens=max_tokens, seed=req.seed, stop=stop_list(req.stop),
+            req, max_tokens=max_tokens, seed=req.seed, stop=stops,
             stop_token_ids=req.stop_token_ids, logit_bias=logit_bias(req.logit_bias),
-            logprobs=req.logprobs, prompt_logprobs=req.logprobs if req.echo else None)
+            logprobs=req.logprobs, prompt_logprobs=req.logprobs if req.echo else None,
+            guided=guided)
         params = make_params(fields, state.generation_defaults, req.n)
         choices.extend(Choice(p * req.n + i, f"{rid}-{p}", prompt_ids, params, output_index=i,
                               prompt_text=text) for i in range(req.n))

@@ -36,7 +36,9 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):
-    """Sampling fields shared by chat and text completions (vLLM-style extras included)."""
+    """Sampling fields shared by chat and text completions (vLLM-style extras included:
+    ``guided_*`` and ``structured_outputs`` constrain the output, see
+    :func:`atlas_core.guided.guided_from_vllm`)."""
 
     model: str | None = None
     n: PositiveInt = 1
@@ -59,6 +61,11 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    guided_json: dict[str, Any] | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

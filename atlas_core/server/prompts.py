@@ -10,6 +10,7 @@ from typing import Any
 
 from atlas_core.server.errors import APIError, unsupported_part
 from atlas_core.server.tools import template_tool_calls
+from atlas_core.tokenizer.chat_template import adapt_tool_arguments, tool_arguments_form
 
 CHAT_ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
@@ -95,17 +96,38 @@ def _anthropic_turn(role: str, content: Any, param: str) -> list[dict]:
 
 
 def anthropic_messages(system: Any, messages: list) -> list[dict]:
-    """Anthropic ``system`` + ``messages`` as template dicts."""
+    """Anthropic ``system`` + ``messages`` as template dicts.
+
+    ``{"role": "system"}`` entries inside ``messages`` (sent by Claude Code) are folded, in
+    order, into the one leading system message after ``system``: many chat templates accept a
+    system message only at the start.
+    """
     converted = []
-    text = system_text(system)
-    if text:
-        converted.append({"role": "system", "content": text})
+    system_parts = [system_text(system)]
     for i, m in enumerate(messages):
+        if m.role == "system":
+            system_parts.append(system_text(m.content, f"messages[{i}].content"))
+            continue
         if m.role not in ("user", "assistant"):
-            raise APIError(400, f"unknown role `{m.role}`; Anthropic messages are user or "
-                           "assistant (put system text in `system`)", param=f"messages[{i}].role")
+            raise APIError(400, f"unknown role `{m.role}`; Anthropic messages are user, "
+                           "assistant or system", param=f"messages[{i}].role")
         converted.extend(_anthropic_turn(m.role, m.content, f"messages[{i}]"))
-    return converted
+    text = "\n\n".join(part for part in system_parts if part)
+    return ([{"role": "system", "content": text}] if text else []) + converted
+
+
+def template_messages(tokenizer, messages: list[dict], has_tools: bool) -> list[dict]:
+    """``messages`` with tool-call arguments of the kind the chat template reads: OpenAI sends
+    JSON text, Anthropic objects; DeepSeek-V3.1's template joins them as text, Qwen3.5's
+    iterates them as an object (see :mod:`atlas_core.tokenizer.chat_template`)."""
+    select = getattr(tokenizer, "select_chat_template", None)
+    try:
+        source = select(has_tools=has_tools) if select is not None else None
+    except ValueError:
+        return messages
+    if not isinstance(source, str):
+        return messages
+    return adapt_tool_arguments(messages, tool_arguments_form(source))
 
 
 def render_chat(tokenizer, messages: list[dict], **kwargs) -> list[int]:
@@ -120,10 +142,16 @@ def render_prompt(tokenizer, messages: list[dict], *, tools: list | None = None,
 
     Raises:
         APIError: 400 when the template rejects the conversation or there is no template.
+        PromptTooLong: the messages' text alone cannot fit the context (found before rendering).
     """
+    check_size = getattr(tokenizer, "check_input_size", None)
+    if check_size is not None:
+        texts = (m.get(key) for m in messages for key in ("content", "reasoning_content"))
+        check_size(sum(len(text) for text in texts if isinstance(text, str)))
     try:
         text = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt and
+            template_messages(tokenizer, messages, tools is not None), tools=tools,
+            add_generation_prompt=add_generation_prompt and
             not continue_final_message, **(template_kwargs or {}))
     except ValueError as exc:
         raise APIError(400, f"cannot render the conversation: {exc}", param="messages") from None

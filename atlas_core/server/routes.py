@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -65,11 +66,14 @@ async def tokenize(request: Request) -> Response:
         raise APIError(400, "send exactly one of `prompt` (text) or `messages` (a conversation)",
                        param="prompt")
     if req.prompt is not None:
-        ids = state.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        state.tokenizer.check_input_size(len(req.prompt))
+        ids = await asyncio.to_thread(state.tokenizer.encode, req.prompt,
+                                      add_special_tokens=req.add_special_tokens)
     else:
         kwargs = {**state.config.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
-        ids = render_chat(state.tokenizer, openai_messages(req.messages), tools=req.tools,
-                          add_generation_prompt=req.add_generation_prompt, template_kwargs=kwargs)
+        ids = await asyncio.to_thread(
+            render_chat, state.tokenizer, openai_messages(req.messages), tools=req.tools,
+            add_generation_prompt=req.add_generation_prompt, template_kwargs=kwargs)
     return json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_seq_len})
 
 
@@ -83,12 +87,33 @@ async def detokenize(request: Request) -> Response:
 
 @route("/health", http_method=["GET", "HEAD"])
 async def health(request: Request) -> Response:
+    code, body = request.app.state.atlas.health()
+    return json_response(body, code)
+
+
+#: Longest ``timeout`` a deep readiness check may ask for, in seconds.
+MAX_READY_TIMEOUT = 300.0
+
+
+@get("/health/ready")
+async def ready(request: Request) -> Response:
+    """Readiness: ``/health`` plus engine liveness and warm state; with ``deep=1`` also one
+    generated token through the engine within ``timeout`` seconds (default 30)."""
     state = request.app.state.atlas
-    if state.is_ready:
-        return json_response({"status": "ok", "model": state.config.model_name})
-    if state.load_error:
-        return json_response({"status": "error", "message": state.load_error}, 503)
-    return json_response({"status": "loading"}, 503)
+    deep = request.query_params.get("deep", "0").lower() in ("1", "true", "yes")
+    if not deep:
+        code, body = state.readiness()
+        return json_response(body, code)
+    raw = request.query_params.get("timeout", "30")
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = -1.0
+    if not 0 < timeout <= MAX_READY_TIMEOUT:
+        raise APIError(400, f"timeout must be a number of seconds in (0, {MAX_READY_TIMEOUT:g}], "
+                       f"got {raw!r}", param="timeout")
+    code, body = await state.deep_readiness(timeout)
+    return json_response(body, code)
 
 
 @get("/health/live")

@@ -42,6 +42,13 @@ def sampling_kwargs(req: Any, **extra: Any) -> dict[str, Any]:
     return {**kwargs, **{k: v for k, v in extra.items() if v is not None}}
 
 
+def invalid_param(exc: Exception, prefix: str = "") -> APIError:
+    """The 400 for a ``ValueError`` of ``SamplingParams`` or the engine's request check, with
+    ``param`` set to the field its message names (``"top_k must be ..."``)."""
+    match = _FIELD.match(str(exc))
+    return APIError(400, f"{prefix}{exc}", param=match.group(1) if match else None)
+
+
 def make_params(kwargs: dict[str, Any], defaults: dict[str, Any] | None = None, n: int = 1):
     """An engine ``SamplingParams``; its ``ValueError`` becomes a 400 naming the field.
 
@@ -57,6 +64,4 @@ def make_params(kwargs: dict[str, Any], defaults: dict[str, Any] | None = None, 
     try:
         return SamplingParams(**merged)
     except (ValueError, TypeError) as exc:
-        match = _FIELD.match(str(exc))
-        raise APIError(400, f"invalid sampling parameter: {exc}",
-                       param=match.group(1) if match else None) from None
+        raise invalid_param(exc, "invalid sampling parameter: ") from None

@@ -14,6 +14,7 @@ from atlas_core.server.errors import APIError
 from atlas_core.server.generation import GenerationStream, as_api_error
 from atlas_core.server.metrics import Metrics
 from atlas_core.server.responses_store import ResponseStore
+from atlas_core.server.sampling import invalid_param
 from atlas_core.server.shaping import OutputShaper
 
 logger = logging.getLogger("atlas.server")
@@ -62,6 +63,9 @@ class ServerState:
         self.max_seq_len: int | None = None
         self.vocab_size: int | None = None
         self.load_error: str | None = None
+        self.is_warming = False
+        self.engine_died_at: float | None = None
+        self.warm_up_error: str | None = None
         self.created = int(time.time())
         self.metrics = Metrics(self.stats)
         self.generation_defaults: dict[str, Any] = {}
@@ -96,16 +100,110 @@ class ServerState:
         self.load_error = message
 
     async def load(self, loader: Callable[[], Any]) -> None:
-        """Run ``loader`` on a worker thread and attach the engine it returns."""
+        """Run ``loader`` on a worker thread, attach the engine it returns and warm it up."""
         try:
+            self.is_warming = True
             self.attach(await asyncio.to_thread(loader))
         except Exception as exc:  # noqa: BLE001 - reported through /health and the log
+            self.is_warming = False
             logger.debug("model failed to load", exc_info=exc)
             self.fail(str(exc) or type(exc).__name__)
+            return
+        await self.warm_up()
+
+    async def warm_up(self) -> None:
+        """Run the engine's ``warm_up`` (when it has one) before ``/health`` reports ready, so
+        the first request is as fast as the next ones; a failure is reported as a load error."""
+        warm_up = getattr(self.engine, "warm_up", None)
+        self.is_warming = warm_up is not None
+        if warm_up is None:
+            return
+        try:
+            seconds = await warm_up()
+            logger.info("warm-up generation done in %.1f s", seconds)
+        except Exception as exc:  # noqa: BLE001 - reported through /health and the log
+            logger.error("warm-up generation failed", exc_info=exc)
+            self.warm_up_error = f"the warm-up generation failed: {type(exc).__name__}: {exc}"
+            self.engine_died_at = time.monotonic()
+            self.fail(self.warm_up_error)
+        finally:
+            self.is_warming = False
+
+    @property
+    def engine_error(self) -> str | None:
+        """Why the engine loop died (``None`` while it runs or before it is loaded)."""
+        if self.engine is None or not getattr(self.engine, "errored", False):
+            return None
+        if self.engine_died_at is None:
+            self.engine_died_at = time.monotonic()
+        return getattr(self.engine, "error", None) or "the engine loop stopped"
 
     @property
     def is_ready(self) -> bool:
-        return self.engine is not None
+        """Loaded, warmed up and with a live engine loop (``/health`` answers 200)."""
+        return (self.engine is not None and not self.is_warming and self.load_error is None
+                and self.engine_error is None)
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """``(status code, body)`` of ``GET /health``: 200 only when :attr:`is_ready`."""
+        if self.load_error:
+            return 503, {"status": "error", "message": self.load_error}
+        if self.engine is None:
+            return 503, {"status": "loading"}
+        dead = self.engine_error
+        if dead is not None:
+            return 503, {"status": "error", "message": f"the engine stopped: {dead}; the server "
+                         "is shutting down (restart it)"}
+        if self.is_warming:
+            return 503, {"status": "warming up"}
+        return 200, {"status": "ok", "model": self.config.model_name}
+
+    def readiness(self) -> tuple[int, dict[str, Any]]:
+        """``(status code, body)`` of ``GET /health/ready`` without ``deep``: :meth:`health`
+        plus the engine loop's liveness and warm state, from what is already known."""
+        code, body = self.health()
+        engine = self.engine
+        if engine is not None:
+            last = getattr(engine, "last_step_time", None)
+            body["engine"] = "dead" if self.engine_error else "running"
+            body["warm"] = bool(getattr(engine, "is_warm", not self.is_warming))
+            body["busy"] = bool(getattr(engine, "is_busy", False))
+            if last is not None:
+                body["seconds_since_last_step"] = round(time.monotonic() - last, 3)
+        return code, body
+
+    async def deep_readiness(self, timeout: float) -> tuple[int, dict[str, Any]]:
+        """:meth:`readiness`, then (when that is 200) one generated token through the engine
+        within ``timeout`` seconds; 503 naming the failure when it errors or runs late."""
+        code, body = self.readiness()
+        check = getattr(self.engine, "check", None)
+        if code != 200 or check is None:
+            return code, body
+        try:
+            body["seconds"] = round(await check(timeout), 3)
+        except TimeoutError:
+            return 503, {**body, "status": "error", "message": f"no token within {timeout:g} s: "
+                         "the engine is stuck or overloaded"}
+        except Exception as exc:  # noqa: BLE001 - the probe's failure is the answer
+            return 503, {**body, "status": "error",
+                         "message": f"a one-token generation failed: {type(exc).__name__}: {exc}"}
+        return 200, body
+
+    @property
+    def exit_reason(self) -> str | None:
+        """Why the server must stop (the engine loop died or the warm-up generation failed);
+        ``None`` while it can serve."""
+        if self.warm_up_error:
+            return self.warm_up_error
+        dead = self.engine_error
+        return f"the engine stopped: {dead}" if dead else None
+
+    def should_exit(self, grace: float = 5.0) -> bool:
+        """Whether the server should stop now for :attr:`exit_reason`: once the open
+        generations have ended (they get the error first), or ``grace`` seconds after."""
+        if self.exit_reason is None:
+            return False
+        return not self.live_streams or time.monotonic() - self.engine_died_at > grace
 
     def require_engine(self) -> Any:
         """The engine, or a 503 saying why there is none yet."""
@@ -178,7 +276,7 @@ class ServerState:
                     try:
                         validate(choice.prompt_ids, choice.params)
                     except ValueError as exc:
-                        raise APIError(400, str(exc)) from None
+                        raise invalid_param(exc) from None
         stream = GenerationStream(engine, choices, self.metrics,
                                   timeout=self.config.request_timeout, **kwargs)
         self.live_streams.add(stream)

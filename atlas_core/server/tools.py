@@ -137,8 +137,9 @@ def check_choice(choice: ToolChoice, tools: list[dict] | None, param: str) -> To
 
 
 def template_tool_calls(tool_calls: list[dict]) -> list[dict]:
-    """Assistant ``tool_calls`` with JSON-text arguments parsed to objects (templates such as
-    Qwen3.5's iterate ``arguments|items``; others print either form)."""
+    """Assistant ``tool_calls`` with JSON-text arguments parsed to objects, the form most
+    templates read (Qwen3.5's iterates ``arguments|items``); templates that need text get it
+    back at render time (:func:`atlas_core.server.prompts.template_messages`)."""
     out = []
     for call in tool_calls:
         fn = call.get("function") if isinstance(call, dict) else None

@@ -46,6 +46,34 @@ def filename_to_key(name: str) -> str:
     return out.decode()
 
 
+def temp_name(name: str) -> str:
+    """Name of the temporary file a write of ``name`` goes through (carries the writer's pid)."""
+    return f".{name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+
+
+def remove_dead_temp_files(root: Path) -> int:
+    """Delete temporary files left by writers that died mid-write (``kill -9``, power loss);
+    returns how many. Files of live processes (another server on the same directory) stay."""
+    removed = 0
+    for path in root.glob(".*.tmp"):
+        parts = path.name.rsplit(".", 3)
+        if len(parts) == 4 and parts[1].isdigit() and _is_alive(int(parts[1])):
+            continue
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class PosixStorage(StorageBackend):
     """Blocks as files under ``root``; writes are atomic (temporary file, then rename).
 
@@ -58,13 +86,14 @@ class PosixStorage(StorageBackend):
     def __init__(self, root: str | os.PathLike | None = None, **options: Any) -> None:
         self.root = Path(root) if root is not None else env.cache_dir() / "kv-blocks"
         self.root.mkdir(parents=True, exist_ok=True)
+        self.num_torn_writes = remove_dead_temp_files(self.root)
 
     def _path(self, key: str) -> Path:
         return self.root / key_to_filename(key)
 
     def _write(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        tmp = self.root / f".{path.name}.{uuid.uuid4().hex}.tmp"
+        tmp = self.root / temp_name(path.name)
         try:
             with open(tmp, "wb") as f:
                 f.write(data)

@@ -35,7 +35,8 @@ def tiny_config(architecture: str, registry: Registry | None = None,
     Raises:
         ValueError: the loader offers no tiny config.
     """
-    loader = (registry if registry is not None else Registry()).get("weight_loaders", architecture)()
+    registry = registry if registry is not None else Registry()
+    loader = registry.create("weight_loaders", architecture, registry=registry)
     base = loader.tiny_config()
     if base is None:
         raise ValueError(f"the {architecture} loader has no tiny_config(); implement it to get "
@@ -97,7 +98,7 @@ def write_tiny_checkpoint(architecture: str, path: str | os.PathLike, *, dtype: 
     eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     config.update(torch_dtype=dtype, bos_token_id=ids["<|endoftext|>"], eos_token_id=eos[1],
                   pad_token_id=ids["<|endoftext|>"])
-    loader = registry.get("weight_loaders", architecture)()
+    loader = registry.create("weight_loaders", architecture, registry=registry)
     shapes = loader.checkpoint_tensors(config)
     if not shapes:
         raise ValueError(f"the {architecture} loader does not list its checkpoint_tensors()")

@@ -4,25 +4,25 @@
 ...     backend_name = "cuda"                     # or override make_backend()
 ...     pytestmark = pytest.mark.gpu
 
-:class:`GpuBackendContract` checks every op of :data:`atlas_core.ops.OP_NAMES` against its NumPy
-reference (tolerances in :data:`~atlas_core.testing.contracts_ops.TOLERANCES`), the memory API
-and graph capture. :class:`CommBackendContract` and :class:`StorageBackendContract` do the same
+:class:`GpuBackendContract` checks every registered op the backend has against its NumPy
+reference (tolerances in :data:`~atlas_core.testing.contracts_ops.TOLERANCES`): the core ops
+through hand-written tests, every op spec with contract cases (a plugin's ops too) through
+:class:`~atlas_core.testing.contracts_cases.GeneratedOpContract`; then the memory API and graph
+capture. :class:`CommBackendContract` and :class:`StorageBackendContract` do the same
 for comm and storage backends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 from typing import Any
 
 import numpy as np
 import pytest
 
-from atlas_core.ops import OP_NAMES, reference
 from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
 from atlas_core.testing.contracts_attention import AttentionContract
-from atlas_core.testing.contracts_gdn import GdnContract
+from atlas_core.testing.contracts_cases import GeneratedOpContract, backend_registry
 from atlas_core.testing.contracts_guided import GuidedContract
 from atlas_core.testing.contracts_ops import OpContract
 from atlas_core.testing.contracts_sampling import SamplingContract
@@ -39,8 +39,8 @@ def _create(kind: str, name: str | None, options: dict[str, Any]) -> Any:
     return Registry().create(kind, name, **options)
 
 
-class GpuBackendContract(OpContract, AttentionContract, GdnContract, SamplingContract,
-                         GuidedContract):
+class GpuBackendContract(OpContract, AttentionContract, SamplingContract, GuidedContract,
+                         GeneratedOpContract):
     """Every op and the memory API of a GpuBackend. Set ``backend_name`` or override
     :meth:`make_backend`; ``backend_options`` are passed to the factory."""
 
@@ -58,19 +58,12 @@ class GpuBackendContract(OpContract, AttentionContract, GdnContract, SamplingCon
         yield backend
         backend.close()
 
-    def test_every_op_has_a_test(self):
+    def test_every_op_has_a_test(self, backend):
         names = [n for n in dir(type(self)) if n.startswith("test_")]
-        missing = [op for op in OP_NAMES
-                   if not any(n == f"test_{op}" or n.startswith(f"test_{op}_") for n in names)]
-        assert not missing, f"ops without a contract test: {missing}"
-
-    @pytest.mark.parametrize("name", OP_NAMES)
-    def test_op_signature(self, backend, name):
-        assert hasattr(backend.ops, name), f"backend.ops has no {name!r}"
-        got = inspect.signature(getattr(backend.ops, name)).parameters
-        want = inspect.signature(getattr(reference, name)).parameters
-        assert [(p.name, p.kind, p.default) for p in got.values()] == \
-            [(p.name, p.kind, p.default) for p in want.values()], f"{name} signature differs"
+        registry = backend_registry(backend)
+        missing = [op for op in registry.names() if registry.spec(op).cases is None
+                   and not any(n == f"test_{op}" or n.startswith(f"test_{op}_") for n in names)]
+        assert not missing, f"ops with neither contract cases nor a contract test: {missing}"
 
     def test_device_and_memory_info(self, backend):
         info = backend.device_info()

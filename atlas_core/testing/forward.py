@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 
 
 class ForwardRunner:

@@ -7,6 +7,9 @@ gives them (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``raise_except
 The inputs are prepared the way ``PreTrainedTokenizerBase.apply_chat_template`` prepares them:
 message keys whose value is ``None`` are dropped, everything is rebuilt from plain JSON types,
 and a message's reasoning is offered under ``reasoning_content`` and ``thinking`` alike.
+Servers may first bring tool-call ``arguments`` to the kind a template reads
+(:func:`tool_arguments_form`, :func:`adapt_tool_arguments`); :func:`load_chat_template` reads
+a ``--chat-template`` override.
 """
 
 from __future__ import annotations
@@ -16,15 +19,18 @@ import functools
 import json
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
 import jinja2.ext
 import jinja2.utils
+from jinja2 import nodes
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_MAPPING_FILTERS = ("tojson", "items", "dictsort")
 
 
 class ChatTemplateError(TemplateError, ValueError):
@@ -93,6 +99,121 @@ def compile_chat_template(source: str) -> jinja2.Template:
         return env.from_string(source)
     except TemplateError as exc:
         raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+
+
+def _is_arguments(node: nodes.Node, aliases: set[str]) -> bool:
+    if isinstance(node, nodes.Getattr):
+        return node.attr == "arguments"
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == "arguments"
+    return isinstance(node, nodes.Name) and node.ctx == "load" and node.name in aliases
+
+
+def _use_of_arguments(node: nodes.Node, parent: nodes.Node) -> str | None:
+    """How ``parent`` uses the ``arguments`` expression ``node``: ``"check"`` (a type test),
+    ``"mapping"``, ``"string"`` or None (nothing that needs either)."""
+    if isinstance(parent, nodes.Test) and parent.node is node:
+        return "check" if parent.name in ("string", "mapping") else None
+    if isinstance(parent, nodes.Filter) and parent.node is node:
+        return "mapping" if parent.name in _MAPPING_FILTERS else None
+    if isinstance(parent, nodes.Getattr) and parent.node is node:
+        return "mapping" if parent.attr in ("items", "keys", "values", "get") else None
+    if isinstance(parent, nodes.Getitem) and parent.node is node:
+        return "mapping"
+    if isinstance(parent, nodes.For) and parent.iter is node:
+        return "mapping"
+    if isinstance(parent, (nodes.Add, nodes.Concat, nodes.Output)):
+        return "string"
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def tool_arguments_form(source: str) -> str:
+    """What a template can render as a tool call's ``arguments``.
+
+    ``"mapping"`` when it only reads them as an object (``|tojson``, ``|items``, ``.items()``,
+    a loop or an index), ``"string"`` when it only joins or prints them as text (DeepSeek-V3.1's
+    ``'...' + tool['function']['arguments']``), ``"any"`` when it tests their type
+    (``is string`` / ``is mapping``), uses them both ways or not at all.
+    """
+    try:
+        tree = compile_chat_template(source).environment.parse(source)
+    except TemplateError:
+        return "any"
+    aliases = {a.target.name for a in tree.find_all(nodes.Assign)
+               if isinstance(a.target, nodes.Name) and _is_arguments(a.node, set())}
+    uses: set[str] = set()
+    stack: list[nodes.Node] = [tree]
+    while stack:
+        parent = stack.pop()
+        for child in parent.iter_child_nodes():
+            if _is_arguments(child, aliases):
+                uses.add(_use_of_arguments(child, parent))
+            stack.append(child)
+    uses.discard(None)
+    return uses.pop() if len(uses) == 1 and "check" not in uses else "any"
+
+
+def adapt_tool_arguments(messages: list[dict], form: str) -> list[dict]:
+    """``messages`` with each tool call's ``arguments`` in ``form`` (from
+    :func:`tool_arguments_form`): JSON text parsed to an object for ``"mapping"``, an object
+    written as JSON text for ``"string"``; ``"any"`` changes nothing.
+
+    transformers passes arguments as given, so a template fails (or prints Python reprs) when
+    a client sends the other kind; servers call this before rendering.
+    """
+    if form == "any":
+        return messages
+    return [{**m, "tool_calls": [_adapt_call(c, form) for c in m["tool_calls"]]}
+            if isinstance(m, dict) and isinstance(m.get("tool_calls"), list) else m
+            for m in messages]
+
+
+def _adapt_call(call: Any, form: str) -> Any:
+    if not isinstance(call, dict):
+        return call
+    call = dict(call)
+    if isinstance(call.get("function"), dict):
+        call["function"] = _adapt_call(call["function"], form)
+    if "arguments" in call:
+        call["arguments"] = _adapt_arguments(call["arguments"], form)
+    return call
+
+
+def _adapt_arguments(arguments: Any, form: str) -> Any:
+    if form == "string" and isinstance(arguments, (dict, list)):
+        return json.dumps(arguments, ensure_ascii=False)
+    if form == "mapping" and isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return arguments
+        return parsed if isinstance(parsed, dict) else arguments
+    return arguments
+
+
+def load_chat_template(value: str) -> str:
+    """A ``--chat-template`` value as template text: the contents of the file it names, else
+    the value itself when it is Jinja (holds ``{{`` or ``{%``). The template is compiled.
+
+    Raises:
+        ChatTemplateError: neither a readable file nor a template, or not valid Jinja.
+    """
+    path = Path(value).expanduser()
+    try:
+        is_file = len(value) < 4096 and path.is_file()
+    except OSError:
+        is_file = False
+    if is_file:
+        try:
+            value = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChatTemplateError(f"cannot read chat template {path}: {exc}") from None
+    elif "{{" not in value and "{%" not in value:
+        raise ChatTemplateError(f"chat template {value!r} is neither a file nor a Jinja template "
+                                "(no {{ or {%); pass a path to a .jinja file or the template text")
+    compile_chat_template(value)
+    return value
 
 
 def plain_data(value: Any) -> Any:

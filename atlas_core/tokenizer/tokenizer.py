@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,19 @@ import tokenizers
 
 from atlas_core.tokenizer import files
 from atlas_core.tokenizer.chat_template import ChatTemplateError, render_chat_template
+
+#: Texts at least this long are encoded on a helper thread that a shutdown can abandon.
+OFF_THREAD_CHARS = 1 << 16
+#: Slack on the characters-per-token bound for normalizers that merge characters (NFC).
+CHARS_BOUND_SLACK = 2
+
+
+class PromptTooLong(ValueError):
+    """A text that cannot fit the model's context, found without tokenizing it."""
+
+
+class EncodeCancelled(RuntimeError):
+    """A long encode abandoned by :meth:`Tokenizer.cancel_encodes` (server shutdown)."""
 
 
 class Tokenizer:
@@ -44,6 +59,8 @@ class Tokenizer:
         self.eos_token_ids: set[int] = eos
         self.special_token_ids: frozenset[int] = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special)
+        self.max_input_tokens: int | None = None
+        self._in_flight: set[threading.Event] = set()
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -83,9 +100,90 @@ class Tokenizer:
             return next(iter(self.chat_templates.values()))
         return None
 
+    @cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters one token can stand for (None: no bound, e.g. a fused unknown)."""
+        model = self.backend.model
+        kind = type(model).__name__
+        if kind in ("WordLevel", "Unigram") or (kind == "BPE" and model.unk_token
+                                                 and model.fuse_unk):
+            return None
+        longest = max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1)
+        if kind == "WordPiece":
+            longest = max(longest, model.max_input_chars_per_word)
+        return longest
+
+    @property
+    def max_input_chars(self) -> int | None:
+        """Characters beyond which a text cannot fit ``max_input_tokens`` (None: no limit)."""
+        if self.max_input_tokens is None or self.max_chars_per_token is None:
+            return None
+        return self.max_input_tokens * self.max_chars_per_token * CHARS_BOUND_SLACK
+
+    def limit_input(self, max_tokens: int | None) -> None:
+        """Make :meth:`encode` refuse texts that cannot fit ``max_tokens`` before tokenizing."""
+        self.max_input_tokens = max_tokens
+        if max_tokens is not None:
+            self.max_chars_per_token  # noqa: B018 - computed now, not in the first request
+
+    def check_input_size(self, num_chars: int) -> None:
+        """Raise :class:`PromptTooLong` when a text of ``num_chars`` characters cannot fit
+        ``max_input_tokens``."""
+        limit = self.max_input_chars
+        if limit is not None and num_chars > limit:
+            raise PromptTooLong(
+                f"the prompt has {num_chars:,} characters, and no text of more than {limit:,} "
+                f"characters fits this model's context of {self.max_input_tokens:,} tokens")
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` applies the post-processor (e.g. BOS)."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of ``text``; ``add_special_tokens`` applies the post-processor (e.g. BOS).
+
+        Raises:
+            PromptTooLong: ``text`` cannot fit ``max_input_tokens`` (see :meth:`limit_input`).
+            EncodeCancelled: :meth:`cancel_encodes` was called while a long text was encoded.
+        """
+        self.check_input_size(len(text))
+        if len(text) < OFF_THREAD_CHARS:
+            return self._encode_releasing_gil(text, add_special_tokens)
+        return self._encode_abandonable(text, add_special_tokens)
+
+    def _encode_releasing_gil(self, text: str, add_special_tokens: bool) -> list[int]:
+        # ``tokenizers`` holds the GIL in ``encode`` (a long text freezes every other thread,
+        # the event loop included) but releases it in the batch calls.
+        batch = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        return batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def _encode_abandonable(self, text: str, add_special_tokens: bool) -> list[int]:
+        # The Rust encoder cannot be interrupted: a daemon thread runs it so that a shutdown
+        # neither waits for it nor blocks the caller.
+        result: list = []
+        done, cancel = threading.Event(), threading.Event()
+
+        def work() -> None:
+            try:
+                result.append(self._encode_releasing_gil(text, add_special_tokens))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                result.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=work, daemon=True, name="atlas-encode").start()
+        self._in_flight.add(cancel)
+        try:
+            while not done.wait(0.05):
+                if cancel.is_set():
+                    raise EncodeCancelled("the encode was cancelled (server shutdown)")
+        finally:
+            self._in_flight.discard(cancel)
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
+
+    def cancel_encodes(self) -> None:
+        """Make every long encode in progress raise :class:`EncodeCancelled` now (server
+        shutdown); later encodes run as usual."""
+        for cancel in list(self._in_flight):
+            cancel.set()
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; special added tokens are dropped when ``skip_special_tokens``."""

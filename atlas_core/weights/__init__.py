@@ -1,8 +1,9 @@
 """Checkpoint access: safetensors read by mmap (:class:`Checkpoint`) and model resolution."""
 
 from atlas_core.weights.checkpoint import Checkpoint
+from atlas_core.weights.quantization import UnsupportedQuantizationError
 from atlas_core.weights.resolve import ModelNotFoundError, resolve_model
 from atlas_core.weights.safetensors_file import CheckpointError, SafetensorsFile, write_safetensors
 
 __all__ = ["Checkpoint", "CheckpointError", "ModelNotFoundError", "SafetensorsFile",
-           "resolve_model", "write_safetensors"]
+           "UnsupportedQuantizationError", "resolve_model", "write_safetensors"]

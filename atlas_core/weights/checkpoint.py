@@ -9,6 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
+from atlas_core.weights.quantization import SUPPORTED, UnsupportedQuantizationError
 from atlas_core.weights.safetensors_file import CheckpointError, SafetensorsFile
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -48,9 +49,14 @@ class Checkpoint:
 
         Raises:
             CheckpointError: no safetensors files, an unreadable index, a missing shard, or a
-                corrupt file.
+                corrupt file (:class:`UnsupportedQuantizationError` for GGUF files).
         """
         path = Path(path)
+        ggufs = [path] if path.suffix == ".gguf" else sorted(path.glob("*.gguf"))
+        if ggufs and not (path.is_dir() and any(path.glob("*.safetensors"))):
+            raise UnsupportedQuantizationError(
+                f"{ggufs[0]}: GGUF files (llama.cpp's format) are not supported; Atlas loads "
+                f"{SUPPORTED} in safetensors: use the model's Hugging Face release")
         if path.is_file():
             return cls([SafetensorsFile(path)])
         if not path.is_dir():

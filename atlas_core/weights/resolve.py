@@ -74,6 +74,10 @@ def resolve_model(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike 
     if path.is_dir():
         return path
     looked = [f"local path {path} (no such directory)"]
+    if path.suffix == ".gguf":
+        raise ModelNotFoundError(f"model {raw!r} is a GGUF file (llama.cpp's format), which Atlas "
+                                 "does not load; pass the model's Hugging Face repo id or a "
+                                 "directory with config.json and *.safetensors")
     if path.exists() or raw.startswith(("/", ".", "~")) or not _REPO_ID.match(raw):
         raise ModelNotFoundError(f"model {raw!r}: {path} is not a model directory; pass a "
                                  "directory with config.json and *.safetensors, or a Hugging Face "

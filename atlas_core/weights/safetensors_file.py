@@ -24,6 +24,7 @@ DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
     "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),
@@ -94,7 +95,21 @@ class SafetensorsFile:
             raise self._error("header is not a JSON object")
         self.metadata = header.pop("__metadata__", None) or {}
         data_start = 8 + header_len
-        return {name: self._parse_entry(name, entry, data_start) for name, entry in header.items()}
+        tensors = {name: self._parse_entry(name, entry, data_start)
+                   for name, entry in header.items()}
+        self._check_disjoint(tensors, data_start)
+        return tensors
+
+    def _check_disjoint(self, tensors: dict[str, TensorInfo], data_start: int) -> None:
+        """Two tensors sharing bytes would silently alias each other's data."""
+        spans = sorted((t.start, t.end, n) for n, t in tensors.items() if t.end > t.start)
+        for (start, end, name), (next_start, next_end, next_name) in zip(spans, spans[1:]):
+            if next_start < end:
+                raise self._error(
+                    f"tensors {name!r} (data bytes {start - data_start}-{end - data_start}) and "
+                    f"{next_name!r} (bytes {next_start - data_start}-{next_end - data_start}) "
+                    "overlap; the safetensors format requires disjoint tensors, so the file is "
+                    "corrupt or was written by a broken exporter")
 
     def _parse_entry(self, name: str, entry: object, data_start: int) -> TensorInfo:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_core.interfaces.layer import KVCacheSpec, TransformerLayer
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 from atlas_core.model.params import Module
 from atlas_core.ops.rotary import rope_cos_sin_cache, rope_parameters
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec, TransformerLayer
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 from atlas_core.model.params import Module
 
 
@@ -16,13 +16,10 @@ class DecoderLayer(Module, TransformerLayer):
     normed sum and the new residual), so the block returns the feed-forward output and the
     residual stream unsummed; the next block's first norm (or the model's final norm) adds them.
 
-    Pre-norm protocol: a mixer or feed-forward that defines
-    ``forward_prenorm(hidden, residual, norm_weight, eps, zero_centered, meta) -> (out, residual)``
-    is handed its norm instead of its normed input, so it can fold the norm (and the residual
-    add) into its first projection (``ops.rms_norm_linear``: one pass over the weight in
-    batch-1 decode). It must return what ``rms_norm`` then ``forward`` would: its output and the
-    new residual stream (``hidden + residual``, or ``hidden`` when ``residual`` is ``None``).
-    Layers without the method get the separate ``rms_norm`` and ``forward``.
+    Each norm goes to the layer behind it through
+    :meth:`~atlas_core.interfaces.TransformerLayer.forward_prenorm`, so a mixer or feed-forward
+    can fold the norm (and the residual add) into its first projection; layers that do not
+    override it get ``rms_norm`` then ``forward``.
 
     Args:
         mixer: token mixer (``attention``, or a recurrent kind from a plugin), under ``mixer_name``.
@@ -45,27 +42,14 @@ class DecoderLayer(Module, TransformerLayer):
         if ffn is not None:
             self.declare("post_attention_layernorm.weight", (hidden_size,))
 
-    def _norm(self, name: str, hidden: Any, residual: Any | None) -> tuple[Any, Any]:
-        weight = self.params[name]
-        if residual is None:
-            return self.ops.rms_norm(hidden, weight, self.eps, zero_centered=self.zero_centered), hidden
-        return self.ops.rms_norm(hidden, weight, self.eps, residual, zero_centered=self.zero_centered)
-
-    def _prenorm(self, layer: TransformerLayer, name: str, hidden: Any, residual: Any | None,
-                 meta: StepMetadata) -> tuple[Any, Any]:
-        fused = getattr(layer, "forward_prenorm", None)
-        if fused is not None:
-            return fused(hidden, residual, self.params[name], self.eps, self.zero_centered, meta)
-        hidden, residual = self._norm(name, hidden, residual)
-        hidden, _ = layer.forward(hidden, None, meta)
-        return hidden, residual
-
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        hidden, residual = self._prenorm(self.mixer, "input_layernorm.weight", hidden, residual,
-                                         meta)
+        hidden, residual = self.mixer.forward_prenorm(
+            hidden, residual, self.params["input_layernorm.weight"], self.eps, self.zero_centered,
+            meta)
         if self.ffn is not None:
-            hidden, residual = self._prenorm(self.ffn, "post_attention_layernorm.weight", hidden,
-                                             residual, meta)
+            hidden, residual = self.ffn.forward_prenorm(
+                hidden, residual, self.params["post_attention_layernorm.weight"], self.eps,
+                self.zero_centered, meta)
         return hidden, residual
 
     def state_spec(self) -> KVCacheSpec | RecurrentStateSpec | None:

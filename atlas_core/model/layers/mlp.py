@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_core.interfaces.layer import TransformerLayer
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 from atlas_core.model.params import Module
 
 #: HF ``hidden_act`` values -> the activation name of the gated ops.

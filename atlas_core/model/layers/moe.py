@@ -6,7 +6,7 @@ from typing import Any
 
 from atlas_core.interfaces.layer import TransformerLayer
 from atlas_core.model.layers.mlp import gated_activation
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 from atlas_core.model.params import Module
 
 

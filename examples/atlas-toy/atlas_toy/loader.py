@@ -1,7 +1,7 @@
 """The Toy family: a Llama-shaped decoder whose config.json uses short field names.
 
 It shows the usual shape of a model-family plugin: subclass the core's generic
-:class:`~atlas_core.model.decoder_loader.DecoderOnlyLoader`, translate the family's config into
+:class:`~atlas_core.api.DecoderOnlyLoader`, translate the family's config into
 the fields the built-in layers take, and give a ``tiny_config()`` so the test helpers can write a
 random checkpoint of it.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_core.model.decoder_loader import DecoderOnlyLoader
+from atlas_core.api import DecoderOnlyLoader
 
 #: Toy config field -> the HF-style field the generic loader reads.
 FIELDS = {

@@ -8,8 +8,7 @@ from importlib import metadata
 import numpy as np
 import pytest
 
-from atlas_core.model.loader import load_model
-from atlas_core.plugins import Registry, make_plugin_manager
+from atlas_core.api import Registry, load_model, make_plugin_manager
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 from atlas_core.testing.forward import ForwardRunner
 from atlas_toy.loader import normalize

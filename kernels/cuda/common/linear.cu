@@ -1,60 +1,8 @@
-// linear: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), float32 accumulation.
-// gemv_*: bandwidth-bound path for small M (one warp per output row, 16-byte loads).
+// linear: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), float32 accumulation (at most 8 rows: the
+// decode GEMVs of gemv_norm.cu).
 // gemm_*: tensor-core path (mma.sync m16n8k16, cp.async double buffering) for larger M.
 #include "common.cuh"
 #include "mma.cuh"
-
-template <typename T, int MT>
-__device__ void gemv_impl(T* __restrict__ y, const T* __restrict__ x, const T* __restrict__ w,
-                          const T* __restrict__ bias, int M, int N, int K, int m0) {
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  int n = blockIdx.x * (blockDim.x >> 5) + warp;
-  if (n >= N) return;
-  const T* wrow = w + (long long)n * K;
-  // Weights do not depend on the previous kernel: start fetching them before waiting for it.
-  for (int u = 0; u < 4 && lane * 8 + u * 256 < K; u++)
-    asm volatile("prefetch.global.L2 [%0];\n" :: "l"(wrow + lane * 8 + u * 256));
-  pdl_trigger();
-  pdl_wait();
-  float acc[MT];
-#pragma unroll
-  for (int m = 0; m < MT; m++) acc[m] = 0.f;
-  int k = lane * 8;
-  for (; k + 3 * 256 < K; k += 4 * 256) {
-    Vec8<T> wv[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) wv[u].load(wrow + k + u * 256);
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-      float wf[8]; wv[u].to_float(wf);
-#pragma unroll
-      for (int m = 0; m < MT; m++) {
-        if (m0 + m < M) {
-          float xf[8]; Vec8<T> xv; xv.load(x + (long long)(m0 + m) * K + k + u * 256); xv.to_float(xf);
-#pragma unroll
-          for (int j = 0; j < 8; j++) acc[m] += wf[j] * xf[j];
-        }
-      }
-    }
-  }
-  for (; k < K; k += 256) {
-    float wf[8]; Vec8<T> wv; wv.load(wrow + k); wv.to_float(wf);
-#pragma unroll
-    for (int m = 0; m < MT; m++) {
-      if (m0 + m < M) {
-        float xf[8]; Vec8<T> xv; xv.load(x + (long long)(m0 + m) * K + k); xv.to_float(xf);
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[m] += wf[j] * xf[j];
-      }
-    }
-  }
-  float b = bias ? to_f32(bias[n]) : 0.f;
-#pragma unroll
-  for (int m = 0; m < MT; m++) {
-    float s = warp_sum(acc[m]);
-    if (lane == 0 && m0 + m < M) y[(long long)(m0 + m) * N + n] = from_f32<T>(s + b);
-  }
-}
 
 // Block tile BM x BN, K step 32, warps WM x WN; shared rows padded to 40 elements so the
 // eight 16-byte rows one ldmatrix reads fall in distinct banks. K must be a multiple of 8.
@@ -174,14 +122,6 @@ __device__ void linear_scalar_impl(T* y, const T* x, const T* w, const T* bias, 
     linear_scalar_impl<T>(y, x, w, b, M, N, K);                                               \
   }
 INSTANTIATE(LINEAR_SCALAR)
-
-#define GEMV(T, S, MT)                                                                        \
-  extern "C" __global__ void __launch_bounds__(256) gemv_##S##_m##MT(                        \
-      T* y, const T* x, const T* w, const T* bias, int M, int N, int K, int m0) {             \
-    gemv_impl<T, MT>(y, x, w, bias, M, N, K, m0);                                            \
-  }
-#define GEMVS(T, S) GEMV(T, S, 1) GEMV(T, S, 2) GEMV(T, S, 4) GEMV(T, S, 8)
-INSTANTIATE(GEMVS)
 
 #define GEMM(T, S, BM, BN, WM, WN, ST)                                                       \
   extern "C" __global__ void __launch_bounds__(WM * WN * 32) gemm_##S##_##BM##x##BN(         \

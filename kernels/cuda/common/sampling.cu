@@ -12,20 +12,6 @@ __device__ __forceinline__ double uniform(u64 seed, u64 step, u64 i) {
   return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
 }
 
-__device__ int row_argmax(const float* x, int V, float* sv, int* si) {
-  float v = NEG_INF; int idx = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) argmax_pair(v, idx, x[i], i);
-  block_argmax(v, idx, sv, si);
-  return idx;
-}
-
-extern "C" __global__ void argmax_f32(int* out, const float* logits, int V) {
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  int idx = row_argmax(logits + (long long)blockIdx.x * V, V, sv, si);
-  if (threadIdx.x == 0) out[blockIdx.x] = idx;
-}
-
 extern "C" __global__ void log_softmax_f32(float* out, const float* logits, int V) {
   __shared__ float scratch[32];
   const float* x = logits + (long long)blockIdx.x * V;
@@ -160,21 +146,6 @@ __device__ int sample_row(float* p, const float* x, int V, float t, int k, float
   }
   block_argmax_d(best, idx);
   return idx;
-}
-
-extern "C" __global__ void sample_f32(int* out, float* probs, const float* logits, int V,
-                                      const float* temperature, const int* top_k,
-                                      const float* top_p, const float* min_p, const u64* seeds,
-                                      const long long* steps) {
-  __shared__ float scratch[32];
-  __shared__ int si[32];
-  long long row = blockIdx.x;
-  const float* x = logits + row * V;
-  float t = temperature[row];
-  int idx = t <= 1e-5f ? row_argmax(x, V, scratch, si)
-                       : sample_row(probs + row * V, x, V, t, top_k[row], top_p[row], min_p[row],
-                                    seeds[row], (u64)steps[row], scratch);
-  if (threadIdx.x == 0) out[row] = idx;
 }
 
 // True in every thread of the last of `n` blocks to pass (its counter is reset to zero).

@@ -9,13 +9,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from atlas_core import env
-from atlas_core.interfaces.gpu_backend import DeviceInfo, GpuBackend, Graph, HostRead
-from atlas_cuda import env as cuda_env
+from atlas_core.api import DeviceInfo, GpuBackend, Graph, HostRead, env
+from atlas_core.api import OpRegistry
 from atlas_cuda.array import DeviceArray
+from atlas_cuda.context import OpContext
 from atlas_cuda.driver import DeviceAllocation, check, drv
 from atlas_cuda.kernels_loader import KernelLibrary
 from atlas_cuda.memory import LayerScope, StagingRing, Workspace
+from atlas_cuda.policy import KernelPolicy, target_policy
 from atlas_cuda.targets import pick_target
 
 log = logging.getLogger(__name__)
@@ -67,15 +68,27 @@ class CudaBackend(GpuBackend):
     Args:
         device_id: CUDA device ordinal.
         workspace_bytes: initial size of the per-step output arena (grows outside capture).
-        model: optional model family name selecting ``kernels/<hw>/<model>/`` overrides.
+        model: optional model family name selecting ``kernels/<hw>/<model>/`` overrides and
+            the ``[policy]`` of its MODEL.toml.
         quant: optional quantisation name (``bf16``…) for ``kernels/<hw>/<model>/<quant>/``.
+        policy: a resolved :class:`~atlas_cuda.policy.KernelPolicy` (default: resolved from the
+            target, the model and the ``ATLAS_CUDA_*`` environment, once).
+        op_registry: the registered ops and kernel source folders the op table and kernel
+            search path are built from (default: those of a fresh plugin manager).
+
+    Attributes:
+        ctx: the :class:`~atlas_cuda.context.OpContext` every op class takes.
+        policy: the frozen kernel policy (logged once at creation).
     """
 
     name = "cuda"
 
     def __init__(self, device_id: int = 0, workspace_bytes: int | None = None,
-                 model: str | None = None, quant: str | None = None, **_: Any) -> None:
+                 model: str | None = None, quant: str | None = None,
+                 policy: KernelPolicy | None = None, op_registry: OpRegistry | None = None,
+                 **_: Any) -> None:
         from cuda.core import Device
+        self.op_registry = op_registry if op_registry is not None else OpRegistry.load()
         self.device = Device(device_id)
         self.device.set_current()
         self._current = threading.local()
@@ -85,9 +98,9 @@ class CudaBackend(GpuBackend):
         cc = self.device.compute_capability
         self.capability = (cc.major, cc.minor)
         self.target = pick_target(self.capability)
-        self.kernels = KernelLibrary(self.target, self, model=model, quant=quant,
-                                     cache_dir=env.cache_dir() / "kernels")
-        self.workspace = Workspace(workspace_bytes or DEFAULT_WORKSPACE_BYTES)
+        self.kernels = self._library(model, quant)
+        self.policy = policy or target_policy(self.target, model, quant)
+        log.info("cuda kernel policy (%s target): %s", self.target.name, self.policy.summary())
         self.staging = StagingRing()
         # Step inputs: enough small slots that one step's uploads never wait for a slot whose
         # copy is queued behind the step in flight (async scheduling); reads get their own.
@@ -97,8 +110,46 @@ class CudaBackend(GpuBackend):
         self.l2_bytes = self.device.properties.l2_cache_size
         self._capturing = False
         self._copy_buffer: DeviceAllocation | None = None  # copy_many's device staging
-        from atlas_cuda.ops import CudaOps
-        self.ops = CudaOps(self)
+        self.ctx = OpContext(self, self.kernels,
+                             Workspace(workspace_bytes or DEFAULT_WORKSPACE_BYTES), self.policy)
+        from atlas_cuda.ops import build_op_table
+        self.ops = build_op_table(self.ctx, self.op_registry)
+
+    def _library(self, model: str | None, quant: str | None) -> KernelLibrary:
+        return KernelLibrary(self.target, self, model=model, quant=quant,
+                             cache_dir=env.cache_dir() / "kernels",
+                             extra_dirs=self.op_registry.kernel_source_dirs())
+
+    def bind_model(self, model: str | None, quant: str | None = None) -> None:
+        """Choose kernels for model family ``model`` (its ``kernels/<hw>/<model>/[<quant>/]``
+        sources and MODEL.toml ``[policy]``, then the environment) before the first kernel
+        loads.
+
+        Raises:
+            RuntimeError: kernels were already loaded (bind the model right after creating
+                the backend).
+        """
+        if self.kernels.modules:
+            raise RuntimeError("bind_model: this cuda backend already loaded kernels; bind the "
+                               "model right after creating the backend")
+        self.kernels = self._library(model, quant)
+        self.ctx.kernels, self.ctx.launch = self.kernels, self.kernels.launch
+        self.set_policy(target_policy(self.target, model, quant))
+
+    def set_policy(self, policy: KernelPolicy) -> None:
+        """Replace the kernel policy (tests and A/B timing; see :meth:`OpContext.set_policy`)."""
+        self.policy = policy
+        self.ctx.set_policy(policy)
+        log.info("cuda kernel policy now: %s", policy.summary())
+
+    @property
+    def workspace(self) -> Workspace:
+        """The current step arena (the op context's; graph capture swaps in its own)."""
+        return self.ctx.workspace
+
+    @workspace.setter
+    def workspace(self, value: Workspace) -> None:
+        self.ctx.workspace = value
 
     def device_info(self) -> DeviceInfo:
         return DeviceInfo(self.device.name, "cuda", self.memory_info()[1],
@@ -147,7 +198,7 @@ class CudaBackend(GpuBackend):
         n = len(hosts) + len(devs)
         header = -(-24 * n // 16) * 16
         total = header + sum(-(-d.nbytes // 16) * 16 for d, _ in hosts)
-        if n < 2 or total > SMALL_COPY_BYTES or self._capturing or not cuda_env.batch_uploads():
+        if n < 2 or total > SMALL_COPY_BYTES or self._capturing:
             return super().copy_many(hosts, devs)
         if self._copy_buffer is None:
             self._copy_buffer = DeviceAllocation(SMALL_COPY_BYTES)

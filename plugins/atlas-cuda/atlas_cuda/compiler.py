@@ -9,8 +9,10 @@ the inlined source + arch + options + NVRTC version, covers everything that affe
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+import time
 from pathlib import Path
 
 DTYPE_VARIANTS = {
@@ -19,6 +21,10 @@ DTYPE_VARIANTS = {
     "f32": ("float", "f32", 0),
 }
 _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$')
+#: Modules this process compiled (cache misses) and the seconds NVRTC took, for the log.
+_COMPILED = [0, 0.0]
+
+log = logging.getLogger(__name__)
 
 
 class KernelCompileError(RuntimeError):
@@ -116,7 +122,13 @@ def compile_module(sources: KernelSources, module: str, variant: str, arch: str,
     path = cache_dir / f"{module}-{variant}-{arch}-{key.hexdigest()[:32]}.cubin" if cache_dir else None
     if path is not None and path.is_file():
         return path.read_bytes()
+    start = time.perf_counter()
     cubin = _nvrtc(src, module, opts)
+    seconds = time.perf_counter() - start
+    _COMPILED[0] += 1
+    _COMPILED[1] += seconds
+    log.info("NVRTC compiled %s.cu (%s, %s) in %.1f s; %d modules compiled so far, %.1f s",
+             module, variant, arch, seconds, _COMPILED[0], _COMPILED[1])
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -54,13 +54,20 @@ def module_global(module: Any, symbol: str) -> int | None:
 
 
 class KernelLibrary:
-    """Compiles modules on first use (through the disk cache) and caches loaded kernels."""
+    """Compiles modules on first use (through the disk cache) and caches loaded kernels.
+
+    Sources are searched in the target's folders (most specific first, then the generic
+    ``kernels/cuda/common``), then in ``extra_dirs``: the folders plugins registered with
+    ``register_kernel_sources``, so a plugin's modules include ``common.cuh`` and a target may
+    override them by file name.
+    """
 
     def __init__(self, target: Target, backend: Any, model: str | None = None,
-                 quant: str | None = None, cache_dir: Path | None = None) -> None:
+                 quant: str | None = None, cache_dir: Path | None = None,
+                 extra_dirs: Sequence[Path] = ()) -> None:
         self.target = target
         self.backend = backend
-        self.sources = KernelSources(target.search_dirs(model, quant))
+        self.sources = KernelSources([*target.search_dirs(model, quant), *extra_dirs])
         self.cache_dir = cache_dir
         self.modules: dict[tuple[str, str], Any] = {}
         self.kernels: dict[tuple[str, str, str], Any] = {}

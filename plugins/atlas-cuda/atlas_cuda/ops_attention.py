@@ -6,12 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.ops._dtypes import float8_e4m3fn
+from atlas_core.api import float8_e4m3fn
 from atlas_core.ops.attention import compose_rope_cache_attention
-from atlas_cuda import env as cuda_env
 from atlas_cuda.array import DeviceArray
+from atlas_cuda.context import COUNTERS, OpContext
 from atlas_cuda.kernels_loader import variant_of
-from atlas_cuda.memory import require_eager
 
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -22,8 +21,6 @@ FLASH_HEAD_DIMS = (64, 128)
 ROPE_DECODE_HEAD_DIMS = (64, 128)
 ROPE_DECODE_MAX_TOKENS = 8
 FLASH_BM = FLASH_BN = 64
-#: Completion counters per kernel kind (attention: token x head chunk; sampling: row).
-COUNTERS = 4096
 #: Most floats of split partials the last block of the decode kernel merges (caps the splits:
 #: 16 at head_dim 128 with 4 heads a block). 16384 before: H200 batch 1, fewer splits of more
 #: rounds each, qwen3-8b at 4,096 tokens of context 233.5 -> 238.5 tok/s, qwen3-30b-a3b at 512
@@ -61,9 +58,17 @@ def decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int, num_sms: int) -> 
 
 
 class AttentionOps:
-    """Mixed into :class:`atlas_cuda.ops.CudaOps`."""
+    """Rotary embedding, KV-cache writes, decode (split) and prefill (flash) attention.
 
-    _counters: DeviceArray | None = None
+    Args:
+        ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
+    """
+
+    OPS = ("rotary_embedding", "reshape_and_cache", "qk_norm_rope_and_cache",
+           "rope_cache_attention", "paged_attention", "prefill_attention")
+
+    def __init__(self, ctx: OpContext) -> None:
+        self.ctx = ctx
 
     def _rope(self, q_out, k_out, v_out, q, k, v, strides, positions, cos_sin_cache, slots,
               q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale) -> None:
@@ -74,26 +79,24 @@ class AttentionOps:
         rows = num_heads + (2 if v is not None else 1) * num_kv_heads
         warps = min(4, rows)
         groups = -(-rows // warps)
-        if cuda_env.attn_decode_old():
-            warps, groups = min(8, num_heads + 2 * num_kv_heads), 1
         norm_dtype = q_norm.dtype if q_norm is not None else q.dtype
         if norm_dtype not in (q.dtype, np.float32):
             raise TypeError(f"qk_norm_rope_and_cache: q/k norm weights in {norm_dtype}; use "
                             f"{q.dtype} or float32")
         name = "rope_qkv" + _cache_suffix(k_out, q) + ("" if norm_dtype == q.dtype else "_nf32")
-        kern = self._k("rope_cache", q.dtype, name)
-        self._launch(kern, (t, groups), 32 * warps, q_out, k_out, v_out, q, k, v,
-                     *(np.int64(s) for s in strides), positions, cos_sin_cache, slots, q_norm,
-                     k_norm, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
-                     int(is_neox), float(eps), float(1.0 / kv_scale), shmem=warps * head_dim * 4,
-                     pdl=self._pdl_chain)
+        kern = self.ctx.kernel("rope_cache", q.dtype, name)
+        self.ctx.launch(kern, (t, groups), 32 * warps, q_out, k_out, v_out, q, k, v,
+                        *(np.int64(s) for s in strides), positions, cos_sin_cache, slots, q_norm,
+                        k_norm, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
+                        int(is_neox), float(eps), float(1.0 / kv_scale), shmem=warps * head_dim * 4,
+                        pdl=self.ctx.pdl)
 
     def rotary_embedding(self, q: DeviceArray, k: DeviceArray, positions: DeviceArray,
                          cos_sin_cache: DeviceArray, rotary_dim: int | None = None,
                          is_neox: bool = True):
         t, h, d = q.shape
         kh = k.shape[1]
-        q_out, k_out = self._out(q.shape, q.dtype), self._out(k.shape, k.dtype)
+        q_out, k_out = self.ctx.out(q.shape, q.dtype), self.ctx.out(k.shape, k.dtype)
         self._rope(q_out, k_out, None, q, k, None, (h * d, kh * d, 0), positions, cos_sin_cache,
                    None, None, None, (h, kh, d), 1e-6, rotary_dim, is_neox, 1.0)
         return q_out, k_out
@@ -110,8 +113,8 @@ class AttentionOps:
         t = k.shape[0]
         if t:
             name = "reshape_and_cache" + _cache_suffix(k_cache, k)
-            self._launch(self._k("rope_cache", k.dtype, name), t, 128, k_cache,
-                         v_cache, k, v, slot_mapping, k.size // t, float(1.0 / kv_scale))
+            self.ctx.launch(self.ctx.kernel("rope_cache", k.dtype, name), t, 128, k_cache,
+                            v_cache, k, v, slot_mapping, k.size // t, float(1.0 / kv_scale))
 
     def qk_norm_rope_and_cache(self, qkv: DeviceArray, positions: DeviceArray,
                                cos_sin_cache: DeviceArray, k_cache: DeviceArray,
@@ -122,7 +125,7 @@ class AttentionOps:
                                kv_scale: float = 1.0) -> DeviceArray:
         self._check_cache("qk_norm_rope_and_cache", qkv, k_cache)
         t = qkv.shape[0]
-        q_out = self._out((t, num_heads, head_dim), qkv.dtype)
+        q_out = self.ctx.out((t, num_heads, head_dim), qkv.dtype)
         item = qkv.dtype.itemsize
         k = DeviceArray(qkv.ptr + num_heads * head_dim * item, (t,), qkv.dtype, qkv.owner)
         v = DeviceArray(k.ptr + num_kv_heads * head_dim * item, (t,), qkv.dtype, qkv.owner)
@@ -143,14 +146,14 @@ class AttentionOps:
                              rotary_dim: int | None = None, is_neox: bool = True) -> DeviceArray:
         """One kernel on decode steps (as many tokens as sequences, at most
         :data:`ROPE_DECODE_MAX_TOKENS`, head dims :data:`ROPE_DECODE_HEAD_DIMS`), else the two
-        ops; ``ATLAS_CUDA_ROPE_ATTENTION=split`` always takes the two ops (A/B timing)."""
+        ops (the two ops on decode steps too measured slower: H200 batch 1, 9b4eeb2, qwen3-8b
+        211.2 -> 214.6 tok/s fused)."""
         t = qkv.shape[0]
         self._check_cache("rope_cache_attention", qkv, k_cache)
         if not (0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
-                and head_dim in ROPE_DECODE_HEAD_DIMS and cuda_env.rope_attention_fused()
-                and not cuda_env.attn_decode_old()):
+                and head_dim in ROPE_DECODE_HEAD_DIMS):
             return compose_rope_cache_attention(
-                self, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                self.ctx.ops, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                 block_tables, seq_lens, cu_seqlens_q, scale, kv_scale, num_heads=num_heads,
                 num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm, k_norm=k_norm,
                 eps=eps, rotary_dim=rotary_dim, is_neox=is_neox)
@@ -161,17 +164,17 @@ class AttentionOps:
                             f"{qkv.dtype} or float32")
         block_size, max_blocks = k_cache.shape[1], block_tables.shape[1]
         hb, splits = self._decode_plan(t, h, kh, d, max_blocks * block_size)
-        out = self._out((t, h, d), qkv.dtype)
+        out = self.ctx.out((t, h, d), qkv.dtype)
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
         var = variant_of(qkv.dtype)
         name = f"rope_attn_dec{_cache_suffix(k_cache, qkv)}_{var}_d{d}_h{hb}"
-        kern = self.be.kernels.kernel("attention_rope_decode", var, name)
-        self._launch(kern, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
-                     self._sync_counters(), qkv, k_cache, v_cache, block_tables, seq_lens,
-                     cu_seqlens_q, h, kh, block_size, max_blocks, t, splits,
-                     float(scale * LOG2E), float(kv_scale), positions, cos_sin_cache,
-                     slot_mapping, q_norm, k_norm, int(norm_dtype != qkv.dtype),
-                     int(rotary_dim or d), int(is_neox), float(eps), pdl=self._pdl_chain)
+        kern = self.ctx.kernels.kernel("attention_rope_decode", var, name)
+        self.ctx.launch(kern, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
+                        self.ctx.sync_counters(), qkv, k_cache, v_cache, block_tables, seq_lens,
+                        cu_seqlens_q, h, kh, block_size, max_blocks, t, splits,
+                        float(scale * LOG2E), float(kv_scale), positions, cos_sin_cache,
+                        slot_mapping, q_norm, k_norm, int(norm_dtype != qkv.dtype),
+                        int(rotary_dim or d), int(is_neox), float(eps), pdl=self.ctx.pdl)
         return out
 
     def _attention(self, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
@@ -179,7 +182,7 @@ class AttentionOps:
         t, h, d = q.shape
         if d not in HEAD_DIMS:
             raise ValueError(f"attention: head_dim {d} unsupported on cuda (use one of {HEAD_DIMS})")
-        out = self._out(q.shape, q.dtype)
+        out = self.ctx.out(q.shape, q.dtype)
         if not t:
             return out
         if self._use_flash(q, k, num_seqs):
@@ -194,55 +197,24 @@ class AttentionOps:
         max_blocks = block_tables.shape[1] if block_tables is not None else 0
         args = (q, k, v, block_tables, seq_lens, cu_seqlens, h, num_kv_heads, block_size,
                 max_blocks, num_seqs)
-        if cuda_env.attn_decode_old():
-            self._attention_v1(out, args, fp8, var, max_ctx, scale, kv_scale)
-            return out
         hb, splits = self._decode_plan(t, h, num_kv_heads, d, max_ctx)
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
-        kern = self.be.kernels.kernel("attention_decode", var, f"attn_dec{fp8}_{var}_d{d}_h{hb}")
-        self._launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
-                     part_acc, part_ml, self._sync_counters(), *args, splits,
-                     float(scale * LOG2E), float(kv_scale), pdl=self._pdl_chain)
+        kern = self.ctx.kernels.kernel("attention_decode", var, f"attn_dec{fp8}_{var}_d{d}_h{hb}")
+        self.ctx.launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
+                        part_acc, part_ml, self.ctx.sync_counters(), *args, splits,
+                        float(scale * LOG2E), float(kv_scale), pdl=self.ctx.pdl)
         return out
 
     def _dec_partials(self, t: int, h: int, d: int, splits: int):
         """The split partials of the decode kernel (accumulators, (max, sum) pairs), or Nones."""
         if splits < 2:
             return None, None
-        return (self._out((t * h * splits * d,), np.float32),
-                self._out((t * h * splits * 2,), np.float32))
-
-    def _attention_v1(self, out, args, fp8, var, max_ctx, scale, kv_scale) -> None:
-        """The previous decode kernel and its separate combine (``ATLAS_CUDA_ATTN_DECODE=old``,
-        kept for A/B timing)."""
-        q, num_kv_heads = args[0], args[7]
-        t, h, d = q.shape
-        group = h // num_kv_heads
-        hb = next(b for b in (8, 4, 2, 1) if group % b == 0)
-        base = t * num_kv_heads * (group // hb)
-        splits = max(1, min(-(-2 * self.be.num_sms // base), max_ctx // 256, 64))
-        part_acc = part_ml = None
-        if splits > 1:
-            part_acc = self._out((t * h * splits * d,), np.float32)
-            part_ml = self._out((t * h * splits * 2,), np.float32)
-        kern = self.be.kernels.kernel("attention", var, f"attn{fp8}_{var}_d{d}_h{hb}")
-        self._launch(kern, (t, num_kv_heads * (group // hb), splits), 128, out, part_acc,
-                     part_ml, *args, splits, float(scale * LOG2E), float(kv_scale))
-        if splits > 1:
-            self._launch(self._k("attention", q.dtype, "attn_combine"), (t, h), min(d, 128),
-                         out, part_acc, part_ml, d, splits, float(kv_scale))
+        return (self.ctx.out((t * h * splits * d,), np.float32),
+                self.ctx.out((t * h * splits * 2,), np.float32))
 
     def _decode_plan(self, t: int, h: int, kh: int, d: int, max_ctx: int) -> tuple[int, int]:
         """``(heads per block, splits)`` of the decode kernel; see :func:`decode_plan`."""
-        return decode_plan(t, h, kh, d, max_ctx, self.be.num_sms)
-
-    def _sync_counters(self) -> DeviceArray:
-        """Zeroed int32 completion counters shared by the last-block-done kernels (each kernel
-        leaves them at zero); allocated once, outside graph capture."""
-        if self._counters is None:
-            require_eager(self.be, "attention/sample")
-            self._counters = self.be.zeros((2 * COUNTERS,), np.int32)
-        return self._counters
+        return decode_plan(t, h, kh, d, max_ctx, self.ctx.num_sms)
 
     def _use_flash(self, q: DeviceArray, k: DeviceArray, num_seqs: int) -> bool:
         """Tensor-core kernel for multi-token batches (>= 4 query tokens per sequence on
@@ -250,18 +222,18 @@ class AttentionOps:
         t, _, d = q.shape
         return (q.dtype.name in ("bfloat16", "float16") and k.dtype == q.dtype
                 and d in FLASH_HEAD_DIMS and t >= 4 * max(num_seqs, 1)
-                and cuda_env.attention_mode() != "simt")
+                and self.ctx.policy.attention != "simt")
 
     def _flash(self, out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
                block_size, scale) -> None:
         t, h, d = q.shape
         var = variant_of(q.dtype)
         shmem = (FLASH_BM + 4 * FLASH_BN) * (d + 8) * q.dtype.itemsize
-        kern = self.be.kernels.kernel("flash_attention", var, f"flash_{var}_d{d}", shmem)
+        kern = self.ctx.kernels.kernel("flash_attention", var, f"flash_{var}_d{d}", shmem)
         max_blocks = block_tables.shape[1] if block_tables is not None else 0
-        self._launch(kern, (-(-t // FLASH_BM) + num_seqs, h), 128, out, q, k, v, block_tables,
-                     seq_lens, cu_seqlens, h, num_kv_heads, block_size, max_blocks, num_seqs,
-                     float(scale * LOG2E), shmem=shmem)
+        self.ctx.launch(kern, (-(-t // FLASH_BM) + num_seqs, h), 128, out, q, k, v, block_tables,
+                        seq_lens, cu_seqlens, h, num_kv_heads, block_size, max_blocks, num_seqs,
+                        float(scale * LOG2E), shmem=shmem)
 
     def paged_attention(self, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
                         block_tables: DeviceArray, seq_lens: DeviceArray,

@@ -1,8 +1,9 @@
 """Hardware targets: which kernel directories and NVRTC arch serve a given GPU.
 
-A target plugin (``atlas-hopper``, ``atlas-gb10``…) advertises a :class:`Target` factory under
-the entry-point group ``atlas_cuda.targets``. Its kernel directory mirrors ``kernels/<hw>/``:
-``common/`` plus optional ``<model>/<quant>/`` overrides, and ``HARDWARE.toml``. Files there
+A target plugin (``atlas-hopper``, ``atlas-gb10``…) registers a :class:`Target` factory through
+the ``register_kernel_targets`` hook, like every other plugin. Its kernel directory mirrors
+``kernels/<hw>/``: ``common/`` plus optional ``<model>/<quant>/`` overrides, and
+``HARDWARE.toml`` (whose ``[policy]`` holds the target's kernel policy defaults). Files there
 override the generic ``kernels/cuda/common`` sources shipped in this package, by file name.
 """
 
@@ -10,10 +11,9 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
-
-TARGET_GROUP = "atlas_cuda.targets"
+from typing import Any
 
 
 def generic_kernel_dir() -> Path:
@@ -59,12 +59,34 @@ class Target:
         return [d for d in dirs if d.is_dir()]
 
 
-def installed_targets() -> list[Target]:
-    """Every target advertised by an installed plugin, in entry-point name order."""
-    out = []
-    for ep in sorted(metadata.entry_points(group=TARGET_GROUP), key=lambda e: e.name):
-        out.append(ep.load()())
-    return out
+def load_targets(registry: Any = None) -> tuple[list[Target], list[tuple[str, str]]]:
+    """Build every registered kernel target, in name order: ``(targets, failures)``, each failure
+    ``(name, error)`` for a factory that raised or returned no :class:`Target`.
+
+    Args:
+        registry: an :class:`atlas_core.plugins.Registry` (default: a fresh one).
+    """
+    if registry is None:
+        from atlas_core.api import Registry
+        registry = Registry()
+    targets, failures = [], []
+    for name in registry.names("kernel_targets"):
+        try:
+            target = registry.get("kernel_targets", name)()
+        except Exception as exc:  # noqa: BLE001 - one broken target must not hide the others
+            failures.append((name, f"{type(exc).__name__}: {exc}"))
+            continue
+        if not isinstance(target, Target):
+            failures.append((name, f"factory returned {type(target).__name__}, not a Target"))
+            continue
+        targets.append(target)
+    return targets, failures
+
+
+def installed_targets(registry: Any = None) -> list[Target]:
+    """Every kernel target the plugins register (``register_kernel_targets``), in name order;
+    targets that fail to build are skipped (``atlas plugins --strict`` reports them)."""
+    return load_targets(registry)[0]
 
 
 def generic_target(capability: tuple[int, int]) -> Target:
@@ -72,9 +94,9 @@ def generic_target(capability: tuple[int, int]) -> Target:
     return Target("cuda", f"sm_{capability[0]}{capability[1]}")
 
 
-def pick_target(capability: tuple[int, int]) -> Target:
+def pick_target(capability: tuple[int, int], registry: Any = None) -> Target:
     """The installed target serving ``capability``, else the generic one."""
-    for target in installed_targets():
+    for target in installed_targets(registry):
         if capability in target.compute_capabilities:
             return target
     return generic_target(capability)

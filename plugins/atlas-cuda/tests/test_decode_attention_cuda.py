@@ -1,7 +1,6 @@
 """Split decode attention with the in-kernel combine, the rope prologue, the fused rope + decode
 attention (``rope_cache_attention``) and multi-block sampling against the NumPy references:
-batch 1..8, GQA groups 1..8, bf16 and fp8 KV, CUDA graph replay with changing context lengths,
-and the old kernels (``ATLAS_CUDA_ATTN_DECODE=old``)."""
+batch 1..8, GQA groups 1..8, bf16 and fp8 KV, CUDA graph replay with changing context lengths."""
 
 import numpy as np
 import pytest
@@ -77,23 +76,18 @@ def test_graph_replay_with_changing_lengths(cuda_backend, h, kh, d, batch):
         assert rel(be, graph.output, want) < 1e-2, lens
 
 
-def test_chunked_prefill_and_old_path(cuda_backend, monkeypatch):
+def test_chunked_prefill(cuda_backend):
     be = cuda_backend
     h, kh, d = 16, 4, 128
     _, kc, vc, bt, _ = paged(2, h, kh, d, 600)
     q, sl = rand(5, h, d), np.array([600, 40], np.int32)
     cu = np.array([0, 3, 5], np.int32)
     want = ref.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5)
-    for mode in ("new", "old"):
-        monkeypatch.setenv("ATLAS_CUDA_ATTN_DECODE", mode)
-        got = be.ops.paged_attention(*(be.from_host(a) for a in (q, kc, vc, bt, sl, cu)),
-                                     d ** -0.5)
-        assert rel(be, got, want) < 1e-2, mode
+    got = be.ops.paged_attention(*(be.from_host(a) for a in (q, kc, vc, bt, sl, cu)), d ** -0.5)
+    assert rel(be, got, want) < 1e-2
 
 
-@pytest.mark.parametrize("mode", ["new", "old"])
-def test_rope_prologue(cuda_backend, monkeypatch, mode):
-    monkeypatch.setenv("ATLAS_CUDA_ATTN_DECODE", mode)
+def test_rope_prologue(cuda_backend):
     be = cuda_backend
     h, kh, d, t = 32, 8, 128, 3
     qkv = rand(t, (h + 2 * kh) * d)
@@ -114,9 +108,7 @@ def test_rope_prologue(cuda_backend, monkeypatch, mode):
     assert rel(be, dk, kc) < 1e-2 and rel(be, dv, vc) < 1e-2
 
 
-@pytest.mark.parametrize("mode", ["new", "old"])
-def test_sampling_matches_reference(cuda_backend, monkeypatch, mode):
-    monkeypatch.setenv("ATLAS_CUDA_ATTN_DECODE", mode)
+def test_sampling_matches_reference(cuda_backend):
     be, ops = cuda_backend, cuda_backend.ops
     n, vocab = 6, 151936
     logits = rng.standard_normal((n, vocab)).astype(np.float32) * 3
@@ -157,11 +149,17 @@ def rope_case(batch, h, kh, d, max_ctx, cache_dtype=bfloat16, rot=None, norm_dty
     return (qkv, pos, cs, kc, vc, slots, bt, sl, cu), kw
 
 
-def run_rope(be, args, kw, kv_scale=1.0, dev_caches=None):
+def run_rope(be, args, kw, kv_scale=1.0, dev_caches=None, split=False):
+    """``rope_cache_attention`` on the device; ``split``: its two-op composition (the rope
+    prologue, then decode attention) instead of the fused decode kernel."""
+    from atlas_core.ops.attention import compose_rope_cache_attention
+
     qkv, pos, cs, kc, vc, slots, bt, sl, cu = args
     dk, dv = dev_caches or (be.from_host(kc), be.from_host(vc))
     dkw = {k: be.from_host(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
-    out = be.ops.rope_cache_attention(
+    op = (lambda *a, **k: compose_rope_cache_attention(be.ops, *a, **k)) if split \
+        else be.ops.rope_cache_attention
+    out = op(
         *(be.from_host(a) for a in (qkv, pos, cs)), dk, dv,
         *(be.from_host(a) for a in (slots, bt, sl, cu)), kw["head_dim"] ** -0.5, kv_scale, **dkw)
     return out, dk, dv
@@ -172,8 +170,7 @@ def run_rope(be, args, kw, kv_scale=1.0, dev_caches=None):
     (16, 2, 256, 64, True), (8, 8, 64, None, True), (8, 2, 64, 32, False), (4, 2, 16, None, True)])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_rope_attention_matches_reference(cuda_backend, monkeypatch, h, kh, d, rot, neox, batch,
-                                          cache):
+def test_rope_attention_matches_reference(cuda_backend, h, kh, d, rot, neox, batch, cache):
     if cache == "fp8" and d == 16:
         pytest.skip("fp8 KV needs head_dim >= 64")
     be = cuda_backend
@@ -184,11 +181,10 @@ def test_rope_attention_matches_reference(cuda_backend, monkeypatch, h, kh, d, r
     want_k, want_v = args[3].copy(), args[4].copy()
     want = ref.rope_cache_attention(*args[:3], want_k, want_v, *args[5:], d ** -0.5, kv_scale,
                                     **kw)
-    for mode in ("fused", "split"):
-        monkeypatch.setenv("ATLAS_CUDA_ROPE_ATTENTION", mode)
-        got, dk, dv = run_rope(be, args, kw, kv_scale)
-        assert rel(be, got, want) < 2e-2, mode
-        assert rel(be, dk, want_k) < 2e-2 and rel(be, dv, want_v) < 2e-2, mode
+    for split in (False, True):
+        got, dk, dv = run_rope(be, args, kw, kv_scale, split=split)
+        assert rel(be, got, want) < 2e-2, split
+        assert rel(be, dk, want_k) < 2e-2 and rel(be, dv, want_v) < 2e-2, split
 
 
 def test_rope_attention_graph_replay(cuda_backend):

@@ -20,24 +20,24 @@ def rand(*shape, dtype=bfloat16, scale=1.0):
 @pytest.mark.parametrize("m,n,k,bias", [(9, 768, 1024, False), (32, 4096, 512, True),
                                         (300, 1536, 2048, False), (4096, 256, 128, False)])
 def test_large_m_linear(cuda_backend, path, m, n, k, bias):
-    be, ops = cuda_backend, cuda_backend.ops
-    lt = ops._cublaslt()
+    be, ctx = cuda_backend, cuda_backend.ctx
+    lt = ctx.cublaslt()
     if path == "cublaslt" and lt is None:
         pytest.skip("nvmath-python / cuBLASLt not available")
     x, w = rand(m, k), rand(n, k, scale=k ** -0.5)
     b = rand(n) if bias else None
-    saved, ops._lt = ops._lt, (lt if path == "cublaslt" else False)
+    saved, ctx._lt = ctx._lt, (lt if path == "cublaslt" else False)
     try:
-        y = ops.linear(be.from_host(x), be.from_host(w), be.from_host(b) if bias else None)
+        y = be.ops.linear(be.from_host(x), be.from_host(w), be.from_host(b) if bias else None)
     finally:
-        ops._lt = saved
+        ctx._lt = saved
     assert rel(be, y, ref.linear(x, w, b)) < 1e-2
 
 
 @pytest.mark.parametrize("mode", ["flash", "simt"])
 @pytest.mark.parametrize("h,kh,d", [(8, 2, 128), (4, 4, 64), (32, 8, 128)])
-def test_multi_token_attention(cuda_backend, monkeypatch, mode, h, kh, d):
-    monkeypatch.setenv("ATLAS_CUDA_ATTENTION", mode)
+def test_multi_token_attention(cuda_backend, use_policy, mode, h, kh, d):
+    use_policy(attention=mode)
     be = cuda_backend
     lens = [1, 70, 130, 64, 5]
     cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)

@@ -1,6 +1,6 @@
-"""``gemv_norm.cu`` against the references: ``linear`` with at most 8 rows on every
-``ATLAS_CUDA_GEMV_TILE`` (columns per warp G, K splits S) and ``rms_norm_linear`` fused
-(``ATLAS_CUDA_NORM_GEMV=1``) and unfused, with and without residual, zero-centred weight and the
+"""``gemv_norm.cu`` against the references: ``linear`` with at most 8 rows on every policy
+``gemv_tile`` (``ATLAS_CUDA_GEMV_TILE``: columns per warp G, K splits S) and ``rms_norm_linear``
+fused and as its two-op composition, with and without residual, zero-centred weight and the
 gated activation, on K that end mid-chunk."""
 
 import numpy as np
@@ -8,6 +8,7 @@ import pytest
 
 from atlas_core.ops import reference as ref
 from atlas_core.ops._dtypes import bfloat16
+from atlas_core.ops.norm import compose_rms_norm_linear
 from cuda_probe import rel_error as rel
 
 pytestmark = pytest.mark.gpu
@@ -23,8 +24,8 @@ def rand(*shape, dtype=bfloat16, scale=1.0):
 @pytest.mark.parametrize("tile", TILES + ["auto"])
 @pytest.mark.parametrize("dtype", [bfloat16, np.float32])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_linear_tiles(cuda_backend, monkeypatch, tile, dtype, m, n, k):
-    monkeypatch.setenv("ATLAS_CUDA_GEMV_TILE", tile)
+def test_linear_tiles(cuda_backend, use_policy, tile, dtype, m, n, k):
+    use_policy(gemv_tile=tile)
     be = cuda_backend
     x, w, b = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype, scale=k ** -0.5), rand(n, dtype=dtype)
     y = be.to_host(be.ops.linear(be.from_host(x), be.from_host(w), be.from_host(b)))
@@ -37,32 +38,32 @@ def test_linear_tiles(cuda_backend, monkeypatch, tile, dtype, m, n, k):
 @pytest.mark.parametrize("residual,zc,activation", [(True, False, None), (False, False, None),
                                                     (True, True, "silu"), (True, False, "gelu_tanh")])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_rms_norm_linear(cuda_backend, monkeypatch, fused, tile, residual, zc, activation, m, n, k):
-    monkeypatch.setenv("ATLAS_CUDA_NORM_GEMV", fused)
-    monkeypatch.setenv("ATLAS_CUDA_GEMV_TILE", tile)
+def test_rms_norm_linear(cuda_backend, use_policy, fused, tile, residual, zc, activation, m, n,
+                         k):
+    use_policy(gemv_tile=tile)
     be = cuda_backend
+    op = be.ops.rms_norm_linear if fused == "1" else (
+        lambda *a: compose_rms_norm_linear(be.ops, *a))
     rows = 2 * n if activation else n
     x, res = rand(m, k, scale=3.0), rand(m, k) if residual else None
     nw, w, b = rand(k, scale=0.5), rand(rows, k, scale=k ** -0.5), rand(rows)
     args = (x, res, nw, 1e-6, w, b, zc, activation)
-    y, r = be.ops.rms_norm_linear(*(be.from_host(a) if isinstance(a, np.ndarray) else a
-                                    for a in args))
+    y, r = op(*(be.from_host(a) if isinstance(a, np.ndarray) else a for a in args))
     want_y, want_r = ref.rms_norm_linear(*args)
     assert rel(be.to_host(y), want_y) < 1e-2
     np.testing.assert_array_equal(be.to_host(r).view(np.uint16), want_r.view(np.uint16))
 
 
-def test_fused_and_unfused_agree(cuda_backend, monkeypatch):
+def test_fused_and_unfused_agree(cuda_backend):
     """The fused kernel normalises as rms_norm does (rounded to bf16 first): the two paths differ
     only by float32 summation order."""
     be = cuda_backend
     x, res, nw = rand(1, 4096, scale=3.0), rand(1, 4096), rand(4096, scale=0.5)
     w = rand(6144, 4096, scale=4096 ** -0.5)
     out = {}
-    for fused in ("0", "1"):
-        monkeypatch.setenv("ATLAS_CUDA_NORM_GEMV", fused)
-        y, _ = be.ops.rms_norm_linear(be.from_host(x), be.from_host(res), be.from_host(nw), 1e-6,
-                                      be.from_host(w))
+    for fused, op in (("0", lambda *a: compose_rms_norm_linear(be.ops, *a)),
+                      ("1", be.ops.rms_norm_linear)):
+        y, _ = op(be.from_host(x), be.from_host(res), be.from_host(nw), 1e-6, be.from_host(w))
         out[fused] = be.to_host(y).astype(np.float32)
     diff = np.abs(out["0"] - out["1"])
     assert diff.max() <= 0.02 * np.abs(out["0"]).max()

@@ -2,7 +2,8 @@
 
 import pytest
 
-from atlas_cuda.ops_gemv import gemv_tile
+from atlas_cuda.ops_gemv import GemvOps, gemv_tile
+from fake_context import FakeArray, fake_context
 
 
 @pytest.mark.parametrize("n,k,fused_norm,pair,want", [
@@ -20,36 +21,37 @@ from atlas_cuda.ops_gemv import gemv_tile
     (128, 2048, True, False, (1, 8)),       # 30B router after the post-attention norm
     (128, 2048, False, False, (1, 8)),      # the same without the norm
 ])
-def test_auto_tiles(monkeypatch, n, k, fused_norm, pair, want):
-    monkeypatch.delenv("ATLAS_CUDA_GEMV_TILE", raising=False)
+def test_auto_tiles(n, k, fused_norm, pair, want):
     assert gemv_tile(n, k, fused_norm, pair) == want
 
 
-def test_forced_tile_caps_gate_up_columns(monkeypatch):
-    monkeypatch.setenv("ATLAS_CUDA_GEMV_TILE", "g4s2")
-    assert gemv_tile(4096, 4096, True, False) == (4, 2)
-    assert gemv_tile(4096, 4096, True, True) == (2, 2)
+def test_forced_tile_caps_gate_up_columns():
+    assert gemv_tile(4096, 4096, True, False, forced=(4, 2)) == (4, 2)
+    assert gemv_tile(4096, 4096, True, True, forced=(4, 2)) == (2, 2)
 
 
-def test_two_weight_groups_early_only_after_latency_bound_kernels(monkeypatch):
-    """``ATLAS_CUDA_GEMV_PRELOAD=auto`` picks the ``_p2`` GEMV right after decode attention or
-    a GDN recurrent step (DRAM idles there), not after another GEMV; ``one`` / ``two`` force."""
-    from types import SimpleNamespace
+def test_forced_tile_comes_from_the_policy():
+    """The context's policy ``gemv_tile`` (``ATLAS_CUDA_GEMV_TILE``) picks the kernel and the
+    K split of a decode GEMV; the default picks per shape."""
+    from atlas_core.api import bfloat16
+    from atlas_cuda.policy import KernelPolicy
 
-    from atlas_cuda.ops_gemv import GemvOps
+    x, w = FakeArray((1, 4096), bfloat16), FakeArray((4096, 4096), bfloat16)
+    for policy, name, splits in ((KernelPolicy(), "gemvn_bf16_m1_g4", 2),
+                                 (KernelPolicy(gemv_tile=(1, 8)), "gemvn_bf16_m1_g1", 8)):
+        ops = GemvOps(fake_context(policy))
+        ops.gemv(FakeArray((1, 4096), bfloat16), x, w, None, 1, 4096, 4096)
+        (got, grid, _, args, pdl), = ops.ctx.kernels.launches
+        assert (got, args[-2], args[-1], pdl) == (name, splits, 0, True)
 
-    ops = GemvOps()
-    ops.be = SimpleNamespace(kernels=SimpleNamespace(last_module="attention_rope_decode"))
-    monkeypatch.delenv("ATLAS_CUDA_GEMV_PRELOAD", raising=False)
-    assert ops._preload_two()
-    for module in ("attention_decode", "delta_rule"):
-        ops.be.kernels.last_module = module
+
+def test_two_weight_groups_early_only_after_latency_bound_kernels():
+    """The ``_p2`` GEMV (two weight groups before the PDL wait) right after decode attention or
+    a GDN recurrent step (DRAM idles there), not after another GEMV."""
+    ops = GemvOps(fake_context())
+    for module in ("attention_rope_decode", "attention_decode", "delta_rule"):
+        ops.ctx.kernels.last_module = module
         assert ops._preload_two()
     for module in ("gemv_norm", "moe_experts1", None):
-        ops.be.kernels.last_module = module
+        ops.ctx.kernels.last_module = module
         assert not ops._preload_two()
-    monkeypatch.setenv("ATLAS_CUDA_GEMV_PRELOAD", "two")
-    assert ops._preload_two()
-    monkeypatch.setenv("ATLAS_CUDA_GEMV_PRELOAD", "one")
-    ops.be.kernels.last_module = "attention_rope_decode"
-    assert not ops._preload_two()

@@ -35,8 +35,8 @@ def _rel_err(got, want):
 @pytest.mark.parametrize("t,e,k,hidden,inter,skew", [
     (1, 8, 2, 128, 48, False), (5, 8, 2, 256, 96, False), (40, 64, 8, 256, 96, False),
     (300, 16, 4, 512, 136, False), (300, 16, 2, 128, 64, True), (2100, 128, 8, 256, 64, False)])
-def test_moe_experts_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden, inter, skew):
-    monkeypatch.setenv("ATLAS_CUDA_MOE", mode)
+def test_moe_experts_paths(cuda_backend, use_policy, mode, dtype, t, e, k, hidden, inter, skew):
+    use_policy(moe=mode)
     be = cuda_backend
     x, gu, dn, w, ids = _case(t * e + k, t, e, k, hidden, inter, dtype, skew)
     for activation in ("silu", "gelu_tanh"):
@@ -48,9 +48,9 @@ def test_moe_experts_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidd
         assert _rel_err(be.to_host(out), want) < 1.5e-2
 
 
-def test_grouped_path_replays_in_a_graph(cuda_backend, monkeypatch):
+def test_grouped_path_replays_in_a_graph(cuda_backend, use_policy):
     # Sizes are static per token count: a captured step must follow new routing on replay.
-    monkeypatch.setenv("ATLAS_CUDA_MOE", "grouped")
+    use_policy(moe="grouped")
     be = cuda_backend
     t, e, k, hidden, inter = 32, 64, 8, 256, 64
     x, gu, dn, w, ids = _case(1, t, e, k, hidden, inter, bfloat16)
@@ -117,7 +117,15 @@ def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     return {name: a.astype(dtype) for name, a in arrays.items()}
 
 
-@pytest.mark.parametrize("mode", ["block", "block-fixed", "block-split", "warp", "unfused"])
+def _moe_ops(be):
+    """The backend's MoE op object (its call count and counter slots)."""
+    from atlas_cuda.ops_moe import MoeOps
+    return be.ctx.bind(MoeOps)
+
+
+# One token runs moe_block.cu (its experts as moe_experts1.cu's one kernel where the expert
+# widths are at most 1,024, else mb_gate_up + mb_down); 2 to 8 tokens moe_decode.cu's kernels.
+@pytest.mark.parametrize("fused", ["1", "0"])
 @pytest.mark.parametrize("dtype", [bfloat16, np.float16])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,scoring", [
     (1, 16, 8, 2048, 768, 0, "softmax"), (1, 16, 8, 2048, 512, 512, "softmax"),
@@ -126,65 +134,66 @@ def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     (12, 16, 2, 128, 48, 32, "softmax"), (8, 16, 2, 128, 48, 32, "softmax"),
     (4, 128, 8, 2048, 768, 0, "softmax"), (2, 32, 4, 4096, 1024, 0, "softmax"),
     # one token, more hidden rows than moe_experts1 has warps: several down rows a warp
-    (1, 32, 4, 4096, 1024, 0, "softmax"), (1, 64, 8, 4096, 768, 256, "sigmoid")])
-def test_moe_block_paths(cuda_backend, monkeypatch, mode, dtype, t, e, k, hidden, inter,
+    (1, 32, 4, 4096, 1024, 0, "softmax"), (1, 64, 8, 4096, 768, 256, "sigmoid"),
+    # one token, experts wider than 1,024: mb_gate_up + mb_down
+    (1, 16, 4, 256, 1288, 0, "softmax"), (1, 64, 8, 512, 1096, 64, "sigmoid")])
+def test_moe_block_paths(cuda_backend, use_policy, fused, dtype, t, e, k, hidden, inter,
                          shared, scoring):
-    fused = "0" if mode == "unfused" else "1"
-    monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", fused)
-    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", "warp" if mode == "unfused" else mode[:5])
-    # block: one token's experts as moe_experts1.cu's one kernel (block-fixed: each warp's
-    # gate_up rows fixed, after the whole top-k); block-split: mb_gate_up + mb_down
-    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if mode == "block-split" else "1")
-    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1_OVERLAP", "0" if mode == "block-fixed" else "1")
+    use_policy(moe_fused=fused)
     be = cuda_backend
     case = _block_case(t * e + k + shared, t, e, k, hidden, inter, shared, dtype)
-    calls = be.ops._moe_calls
+    calls = _moe_ops(be)._moe_calls
     be.reset_workspace()
     dev = {name: be.from_host(a) for name, a in case.items()}
     out = be.ops.moe_block(top_k=k, renormalize=True, scoring=scoring, **dev)
     want = ref.moe_block(top_k=k, renormalize=True, scoring=scoring, **case)
     assert _rel_err(be.to_host(out), want) < 1.5e-2
-    assert (be.ops._moe_calls > calls) == (fused == "1" and t <= 8)
+    assert (_moe_ops(be)._moe_calls > calls) == (fused == "1" and t <= 8)
 
 
-@pytest.mark.parametrize("kernel", ["block", "block-split", "warp"])
-def test_fused_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, kernel):
+@pytest.mark.parametrize("t,inter", [(1, 64), (1, 1288), (2, 64)])
+def test_fused_moe_block_replays_in_a_graph(cuda_backend, use_policy, t, inter):
     # The router's completion counter must return to zero and moe_experts1's 64-bit barrier
-    # count must grow by the grid each launch: every replay routes afresh.
-    monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
-    monkeypatch.setenv("ATLAS_CUDA_MOE_DECODE", kernel[:5])
-    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if kernel == "block-split" else "1")
+    # count must grow by the grid each launch: every replay routes afresh (one token: the
+    # one-kernel experts, or mb_gate_up + mb_down for wide experts; two: moe_decode.cu).
+    use_policy(moe_fused="1")
     be = cuda_backend
-    case = _block_case(5, 1, 256, 8, 256, 64, 64, bfloat16)
+    case = _block_case(5, t, 256, 8, 256, inter, 64, bfloat16)
     dev = {name: be.from_host(a) for name, a in case.items()}
     graph = be.capture(lambda: be.ops.moe_block(top_k=8, renormalize=True, **dev))
     rng = np.random.default_rng(6)
     router = case["router_weight"].astype(np.float64)
     for _ in range(3):
         while True:
-            x = rng.standard_normal((1, 256)).astype(bfloat16)
+            x = rng.standard_normal((t, 256)).astype(bfloat16)
             top = -np.sort(-(x.astype(np.float64) @ router.T), axis=-1)
-            if top[0, 7] - top[0, 8] > 0.05:
+            if (top[:, 7] - top[:, 8]).min() > 0.05:
                 break
         be.copy_from_host(dev["x"], x)
         graph.replay()
         want = ref.moe_block(top_k=8, renormalize=True, **{**case, "x": x})
         assert _rel_err(be.to_host(graph.output), want) < 1.5e-2
-    if be.ops._moe_counters is not None:
-        assert not be.to_host(be.ops._moe_counters)[0::4].any()
+    counters = _moe_ops(be)._moe_counters
+    if counters is not None:
+        assert not be.to_host(counters)[0::4].any()
 
 
-@pytest.mark.parametrize("fold,router", [("1", "gemv"), ("1", "block"), ("0", "gemv")])
+# auto: shared-expert blocks fused (one token: the stacked norm + router GEMV, then the
+# experts), plain blocks after the norm + router GEMV; 1: plain blocks fused too (one token:
+# mb_router with the norm folded in); composed: rms_norm then moe_block.
+@pytest.mark.parametrize("path", ["auto", "1", "composed"])
 @pytest.mark.parametrize("t,e,k,hidden,inter,shared,residual,zc", [
     (1, 128, 8, 2048, 768, 0, True, False), (1, 256, 8, 2048, 512, 512, True, True),
     (3, 64, 4, 256, 96, 64, False, False), (8, 32, 8, 512, 128, 0, True, False),
     (12, 16, 2, 128, 48, 32, True, False)])
-def test_rms_norm_moe_block(cuda_backend, monkeypatch, fold, router, t, e, k, hidden, inter,
-                            shared, residual, zc):
-    # router: a one-token shared-expert block's router as the stacked norm GEMV or mb_router
-    monkeypatch.setenv("ATLAS_CUDA_MOE_NORM_FOLD", fold)
-    monkeypatch.setenv("ATLAS_CUDA_MOE_ROUTER", router)
+def test_rms_norm_moe_block(cuda_backend, use_policy, path, t, e, k, hidden, inter, shared,
+                            residual, zc):
+    from atlas_core.ops.moe import compose_rms_norm_moe_block
+
+    use_policy(moe_fused="1" if path == "1" else "auto")
     be = cuda_backend
+    op = (lambda *a, **kw: compose_rms_norm_moe_block(be.ops, *a, **kw)) \
+        if path == "composed" else be.ops.rms_norm_moe_block
     case = dict(_block_case(t * e + k + shared + 1, t, e, k, hidden, inter, shared, bfloat16))
     rng = np.random.default_rng(t + e)
     x = case.pop("x")  # the router separates the top-k of x itself; use x as the normed rows
@@ -193,27 +202,24 @@ def test_rms_norm_moe_block(cuda_backend, monkeypatch, fold, router, t, e, k, hi
     raw = (x.astype(np.float32) - (res.astype(np.float32) if residual else 0)).astype(bfloat16)
     be.reset_workspace()
     dev = {name: be.from_host(a) for name, a in case.items()}
-    out, r = be.ops.rms_norm_moe_block(be.from_host(raw), None if res is None else be.from_host(res),
-                                       be.from_host(nw), 1e-6, zc, top_k=k, renormalize=True, **dev)
+    out, r = op(be.from_host(raw), None if res is None else be.from_host(res), be.from_host(nw),
+                1e-6, zc, top_k=k, renormalize=True, **dev)
     want, want_r = ref.rms_norm_moe_block(raw, res, nw, 1e-6, zc, top_k=k, renormalize=True, **case)
     assert _rel_err(be.to_host(out), want) < 1.5e-2
     np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))
 
 
-@pytest.mark.parametrize("plain", ["logits", "logits-split", "route"])
 @pytest.mark.parametrize("t,e,k,hidden,inter,scoring,residual", [
     (1, 128, 8, 2048, 768, "softmax", True), (1, 256, 8, 512, 1024, "sigmoid", False),
     (1, 64, 4, 256, 96, "softmax", True), (2, 128, 8, 256, 64, "softmax", True),
     (5, 200, 6, 264, 1288, "softmax", False), (8, 128, 8, 256, 64, "sigmoid", True),
-    (3, 512, 32, 256, 64, "softmax", True), (1, 1024, 2, 128, 32, "sigmoid", True)])
-def test_plain_moe_after_router_gemv(cuda_backend, monkeypatch, plain, t, e, k, hidden, inter,
-                                     scoring, residual):
+    (3, 512, 32, 256, 64, "softmax", True), (1, 1024, 2, 128, 32, "sigmoid", True),
+    (1, 128, 8, 256, 1288, "softmax", True)])
+def test_plain_moe_after_router_gemv(cuda_backend, t, e, k, hidden, inter, scoring, residual):
     """A MoE block without a shared expert (qwen3-30b-a3b): the norm rides on the router GEMV,
-    then either moe_block.cu's expert kernels on its logits (each block picks the top-k; at most
-    256 experts and top-k 8, else the next) or the warp top-k (moe_route) and moe_decode.cu's
-    expert kernels, all PDL launches."""
-    monkeypatch.setenv("ATLAS_CUDA_MOE_PLAIN", plain[:6])
-    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if plain == "logits-split" else "1")
+    then moe_block.cu's expert kernels on its logits (each block picks the top-k; one token
+    with widths <= 1,024: moe_experts1.cu's one kernel; at most 256 experts and top-k 8, else
+    moe_route and moe_experts), all PDL launches."""
     be = cuda_backend
     case = dict(_block_case(t * e + k + 3, t, e, k, hidden, inter, 0, bfloat16))
     rng = np.random.default_rng(t + e + 1)
@@ -232,14 +238,12 @@ def test_plain_moe_after_router_gemv(cuda_backend, monkeypatch, plain, t, e, k, 
     np.testing.assert_array_equal(be.to_host(r).astype(np.float32), want_r.astype(np.float32))
 
 
-@pytest.mark.parametrize("plain", ["logits", "logits-split", "route"])
-def test_plain_moe_block_replays_in_a_graph(cuda_backend, monkeypatch, plain):
-    # Norm + router GEMV, top-k and the expert GEMVs as PDL launches: every replay routes
-    # afresh from the new x.
-    monkeypatch.setenv("ATLAS_CUDA_MOE_PLAIN", plain[:6])
-    monkeypatch.setenv("ATLAS_CUDA_MOE_EXPERTS1", "0" if plain == "logits-split" else "1")
+@pytest.mark.parametrize("inter", [64, 1288])
+def test_plain_moe_block_replays_in_a_graph(cuda_backend, inter):
+    # Norm + router GEMV, then the experts on its logits (the one-kernel experts, or two
+    # kernels for wide experts) as PDL launches: every replay routes afresh from the new x.
     be = cuda_backend
-    case = dict(_block_case(11, 1, 128, 8, 256, 64, 0, bfloat16))
+    case = dict(_block_case(11, 1, 128, 8, 256, inter, 0, bfloat16))
     case.pop("x")
     dev = {name: be.from_host(a) for name, a in case.items()}
     nw = np.ones(256, bfloat16)

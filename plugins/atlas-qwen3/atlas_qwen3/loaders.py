@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_core.model.decoder_loader import DecoderOnlyLoader
+from atlas_core.api import DecoderOnlyLoader
 
 _TINY_COMMON = {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -18,6 +18,8 @@ class Qwen3Loader(DecoderOnlyLoader):
     """``Qwen3ForCausalLM``: GQA attention with per-head q/k RMSNorm, SwiGLU MLP."""
 
     qk_norm = True
+    config_defaults = {**DecoderOnlyLoader.config_defaults, "head_dim": 128,
+                       "num_key_value_heads": 32, "max_position_embeddings": 32768}
 
     def validate_config(self, config: dict[str, Any]) -> None:
         super().validate_config(config)
@@ -34,8 +36,12 @@ class Qwen3MoeLoader(Qwen3Loader):
     """``Qwen3MoeForCausalLM``: Qwen3 attention; sparse MoE feed-forward on the layers selected by
     ``decoder_sparse_step`` and not in ``mlp_only_layers`` (dense ``intermediate_size`` MLP there)."""
 
+    config_defaults = {**DecoderOnlyLoader.config_defaults, "num_key_value_heads": 4,
+                       "max_position_embeddings": 32768, "norm_topk_prob": False}
+
     def validate_config(self, config: dict[str, Any]) -> None:
         super().validate_config(config)
+        config = self.resolve_config(config)
         for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             if not isinstance(config.get(name), int) or config[name] <= 0:
                 raise ValueError(f"config.json field {name!r} must be a positive integer for "
@@ -56,6 +62,8 @@ class Qwen3MoeLoader(Qwen3Loader):
 class LlamaLoader(DecoderOnlyLoader):
     """``LlamaForCausalLM``: GQA attention without q/k norm; optional biases; llama3 rope scaling."""
 
+    config_defaults = {**DecoderOnlyLoader.config_defaults, "max_position_embeddings": 2048}
+
     def tiny_config(self) -> dict[str, Any]:
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **_TINY_COMMON,
                 "mlp_bias": False, "rope_theta": 500000.0,
@@ -66,6 +74,9 @@ class LlamaLoader(DecoderOnlyLoader):
 class MistralLoader(DecoderOnlyLoader):
     """``MistralForCausalLM``: the Llama stack. A ``sliding_window`` shorter than the context caps
     the usable context at the window, where full attention is exactly sliding-window attention."""
+
+    config_defaults = {**DecoderOnlyLoader.config_defaults, "num_key_value_heads": 8,
+                       "max_position_embeddings": 131072, "sliding_window": 4096}
 
     def max_position_embeddings(self, config: dict[str, Any]) -> int:
         limit = super().max_position_embeddings(config)

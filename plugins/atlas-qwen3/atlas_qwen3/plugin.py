@@ -1,6 +1,6 @@
 """Registers the weight loaders of this family. Lazy strings: importing this imports nothing heavy."""
 
-from atlas_core.hookspecs import hookimpl
+from atlas_core.api import hookimpl
 
 LOADERS = {
     "Qwen3ForCausalLM": "atlas_qwen3.loaders:Qwen3Loader",

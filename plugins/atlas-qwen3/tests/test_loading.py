@@ -8,11 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from atlas_core.interfaces import KVCacheSpec
-from atlas_core.model import ModelConfigError, WeightLoadError, load_model
-from atlas_core.plugins import Registry, make_plugin_manager
+from atlas_core.api import (Checkpoint, KVCacheSpec, ModelConfigError, Registry, WeightLoadError,
+                            load_model, make_plugin_manager, write_safetensors)
 from atlas_core.testing.checkpoints import tiny_architectures, write_tiny_checkpoint
-from atlas_core.weights import Checkpoint, write_safetensors
 
 ARCHS = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
 

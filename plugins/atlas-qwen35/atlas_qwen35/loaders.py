@@ -36,6 +36,9 @@ class Qwen3NextLoader(DecoderOnlyLoader):
     layout = "qwen3_next"
     fused_experts = False
     zero_centered_norm = True
+    config_defaults = {**DecoderOnlyLoader.config_defaults, "head_dim": 256,
+                       "num_key_value_heads": 2, "max_position_embeddings": 32768,
+                       "norm_topk_prob": True, "shared_expert_intermediate_size": 512}
 
     def layer_factory(self, kind: str) -> Any:
         if self.registry is not None:
@@ -52,6 +55,7 @@ class Qwen3NextLoader(DecoderOnlyLoader):
 
     def validate_config(self, config: dict[str, Any]) -> None:
         super().validate_config(config)
+        config = self.resolve_config(config)
         types = self.layer_types(config)
         if len(types) != config["num_hidden_layers"]:
             raise ValueError(f"config.json 'layer_types' has {len(types)} entries for "
@@ -169,6 +173,8 @@ class Qwen3_5Loader(Qwen3NextLoader):
     """``Qwen3_5ForCausalLM``: split GDN projections, dense SwiGLU MLP on every layer."""
 
     layout = "qwen3_5"
+    config_defaults = {**DecoderOnlyLoader.config_defaults, "head_dim": 256,
+                       "num_key_value_heads": 4, "max_position_embeddings": 32768}
 
     def is_sparse(self, config: dict[str, Any], layer_idx: int) -> bool:
         return False
@@ -184,6 +190,9 @@ class Qwen3_5MoeLoader(Qwen3_5Loader):
     expert weights come fused (``experts.gate_up_proj``) or per expert."""
 
     fused_experts = True
+    config_defaults = {**DecoderOnlyLoader.config_defaults, "head_dim": 256,
+                       "num_key_value_heads": 2, "max_position_embeddings": 32768,
+                       "shared_expert_intermediate_size": 512}
 
     def is_sparse(self, config: dict[str, Any], layer_idx: int) -> bool:
         return True

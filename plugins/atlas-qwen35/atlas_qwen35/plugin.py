@@ -1,6 +1,8 @@
-"""Registers this family's layer kinds and weight loaders. Lazy strings: importing this is free."""
+"""Registers this family's layer kinds, weight loaders and Gated DeltaNet ops (specs, numpy and
+CUDA implementations, CUDA sources). Lazy strings: importing this is free; the CUDA part
+(``atlas-qwen35[cuda]``) is imported only when the cuda backend builds its op table."""
 
-from atlas_core.hookspecs import hookimpl
+from atlas_core.api import OpSpec, hookimpl
 
 LAYERS = {
     "gated_deltanet": "atlas_qwen35.gated_deltanet:GatedDeltaNet",
@@ -27,3 +29,42 @@ def register_layers(register):
 def register_weight_loaders(register):
     for architecture, factory in LOADERS.items():
         register(architecture, factory)
+
+
+_REF = "atlas_qwen35.gdn_reference"
+_CASES = "atlas_qwen35.gdn_cases"
+
+#: The Gated DeltaNet ops: spec, numpy implementation (None: the reference), CUDA class.
+OPS = (
+    (OpSpec("causal_conv1d", f"{_REF}:causal_conv1d", stateful=True,
+            cases=f"{_CASES}:causal_conv1d_cases"), None),
+    (OpSpec("causal_conv1d_update", f"{_REF}:causal_conv1d_update", stateful=True,
+            cases=f"{_CASES}:causal_conv1d_update_cases"), None),
+    (OpSpec("gated_delta_rule_chunked", f"{_REF}:gated_delta_rule_chunked", stateful=True,
+            cases=f"{_CASES}:gated_delta_rule_chunked_cases"),
+     "atlas_qwen35.gdn_numpy:gated_delta_rule_chunked"),
+    (OpSpec("gated_delta_rule_recurrent", f"{_REF}:gated_delta_rule_recurrent", stateful=True,
+            cases=f"{_CASES}:gated_delta_rule_recurrent_cases"),
+     "atlas_qwen35.gdn_numpy:gated_delta_rule_recurrent"),
+    (OpSpec("gated_delta_rule_decode", f"{_REF}:gated_delta_rule_decode", stateful=True,
+            unfused=f"{_REF}:compose_gdn_decode",
+            cases=f"{_CASES}:gated_delta_rule_decode_cases"), None),
+    (OpSpec("gdn_gating", f"{_REF}:gdn_gating", cases=f"{_CASES}:gdn_gating_cases"), None),
+    (OpSpec("rms_norm_gated", f"{_REF}:rms_norm_gated", cases=f"{_CASES}:rms_norm_gated_cases"),
+     None),
+)
+CUDA_OPS = "atlas_qwen35.cuda.gdn_ops:GdnOps"
+
+
+@hookimpl
+def register_ops(register):
+    for spec, numpy_impl in OPS:
+        register(spec.name, spec)
+        if numpy_impl is not None:
+            register(spec.name, numpy_impl, backend="numpy")
+        register(spec.name, f"{CUDA_OPS}.{spec.name}", backend="cuda")
+
+
+@hookimpl
+def register_kernel_sources(register):
+    register("qwen35", "atlas_qwen35.cuda:kernel_dir")

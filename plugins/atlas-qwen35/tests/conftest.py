@@ -1,10 +1,11 @@
-"""Shared fixtures: tiny hybrid checkpoints (written once per session) and the numpy backend."""
+"""Shared fixtures: tiny hybrid checkpoints (written once per session), the numpy backend and,
+on a machine with a GPU, one cuda backend per session."""
 
 from __future__ import annotations
 
 import pytest
 
-from atlas_core.plugins import Registry
+from atlas_core.api import Registry
 
 from qwen35_cases import ARCHS, prompts  # noqa: F401 (re-exported for fixtures)
 
@@ -28,3 +29,13 @@ def checkpoints(registry, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("qwen35")
     return {arch: write_tiny_checkpoint(arch, root / arch, registry=registry) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def cuda_backend():
+    from qwen35_cuda_probe import HAS_GPU
+
+    if not HAS_GPU:
+        pytest.skip("no CUDA device, or atlas-cuda is missing: pip install atlas-qwen35[cuda]")
+    from atlas_cuda.backend import CudaBackend
+    return CudaBackend()

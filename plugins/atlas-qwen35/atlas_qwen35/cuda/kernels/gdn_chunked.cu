@@ -1,4 +1,5 @@
-// Gated delta rule for prefill in chunked (WY) form, float32 math and state (ops/gdn.py spec).
+// Gated delta rule for prefill in chunked (WY) form, float32 math and state
+// (atlas_qwen35/gdn_reference.py).
 // Per value head, a chunk of C = 64 tokens starting from state S0 ([Dk, Dv]), with the in-chunk
 // log decay gamma_i = sum_{j<=i} g_j, G_i = exp(gamma_i) and the strictly lower
 // A_ij = beta_i (G_i / G_j) k_i.k_j:

@@ -1,5 +1,7 @@
-"""Gated DeltaNet and guided ops on CUDA at model-sized shapes, in CUDA graphs, and tiny hybrid
-Qwen3.5 / Qwen3-Next checkpoints through the engine against the numpy backend.
+"""Gated DeltaNet ops on CUDA (this plugin's kernels and wrappers, ``atlas-qwen35[cuda]``) at
+model-sized shapes, in CUDA graphs, each kernel path the policy can pick, and tiny hybrid
+Qwen3.5 / Qwen3-Next checkpoints through the engine against the numpy backend (guided decoding
+and the float32 q/k norms of these models included).
 
 Tolerances: ops as the contract (``||out - ref|| / ||ref||``: float32 1e-5, bfloat16 1.2e-2,
 ten times looser for the delta rule's state recurrence); float32 engines must pick the same
@@ -7,18 +9,32 @@ greedy tokens with top logprobs within 1e-4; bfloat16 logits (teacher-forced) no
 the float32 truth than twice the numpy backend's bfloat16 run.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from atlas_core.ops import reference as ref
+from atlas_core.api import reference as core_ref
+from atlas_core.testing.contracts_cases import check_case
 from atlas_core.testing.contracts_ops import assert_close, make_rng, randn, rel_error
+from atlas_qwen35 import gdn_reference as ref
+from atlas_qwen35.gdn_cases import gated_delta_rule_decode_case
 
-from cuda_probe import HAS_GPU
+from qwen35_cuda_probe import HAS_GPU
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")]
 ARCHS = ["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"]
 #: (num_k_heads, num_v_heads, head_k_dim, head_v_dim) as in Qwen3-Next / Qwen3.5, fewer heads.
 HEADS = (2, 4, 128, 128)
+
+
+@pytest.fixture
+def policy(cuda_backend):
+    """``policy(**fields)``: the session backend runs this test with these kernel policy fields
+    (:class:`atlas_cuda.policy.KernelPolicy`), restored afterwards."""
+    original = cuda_backend.policy
+    yield lambda **fields: cuda_backend.set_policy(dataclasses.replace(original, **fields))
+    cuda_backend.set_policy(original)
 
 
 def _layout(num_q, context, slots):
@@ -64,9 +80,9 @@ CHUNKED_LAYOUTS = {
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("layout", sorted(CHUNKED_LAYOUTS))
 @pytest.mark.parametrize("head_v_dim", [128, 64])
-def test_chunked_kernels_match_reference(cuda_backend, monkeypatch, dtype, layout, head_v_dim):
-    """gdn_chunked.cu (ATLAS_CUDA_GDN_PREFILL=chunked) against the NumPy chunked reference."""
-    monkeypatch.setenv("ATLAS_CUDA_GDN_PREFILL", "chunked")
+def test_chunked_kernels_match_reference(cuda_backend, policy, dtype, layout, head_v_dim):
+    """gdn_chunked.cu (policy gdn_prefill=chunked) against the NumPy chunked reference."""
+    policy(gdn_prefill="chunked")
     be, rng = cuda_backend, make_rng("gdn_chunked", dtype, layout, head_v_dim)
     hk, hv, dk, dv = 2, 4, 128, head_v_dim
     cu, seq_lens, slots = _layout(*CHUNKED_LAYOUTS[layout])
@@ -87,7 +103,7 @@ def test_chunked_kernels_match_reference(cuda_backend, monkeypatch, dtype, layou
         assert rel_error(be.to_host(out), want) < 1e-4
 
 
-def test_chunked_then_sequential_agree(cuda_backend, monkeypatch):
+def test_chunked_then_sequential_agree(cuda_backend, policy):
     """A long prefill split in two steps (second one continuing from the slot) gives the
     same outputs and state whichever kernel runs each step."""
     be, rng = cuda_backend, make_rng("gdn_chunked_ab")
@@ -96,7 +112,7 @@ def test_chunked_then_sequential_agree(cuda_backend, monkeypatch):
     qkv, g, beta = _delta_inputs(rng, 400, "float32")
     results = {}
     for mode in ("chunked", "sequential"):
-        monkeypatch.setenv("ATLAS_CUDA_GDN_PREFILL", mode)
+        policy(gdn_prefill=mode)
         pool, outs = be.zeros((1, hv, dk, dv), np.float32), []
         for lo, hi in ((0, 150), (150, 400)):
             cu, seq_lens, slots = _layout([hi - lo], [lo], [0])
@@ -130,13 +146,12 @@ def test_conv1d_prefill_then_updates(cuda_backend, dtype):
 
 
 @pytest.mark.parametrize("kernel", [None, "head", "split"])
-def test_decode_step_in_a_graph(cuda_backend, monkeypatch, kernel):
+def test_decode_step_in_a_graph(cuda_backend, policy, kernel):
     """conv update + gating + delta rule + gated norm captured once, replayed on new inputs
     (as four ops, or as gated_delta_rule_decode's two fused kernels, the second one
     gdn_decode_norm or gdn_decode_split)."""
     fused = kernel is not None
-    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", str(int(fused)))
-    monkeypatch.setenv("ATLAS_CUDA_GDN_DECODE", kernel or "auto")
+    policy(gdn_fused=fused, gdn_decode=kernel or "auto")
     be, rng = cuda_backend, make_rng("gdn_graph")
     hk, hv, dk, dv = HEADS
     dim, k, num_seqs = 2 * hk * dk + hv * dv, 4, 3
@@ -193,12 +208,12 @@ def test_token_bitmask_bf16_logits(cuda_backend):
     logits = randn(rng, (3, 1000), "bfloat16")
     mask = rng.integers(-2**31, 2**31, (3, 32), dtype=np.int64).astype(np.int32)
     out = be.to_host(be.ops.apply_token_bitmask(be.from_host(logits), be.from_host(mask)))
-    np.testing.assert_array_equal(out, ref.apply_token_bitmask(logits, mask))
+    np.testing.assert_array_equal(out, core_ref.apply_token_bitmask(logits, mask))
 
 
 @pytest.fixture(scope="module")
 def hybrid_paths(tmp_path_factory):
-    from atlas_core.plugins import Registry
+    from atlas_core.api import Registry
     from atlas_core.testing.checkpoints import write_tiny_checkpoint
 
     registry = Registry()
@@ -211,7 +226,7 @@ def hybrid_paths(tmp_path_factory):
 
 
 def _greedy(path, backend, prompts):
-    from atlas_core import LLM, SamplingParams
+    from atlas_core.api import LLM, SamplingParams
 
     llm = LLM(str(path), backend=backend, num_kv_blocks=64, max_num_seqs=4, block_size=8,
               max_prefill_tokens=16)
@@ -232,7 +247,7 @@ def test_hybrid_engine_greedy_matches_numpy(hybrid_paths, arch):
 
 
 def _teacher_forced_logits(path, backend, registry, dtype=None):
-    from atlas_core.model import load_model
+    from atlas_core.api import load_model
     from atlas_core.testing.forward import ForwardRunner
 
     tokens = np.random.default_rng(5).integers(0, 370, 32).tolist()
@@ -247,23 +262,22 @@ def _teacher_forced_logits(path, backend, registry, dtype=None):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("heads", [HEADS, (1, 1, 32, 32), (2, 4, 16, 8), (1, 2, 64, 256),
                                    (2, 2, 256, 64)])
-def test_gated_delta_rule_decode_paths(cuda_backend, monkeypatch, path, dtype, heads):
+def test_gated_delta_rule_decode_paths(cuda_backend, policy, path, dtype, heads):
     """The four separate ops, gdn_decode_norm (a block per value head) and gdn_decode_split
     (clusters of column slabs: 8 x 16, 2 x 16, none (falls back), 8 x 32, 4 x 16 columns)."""
-    from atlas_core.testing.contracts_gdn import GdnContract
-    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", str(int(path != "unfused")))
-    monkeypatch.setenv("ATLAS_CUDA_GDN_DECODE", "head" if path == "head" else "split")
-    GdnContract().test_gated_delta_rule_decode(cuda_backend, dtype, heads)
+    policy(gdn_fused=path != "unfused", gdn_decode="head" if path == "head" else "split")
+    check_case(cuda_backend, cuda_backend.op_registry, "gated_delta_rule_decode",
+               gated_delta_rule_decode_case(dtype, heads))
 
 
 @pytest.mark.parametrize("cols", [32, 16])
 @pytest.mark.parametrize("batch", [1, 8])
-def test_decode_split_matches_head_kernel(cuda_backend, monkeypatch, batch, cols):
+def test_decode_split_matches_head_kernel(cuda_backend, policy, monkeypatch, batch, cols):
     """gdn_decode_split (``cols`` value columns per block) against gdn_decode_norm at
     Qwen3.5-35B's GDN heads (16 / 32 heads, 128 x 128), bfloat16, from the same state and
     inputs."""
-    from atlas_cuda import ops_gdn
-    monkeypatch.setattr(ops_gdn, "SPLIT_COLS", (cols,))
+    from atlas_qwen35.cuda import gdn_ops
+    monkeypatch.setattr(gdn_ops, "SPLIT_COLS", (cols,))
     be, rng = cuda_backend, make_rng("gdn_split", batch)
     hk, hv, dk, dv = 16, 32, 128, 128
     dim, k = 2 * hk * dk + hv * dv, 4
@@ -278,7 +292,7 @@ def test_decode_split_matches_head_kernel(cuda_backend, monkeypatch, batch, cols
     meta = [be.from_host(a) for a in (np.arange(batch + 1, dtype=np.int32), seq_lens, slots)]
     results = {}
     for kernel in ("head", "split"):
-        monkeypatch.setenv("ATLAS_CUDA_GDN_DECODE", kernel)
+        policy(gdn_decode=kernel)
         pools = [be.from_host(conv), be.from_host(ssm)]
         out = be.ops.gated_delta_rule_decode(*args, *pools, *meta, num_k_heads=hk,
                                              num_v_heads=hv, head_k_dim=dk, head_v_dim=dv)
@@ -287,10 +301,9 @@ def test_decode_split_matches_head_kernel(cuda_backend, monkeypatch, batch, cols
     assert rel_error(results["split"][1], results["head"][1]) < 1e-5
 
 
-def test_hybrid_moe_bf16_logits_with_fused_decode(hybrid_paths, cuda_backend, monkeypatch):
+def test_hybrid_moe_bf16_logits_with_fused_decode(hybrid_paths, cuda_backend, policy):
     """The fused decode kernels (moe_block, gated_delta_rule_decode) inside a whole model."""
-    monkeypatch.setenv("ATLAS_CUDA_MOE_FUSED", "1")
-    monkeypatch.setenv("ATLAS_CUDA_GDN_FUSED", "1")
+    policy(moe_fused="1", gdn_fused=True)
     test_hybrid_bf16_logits_as_close_as_numpy(hybrid_paths, cuda_backend, "Qwen3_5MoeForCausalLM")
 
 
@@ -298,7 +311,7 @@ def test_hybrid_moe_bf16_logits_with_fused_decode(hybrid_paths, cuda_backend, mo
 def test_hybrid_bf16_logits_as_close_as_numpy(hybrid_paths, cuda_backend, arch):
     """bfloat16 rounding alone moves tiny random hybrids' logits by 2-18% (numpy backend vs the
     same weights in float32); the cuda backend must stay within twice what numpy's bf16 gets."""
-    from atlas_core.plugins import Registry
+    from atlas_core.api import Registry
 
     registry = Registry()
     numpy_backend = registry.create("gpu_backends", "numpy")
@@ -314,7 +327,7 @@ def test_qk_norm_rope_float32_norm_weights(cuda_backend):
     the kernel read them as bfloat16."""
     be, rng = cuda_backend, make_rng("rope_f32_norm")
     h, kh, d, t = 4, 2, 32, 5
-    cs = ref.rope_cos_sin_cache(8, 64, {"rope_type": "default", "rope_theta": 10000.0})
+    cs = core_ref.rope_cos_sin_cache(8, 64, {"rope_type": "default", "rope_theta": 10000.0})
     pos = rng.integers(0, 64, t).astype(np.int32)
     qkv = randn(rng, (t, (h + 2 * kh) * d), "bfloat16")
     qn, kn = randn(rng, (d,)) + 1, randn(rng, (d,)) + 1
@@ -325,7 +338,8 @@ def test_qk_norm_rope_float32_norm_weights(cuda_backend):
     q = be.ops.qk_norm_rope_and_cache(be.from_host(qkv), be.from_host(pos), be.from_host(cs),
                                       dk, dv, be.from_host(slots), q_norm=be.from_host(qn),
                                       k_norm=be.from_host(kn), **kw)
-    want = ref.qk_norm_rope_and_cache(qkv, pos, cs, kc, vc, slots, q_norm=qn, k_norm=kn, **kw)
+    want = core_ref.qk_norm_rope_and_cache(qkv, pos, cs, kc, vc, slots, q_norm=qn, k_norm=kn,
+                                           **kw)
     assert_close(be.to_host(q), want, "q")
     assert_close(be.to_host(dk), kc, "k cache")
 
@@ -334,8 +348,8 @@ def test_guided_json_on_cuda(hybrid_paths):
     pytest.importorskip("llguidance", reason="llguidance is not installed")
     import json
 
-    from atlas_core import LLM, SamplingParams
-    from atlas_core.guided import GuidedDecodingParams
+    from atlas_core.api import LLM, SamplingParams
+    from atlas_core.api import GuidedDecodingParams
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
               "required": ["a", "b"], "additionalProperties": False}

@@ -1,7 +1,7 @@
 // Gated DeltaNet helpers: depthwise causal conv1d (prefill and one-token update) with float32
-// conv state, decay/beta gating, gated RMSNorm and sigmoid gating. Math in float32.
-// State slots follow atlas_core/ops/gdn.py: state_indices[b] < 0 is a padding row (state neither
-// read nor written); a sequence whose seq_lens equals its query count starts from zeros.
+// conv state, decay/beta gating and gated RMSNorm. Math in float32.
+// State slots follow atlas_qwen35/gdn_reference.py: state_indices[b] < 0 is a padding row (state
+// neither read nor written); a sequence whose seq_lens equals its query count starts from zeros.
 #include "common.cuh"
 
 #define CONV_KMAX 8
@@ -149,17 +149,6 @@ __device__ void rms_norm_gated_impl(T* y, const T* x, const T* gate, const W* w,
   }
 }
 
-// out = x * sigmoid(gate); gate is [rows, d] or [rows, 1] (gate_width 1: broadcast).
-template <typename T>
-__device__ void sigmoid_mul_impl(T* out, const T* x, const T* gate, int d, int gate_width,
-                                 long long n) {
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
-    float gv = to_f32(gate[gate_width == 1 ? i / d : i]);
-    out[i] = from_f32<T>(to_f32(x[i]) * sigmoid_f(gv));
-  }
-}
-
 #define GDN(T, S)                                                                              \
   extern "C" __global__ void causal_conv1d_##S(T* out, const T* x, const T* w, const T* bias,  \
       float* states, const int* cu, const int* seq_lens, const int* idx, int dim, int k,       \
@@ -188,9 +177,5 @@ __device__ void sigmoid_mul_impl(T* out, const T* x, const T* gate, int d, int g
   extern "C" __global__ void rms_norm_gated_wf32_##S(T* y, const T* x, const T* gate,          \
       const float* w, float eps, int d, long long rows) {                                      \
     rms_norm_gated_impl<T, float>(y, x, gate, w, eps, d, rows);                                \
-  }                                                                                            \
-  extern "C" __global__ void sigmoid_mul_##S(T* out, const T* x, const T* gate, int d,         \
-      int gate_width, long long n) {                                                           \
-    sigmoid_mul_impl<T>(out, x, gate, d, gate_width, n);                                       \
   }
 INSTANTIATE(GDN)

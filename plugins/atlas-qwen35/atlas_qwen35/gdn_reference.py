@@ -1,4 +1,5 @@
-"""Reference ops of Gated DeltaNet layers (Qwen3-Next / Qwen3.5) and sigmoid gating.
+"""NumPy references of the Gated DeltaNet ops (Qwen3-Next / Qwen3.5), registered as op specs by
+:mod:`atlas_qwen35.plugin`.
 
 Recurrent state lives in per-sequence slots of two pools a layer receives through
 ``bind_state``: the conv state ``[num_slots, kernel_size - 1, conv_dim]`` (the last inputs of the
@@ -15,8 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from atlas_core.ops._dtypes import f32
-from atlas_core.ops.norm import ACTIVATIONS
+from atlas_core.api import ACTIVATIONS, f32
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -263,22 +263,6 @@ def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: flo
     xf = f32(x)
     y = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + eps) * f32(weight)
     return (y * ACTIVATIONS["silu"](f32(gate))).astype(x.dtype)
-
-
-def sigmoid_mul(x: np.ndarray, gate: np.ndarray) -> np.ndarray:
-    """``x * sigmoid(gate)`` in float32, stored in ``x.dtype``.
-
-    Serves the gated attention output (``gate`` ``[num_tokens, num_heads * head_dim]``) and the
-    shared-expert gate (``gate`` ``[num_tokens, 1]``, broadcast along the last axis).
-
-    Args:
-        x: ``[num_tokens, d]``.
-        gate: ``[num_tokens, d]`` or ``[num_tokens, 1]``.
-
-    Returns:
-        ``[num_tokens, d]`` in ``x.dtype``.
-    """
-    return (f32(x) * _sigmoid(f32(gate))).astype(x.dtype)
 
 
 def compose_gdn_decode(ops, qkv, z, ba, conv_weight, A_log, dt_bias, norm_weight, conv_states,

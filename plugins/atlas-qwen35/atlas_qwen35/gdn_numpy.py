@@ -1,4 +1,5 @@
-"""Gated delta rule for the numpy backend: one token-by-token numba kernel for both forms.
+"""Gated delta rule on the numpy backend: one token-by-token numba kernel for both forms
+(registered as the ``numpy`` implementations by :mod:`atlas_qwen35.plugin`).
 
 ``gated_delta_rule_chunked`` (prefill) and ``gated_delta_rule_recurrent`` (decode) both run the
 recurrence token by token here. The chunked (WY) form rounds differently from the recurrent one
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.ops import gdn as reference
-from atlas_core.ops.gdn import _runs, _split_qkv
+from atlas_qwen35 import gdn_reference as reference
+from atlas_qwen35.gdn_reference import _runs, _split_qkv
 
 try:
     import numba
@@ -61,11 +62,8 @@ _delta_rule_jit = (numba.njit(cache=True, nogil=True)(_delta_rule_rows)
                    if numba is not None else None)
 
 
-def gated_delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices, *,
-                     num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale=None,
-                     use_qk_l2norm=True):
-    """Both :func:`atlas_core.ops.reference.gated_delta_rule_recurrent` and ``_chunked``
-    (same arguments, less ``chunk_size``; same result up to rounding)."""
+def _gated_delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                      num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale, use_qk_l2norm):
     if _delta_rule_jit is None or ssm_states.dtype != np.float32:
         return reference.gated_delta_rule_recurrent(
             qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
@@ -84,3 +82,22 @@ def gated_delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indic
                         slots.astype(np.int64), starts.astype(np.int64), ends.astype(np.int64),
                         has_state.astype(np.bool_), out)
     return out.astype(qkv.dtype)
+
+
+def gated_delta_rule_recurrent(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices, *,
+                               num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale=None,
+                               use_qk_l2norm=True):
+    """:func:`atlas_qwen35.gdn_reference.gated_delta_rule_recurrent` through the numba kernel."""
+    return _gated_delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                             num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale,
+                             use_qk_l2norm)
+
+
+def gated_delta_rule_chunked(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices, *,
+                             num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale=None,
+                             use_qk_l2norm=True, chunk_size=64):
+    """:func:`atlas_qwen35.gdn_reference.gated_delta_rule_chunked`, token by token (same result
+    up to rounding; ``chunk_size`` does not apply)."""
+    return _gated_delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
+                             num_k_heads, num_v_heads, head_k_dim, head_v_dim, scale,
+                             use_qk_l2norm)

@@ -1,0 +1,213 @@
+"""DiskTier: KV blocks persisted through a StorageBackend, bounded, checked on every read.
+
+Blocks live under ``<offload_dir>/<namespace>/``, where the namespace digests everything that
+makes a block's bytes mean something: the model (config and weight files), its dtype, the KV
+dtype, block size and layout (:func:`kv_namespace`). Keys are the blocks' chained hashes, so a
+restarted server finds the prefixes an earlier run stored. Each record carries a checksum
+(:mod:`atlas_core.storage.kv_record`); a record that fails it is counted, deleted and treated
+as a miss. The backend's coroutines run on an event loop of their own thread, so the engine
+thread only submits and polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from atlas_core.storage.kv_record import HEADER_SIZE, VERSION, CorruptRecord, pack_record, unpack_record
+
+log = logging.getLogger(__name__)
+
+_FINGERPRINT_BYTES = 1 << 20
+#: Failed writes in a row after which the tier stops writing (reads go on).
+MAX_WRITE_FAILURES = 8
+
+
+def _model_fingerprint(model: Any, model_name: str | None) -> str:
+    path = getattr(model, "path", None)
+    h = hashlib.sha256(f"{type(model).__name__}:{getattr(model, 'dtype', '')}".encode())
+    if path is None or not (Path(path) / "config.json").is_file():
+        h.update(str(model_name).encode())
+        return h.hexdigest()
+    path = Path(path)
+    h.update((path / "config.json").read_bytes())
+    for weights in sorted(path.glob("*.safetensors")):
+        size = weights.stat().st_size
+        h.update(f"{weights.name}:{size}".encode())
+        with open(weights, "rb") as f:
+            h.update(f.read(_FINGERPRINT_BYTES))
+            f.seek(max(0, size - _FINGERPRINT_BYTES))
+            h.update(f.read(_FINGERPRINT_BYTES))
+    return h.hexdigest()
+
+
+def kv_namespace(model: Any, model_name: str | None, kv_dtype: Any, block_size: int,
+                 pool_shapes: list[tuple]) -> tuple[str, dict]:
+    """``(directory name, identity)`` of the blocks this engine writes and may read back.
+
+    The weights are fingerprinted by their size and first and last MiB (a fine-tune of the same
+    shapes differs there), so two models never share blocks.
+    """
+    identity = {"model": _model_fingerprint(model, model_name), "name": str(model_name),
+                "kv_dtype": str(kv_dtype), "block_size": block_size,
+                "layout": [list(s) for s in pool_shapes], "format": VERSION}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return f"kv-{digest[:24]}", identity
+
+
+class StorageLoop:
+    """An asyncio event loop on a daemon thread that runs a StorageBackend's coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="atlas-kv-storage",
+                                       daemon=True)
+        self.thread.start()
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        """Schedule ``coro`` on the loop; its future completes on that thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class DiskTier:
+    """Bounded (least recently used first out) persistent tier over ``storage``.
+
+    Args:
+        storage: a StorageBackend rooted in this engine's namespace directory.
+        payload_size: bytes of one block.
+        capacity_bytes: most bytes of records kept.
+    """
+
+    def __init__(self, storage: Any, payload_size: int, capacity_bytes: int) -> None:
+        self.storage = storage
+        self.payload_size = payload_size
+        self.record_size = HEADER_SIZE + payload_size
+        self.capacity = max(0, capacity_bytes // self.record_size)
+        self.runner = StorageLoop()
+        self.index: OrderedDict[bytes, None] = OrderedDict()
+        for key in storage.keys():
+            if len(key) == 32 and all(c in "0123456789abcdef" for c in key):
+                self.index[bytes.fromhex(key)] = None
+        self.writes: dict[bytes, tuple[concurrent.futures.Future, Any]] = {}
+        self.reads: dict[bytes, concurrent.futures.Future] = {}
+        self.num_loaded_at_start = len(self.index)
+        self.num_corrupt = getattr(storage, "num_torn_writes", 0)
+        self.num_write_failures = 0
+        self.num_read_failures = 0
+        self.bytes_read = self.bytes_written = 0
+        self.is_writable = True
+        self._failures_in_a_row = 0
+        self._trim()
+
+    @property
+    def used_bytes(self) -> int:
+        return len(self.index) * self.record_size
+
+    def contains(self, h: bytes) -> bool:
+        return h in self.index or h in self.writes
+
+    def write(self, h: bytes, payload: Any) -> None:
+        """Store a block in the background (no-op when present; refreshes its LRU place)."""
+        if h in self.index:
+            self.index.move_to_end(h)
+            return
+        if h in self.writes or not self.is_writable or not self.capacity:
+            return
+        record = pack_record(h, payload)
+        self.writes[h] = (self.runner.submit(self.storage.write(h.hex(), record)), payload)
+
+    def fetch(self, h: bytes) -> Any | None:
+        """The block's payload if it is at hand now (a write still in flight), else start
+        reading it (see :meth:`poll`) and return ``None``."""
+        pending = self.writes.get(h)
+        if pending is not None:
+            return pending[1]
+        if h not in self.reads and h in self.index:
+            self.index.move_to_end(h)
+            self.reads[h] = self.runner.submit(self._read(h))
+        return None
+
+    async def _read(self, h: bytes):
+        data = await self.storage.read(h.hex())
+        return unpack_record(h, data, self.payload_size)
+
+    def poll(self) -> dict[bytes, Any]:
+        """Reap finished writes and reads; returns the payloads read ``{hash: payload}``."""
+        for h, (future, _) in list(self.writes.items()):
+            if future.done():
+                del self.writes[h]
+                self._finish_write(h, future)
+        done = {}
+        for h, future in list(self.reads.items()):
+            if not future.done():
+                continue
+            del self.reads[h]
+            try:
+                done[h] = future.result()
+                self.bytes_read += self.record_size
+            except CorruptRecord as exc:
+                self.num_corrupt += 1
+                log.warning("KV disk tier: block %s is corrupt (%s); deleted, it will be "
+                            "recomputed", h.hex(), exc)
+                self._forget(h)
+            except Exception as exc:  # noqa: BLE001 - a failed read is a miss, never a crash
+                self.num_read_failures += 1
+                log.warning("KV disk tier: reading block %s failed (%s: %s); it will be "
+                            "recomputed", h.hex(), type(exc).__name__, exc)
+                self.index.pop(h, None)
+        return done
+
+    def _finish_write(self, h: bytes, future: concurrent.futures.Future) -> None:
+        exc = future.exception()
+        if exc is None:
+            self.index[h] = None
+            self.bytes_written += self.record_size
+            self._failures_in_a_row = 0
+            self._trim()
+            return
+        self.num_write_failures += 1
+        self._failures_in_a_row += 1
+        log.warning("KV disk tier: writing a block failed (%s: %s); counted, the server goes on",
+                    type(exc).__name__, exc)
+        if self._failures_in_a_row >= MAX_WRITE_FAILURES and self.is_writable:
+            self.is_writable = False
+            log.error("KV disk tier: %d writes failed in a row; no more blocks are written this "
+                      "run (reads go on). Free space in the offload directory or fix its "
+                      "permissions, then restart", self._failures_in_a_row)
+
+    def wait(self, timeout: float) -> None:
+        """Block until some read finishes (or ``timeout`` seconds pass)."""
+        if self.reads:
+            concurrent.futures.wait(list(self.reads.values()), timeout,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def _forget(self, h: bytes) -> None:
+        self.index.pop(h, None)
+        self.runner.submit(self.storage.delete(h.hex()))
+
+    def _trim(self) -> None:
+        while len(self.index) > self.capacity:
+            h, _ = self.index.popitem(last=False)
+            self.runner.submit(self.storage.delete(h.hex()))
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Finish the writes in flight (within ``timeout`` s), then stop the loop."""
+        pending = [f for f, _ in self.writes.values()] + list(self.reads.values())
+        concurrent.futures.wait(pending, timeout)
+        self.poll()
+        self.runner.submit(asyncio.sleep(0)).result(timeout)
+        self.runner.close()
+        self.storage.close()

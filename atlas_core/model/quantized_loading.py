@@ -1,0 +1,168 @@
+"""The quantized side of weight loading: which parameters stay quantized, their allocation, and
+filling them from the checkpoint.
+
+A parameter stays a :class:`~atlas_core.ops.quant.QuantizedWeight` when every checkpoint
+tensor of its source group is quantized in one format that packs exactly
+(:func:`~atlas_core.weights.quant_packing.decide_layout`), the parameter is
+``quantizable`` (not an embedding table, not rewritten on the host by its module) and the
+backend keeps that format (``backend.quantized_weight_formats``; ``atlas serve
+--dequantize-weights`` empties it). Every other quantized tensor is dequantized exactly to the
+model dtype at load, with one warning per reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from atlas_core.model.params import Module
+from atlas_core.ops.quant import QuantizedWeight, dequantize
+from atlas_core.weights.checkpoint import Checkpoint
+from atlas_core.weights.quant_packing import PackedLayout, decide_layout, pack_sources
+from atlas_core.weights.quant_tensors import (QuantizedTensorError, QuantTensor, fp8_scale_kind,
+                                              read_quantized)
+
+log = logging.getLogger(__name__)
+
+#: Parameters read by ops other than the weight-taking ones (``embedding``) stay plain.
+PLAIN_SUFFIXES = ("embed_tokens.weight",)
+
+
+def quantized_formats(backend: Any) -> frozenset[str]:
+    """The quantized formats ``backend``'s weight-taking ops accept
+    (``backend.quantized_weight_formats``; none when the backend does not say)."""
+    return frozenset(getattr(backend, "quantized_weight_formats", ()) or ())
+
+
+@dataclass
+class QuantPlan:
+    """The quantized parameters of one load.
+
+    Attributes:
+        tensors: checkpoint data tensor name -> its :class:`QuantTensor`.
+        companions: scale tensors (consumed with their weight, never loaded alone).
+        layouts: ``(id(module), param)`` -> the layout it keeps.
+        block_size: FP8 block shape of the checkpoint.
+        scale_shapes: scale tensor name -> its shape.
+        dequantized: reason -> parameters dequantized at load for it.
+    """
+
+    tensors: dict[str, QuantTensor]
+    companions: set[str]
+    block_size: tuple[int, int]
+    scale_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    layouts: dict[tuple[int, str], PackedLayout] = field(default_factory=dict)
+    dequantized: dict[str, list[str]] = field(default_factory=dict)
+
+    def check_scales(self) -> None:
+        """Fail before allocating when an FP8 scale fits no known layout.
+
+        Raises:
+            QuantizedTensorError: naming the scale, its shape and the layouts it could have.
+        """
+        for qt in self.tensors.values():
+            shape = self.scale_shapes[qt.scale]
+            if qt.kind == "fp8" and not fp8_scale_kind(shape, qt.shape, self.block_size):
+                raise QuantizedTensorError(_scale_message(qt, shape, self.block_size))
+
+    def decide(self, checkpoint: Checkpoint, name: str, module: Module, param: str,
+               sources: list[str], formats: frozenset[str]) -> None:
+        """Record whether parameter ``name`` (filled by checkpoint ``sources``) stays quantized."""
+        qts = [self.tensors.get(s) for s in sources]
+        if all(qt is None for qt in qts):
+            return
+        spec = module.specs[param]
+        packed, why = None, ""
+        if not spec.quantizable or name.endswith(PLAIN_SUFFIXES):
+            why = "the model reads them as plain arrays"
+        else:
+            packed, why = decide_layout(checkpoint, spec.shape, qts, self.block_size)
+            if packed is not None and packed.format not in formats:
+                why = f"the backend runs no {packed.format} weights"
+                packed = None
+        if packed is None:
+            self.dequantized.setdefault(why, []).append(name)
+        else:
+            self.layouts[(id(module), param)] = packed
+
+    def allocate(self, module: Module, param: str) -> QuantizedWeight | None:
+        """``Module.materialize``'s ``allocate``: device arrays of a kept quantized parameter."""
+        packed = self.layouts.get((id(module), param))
+        if packed is None:
+            return None
+        arrays = {k: None if v is None else module.backend.empty(*v)
+                  for k, v in packed.arrays().items()}
+        return QuantizedWeight(packed.format, arrays["data"], arrays["scale"], packed.shape,
+                               module.dtype, packed.block_size, arrays["global_scale"])
+
+    def report(self) -> None:
+        """Log the parameters dequantized at load, one warning per reason."""
+        for why, names in self.dequantized.items():
+            log.warning("dequantizing %d quantized parameters at load (%s), e.g. %s",
+                        len(names), why, names[0])
+
+
+def new_plan(checkpoint: Checkpoint, tensors: dict[str, QuantTensor], companions: set[str],
+             block_size: tuple[int, int]) -> QuantPlan:
+    """A :class:`QuantPlan` over the checkpoint's quantized tensors (scale shapes checked)."""
+    plan = QuantPlan(tensors, companions, tuple(block_size),
+                     {qt.scale: checkpoint.shape(qt.scale) for qt in tensors.values()})
+    plan.check_scales()
+    return plan
+
+
+def _scale_message(qt: QuantTensor, shape: tuple[int, ...], block: tuple[int, int]) -> str:
+    *lead, n, k = qt.shape
+    bn, bk = block
+    return (f"{qt.scale} has shape {list(shape)} for a weight of shape {list(qt.shape)}: "
+            f"neither per-tensor [1], per-channel {[*lead, n, 1]} nor {bn}x{bk} blocks "
+            f"{[*lead, -(-n // bn), -(-k // bk)]}; if the blocks differ, set "
+            "quantization_config.weight_block_size")
+
+
+def read_dequantized(checkpoint: Checkpoint, qt: QuantTensor, dtype: np.dtype,
+                     block_size: tuple[int, int]) -> np.ndarray:
+    """One quantized checkpoint weight, dequantized exactly, as ``dtype``."""
+    return dequantize(read_quantized(checkpoint, qt, dtype, block_size)).astype(dtype)
+
+
+def fill_quantized(module: Module, param: str, checkpoint: Checkpoint, plan: QuantPlan,
+                   sources: list[str]) -> int:
+    """Copy a kept quantized parameter from its checkpoint ``sources``; returns bytes copied."""
+    target = module.params[param]
+    packed = plan.layouts[(id(module), param)]
+    host = pack_sources(checkpoint, packed, [plan.tensors[s] for s in sources], module.dtype,
+                        plan.block_size)
+    backend = module.backend
+    for part in ("data", "scale", "global_scale"):
+        dst, src = getattr(target, part), getattr(host, part)
+        if dst is not None:
+            backend.copy_from_host(dst, np.ascontiguousarray(src))
+    module.params[param] = target.replace(input_scale=host.input_scale)
+    return host.nbytes
+
+
+def weight_bytes(model: Module) -> Counter:
+    """Bytes of every parameter of ``model`` by storage: ``"fp8_block"``, ``"nvfp4"``… for
+    quantized weights, the dtype name (``"bfloat16"``) for plain arrays."""
+    out: Counter = Counter()
+    seen: set[int] = set()
+    for module in model.modules():
+        for array in module.params.values():
+            if id(array) in seen:
+                continue
+            seen.add(id(array))
+            key = array.format if isinstance(array, QuantizedWeight) else np.dtype(array.dtype).name
+            out[key] += int(array.nbytes)
+    return out
+
+
+def describe_weight_bytes(counts: Counter) -> str:
+    """``"3.21 GB (fp8_block 2.90 GB, bfloat16 0.31 GB)"`` for :func:`weight_bytes`."""
+    total = sum(counts.values())
+    parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in counts.most_common())
+    return f"{total / 1e9:.2f} GB ({parts})"

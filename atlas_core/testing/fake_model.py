@@ -1,0 +1,147 @@
+"""A CausalLM-shaped fake for engine tests: logits are a deterministic function of the context.
+
+The fake really uses the paged KV cache: ``forward`` writes each token id into its cache slot
+and reads every row's context back through the block table, so wrong slot mappings, block
+tables or prefix-cache hits change the logits and fail the tests that compare runs. Works on
+backends whose arrays are NumPy arrays (``numpy``, ``mock``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+import numpy as np
+
+from atlas_core.interfaces.layer import KVCacheSpec
+
+
+class FakeCausalLM:
+    """Pseudo-random next-token logits keyed by the whole context.
+
+    Args:
+        backend: a NumPy-array backend.
+        vocab_size: logits width.
+        num_layers: KV-holding layers (each stores the tokens).
+        max_position_embeddings: the model's context limit.
+        script: optional ``context_ids -> token id | None``; when it returns a token, that
+            token's logit is made far larger than the rest (a scripted continuation).
+    """
+
+    def __init__(self, backend, vocab_size: int = 64, num_layers: int = 1,
+                 max_position_embeddings: int = 512,
+                 script: Callable[[list[int]], int | None] | None = None) -> None:
+        self.backend = backend
+        self.config = {"architectures": ["FakeCausalLM"]}
+        self.vocab_size, self.num_layers = vocab_size, num_layers
+        self.hidden_size = 1
+        self.dtype = np.dtype(np.float32)
+        self.max_position_embeddings = max_position_embeddings
+        self.script = script
+        self.caches: list = []
+        self.num_forward_tokens = 0
+
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        return [KVCacheSpec(num_kv_heads=1, head_dim=1)] * self.num_layers
+
+    def bind_kv_caches(self, caches: list) -> None:
+        self.caches = list(caches)
+
+    def forward(self, input_ids, meta) -> np.ndarray:
+        """Write tokens to the cache; return each row's context as hashed ids ``[T] uint64``."""
+        k_cache = self.caches[0][0]
+        flat = k_cache.reshape(-1)
+        ids = np.asarray(input_ids, np.int64)
+        slots = np.asarray(meta.slot_mapping, np.int64)
+        keep = slots >= 0
+        flat[slots[keep]] = ids[keep] + 1
+        self.num_forward_tokens += int(keep.sum())
+        cu = np.asarray(meta.cu_seqlens_q, np.int64)
+        seq_lens = np.asarray(meta.seq_lens, np.int64)
+        tables = np.asarray(meta.block_tables, np.int64)
+        bs = k_cache.shape[1]
+        out = np.zeros(len(ids), np.uint64)
+        self.contexts = {}
+        for b in range(len(cu) - 1):
+            length = int(seq_lens[b])
+            n_q = int(cu[b + 1] - cu[b])
+            pos = np.arange(length)
+            with np.errstate(invalid="ignore"):
+                ctx = np.nan_to_num(flat[tables[b][pos // bs] * bs + pos % bs]).astype(np.int64) - 1
+            for i in range(n_q):
+                row = int(cu[b]) + i
+                context = ctx[:length - n_q + i + 1].tolist()
+                out[row] = row
+                self.contexts[row] = context
+        return out
+
+    def compute_logits(self, hidden: np.ndarray, logits_indices) -> np.ndarray:
+        rows = np.asarray(logits_indices, np.int64)
+        logits = np.empty((len(rows), self.vocab_size), np.float32)
+        for i, r in enumerate(rows):
+            logits[i] = self.logits_for(self.contexts[int(hidden[r])])
+        return logits
+
+    def logits_for(self, context: list[int]) -> np.ndarray:
+        """The logits this fake gives after ``context`` (float32 ``[vocab_size]``)."""
+        if self.script is not None:
+            forced = self.script(context)
+            if forced is not None:
+                logits = np.zeros(self.vocab_size, np.float32)
+                logits[forced] = 30.0
+                return logits
+        digest = hashlib.blake2b(np.asarray(context, np.int64).tobytes(), digest_size=8).digest()
+        rng = np.random.default_rng(int.from_bytes(digest, "little"))
+        return (rng.standard_normal(self.vocab_size) * 3.0).astype(np.float32)
+
+    def greedy(self, prompt: list[int], num_tokens: int) -> list[int]:
+        """Reference greedy continuation computed directly (no engine)."""
+        context, out = list(prompt), []
+        for _ in range(num_tokens):
+            token = int(np.argmax(self.logits_for(context)))
+            out.append(token)
+            context.append(token)
+        return out
+
+
+def scripted(prompt: list[int], continuation: list[int]) -> Callable[[list[int]], int | None]:
+    """A script that continues exactly ``prompt`` with ``continuation`` (then free-runs)."""
+    prompt = list(prompt)
+
+    def script(context: list[int]) -> int | None:
+        i = len(context) - len(prompt)
+        if context[:len(prompt)] == prompt and 0 <= i < len(continuation) and \
+                context[len(prompt):] == list(continuation[:i]):
+            return continuation[i]
+        return None
+    return script
+
+
+def make_fake_engine(model: FakeCausalLM | None = None, backend: str = "numpy", *, tokenizer=None,
+                     eos_token_ids: set[int] | None = None, **engine_kwargs):
+    """An :class:`~atlas_core.engine.LLMEngine` over a :class:`FakeCausalLM` (small defaults).
+
+    ``backend`` (name or instance) is used only when ``model`` is not given.
+    """
+    from atlas_core.engine.args import EngineArgs
+    from atlas_core.engine.llm_engine import LLMEngine
+    from atlas_core.plugins import Registry
+
+    if model is None:
+        be = Registry().create("gpu_backends", backend) if isinstance(backend, str) else backend
+        model = FakeCausalLM(be, vocab_size=max(64, getattr(tokenizer, "vocab_size", 0) or 0))
+    be = model.backend
+    engine_kwargs.setdefault("num_kv_blocks", 64)
+    engine_kwargs.setdefault("max_num_seqs", 8)
+    return LLMEngine(model, be, EngineArgs(**engine_kwargs), tokenizer=tokenizer,
+                     eos_token_ids=eos_token_ids)
+
+
+def run_to_completion(engine) -> dict:
+    """Step ``engine`` until idle; return the final :class:`RequestOutput` of every request."""
+    final = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out
+    return final

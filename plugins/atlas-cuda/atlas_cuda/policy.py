@@ -1,0 +1,188 @@
+"""KernelPolicy: the cuda backend's kernel choices, resolved once per backend and frozen.
+
+Three layers, later ones winning: the hardware target's defaults (``[policy]`` of
+``kernels/<hw>/common/HARDWARE.toml``), the model's (``[policy]`` of the target's
+``<model>/[<quant>/]MODEL.toml``), then the ``ATLAS_CUDA_*`` environment variables, parsed here
+and nowhere else (docs/env_vars.md lists them). Op modules read ``ctx.policy.<field>``; nothing
+reads the environment at call time.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One policy field: its environment variable, allowed values (None: a boolean) and meaning."""
+
+    name: str
+    env: str
+    choices: tuple[str, ...] | None
+    help: str
+
+
+KNOBS = (
+    Knob("gemm", "ATLAS_CUDA_GEMM", ("auto", "cublaslt", "mma"),
+         "matmuls of more than 8 rows: auto (cuBLASLt when nvmath-python is installed, else the "
+         "own mma.sync kernel), cublaslt (required) or mma"),
+    Knob("attention", "ATLAS_CUDA_ATTENTION", ("auto", "flash", "simt"),
+         "multi-token attention: auto/flash (tensor-core flash kernel where it applies) or simt"),
+    Knob("pdl", "ATLAS_CUDA_PDL", None,
+         "programmatic dependent launch of the decode kernels on sm_90+"),
+    Knob("moe", "ATLAS_CUDA_MOE", ("auto", "grouped", "gemv"),
+         "moe_experts: auto (grouped GEMM from two (token, expert) pairs per expert, else "
+         "per-pair GEMV), grouped or gemv"),
+    Knob("moe_fused", "ATLAS_CUDA_MOE_FUSED", ("auto", "1", "0"),
+         "moe_block of at most 8 tokens as fused decode kernels: auto (blocks with a shared "
+         "expert), 1 (always) or 0 (never)"),
+    Knob("gemv_tile", "ATLAS_CUDA_GEMV_TILE", None,
+         "decode GEMV tile: auto (per shape) or g<1|2|4>s<1|2|4|8> (columns per warp, K splits)"),
+    Knob("gdn_fused", "ATLAS_CUDA_GDN_FUSED", None,
+         "gated_delta_rule_decode as two fused kernels (0: the four separate ops)"),
+    Knob("gdn_prefill", "ATLAS_CUDA_GDN_PREFILL", ("auto", "chunked", "sequential"),
+         "gated_delta_rule_chunked kernels: auto, chunked or sequential"),
+    Knob("gdn_decode", "ATLAS_CUDA_GDN_DECODE", ("auto", "split", "head"),
+         "recurrent step kernel of the fused GDN decode: auto, split or head"),
+)
+KNOB_BY_NAME = {k.name: k for k in KNOBS}
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """The kernel choices of one cuda backend (see :data:`KNOBS` for each field's meaning).
+
+    Attributes:
+        gemv_tile: ``None`` for ``auto``, else the forced ``(columns per warp, K splits)``.
+        origins: ``(field, where its value came from)`` for every field not at its default.
+    """
+
+    gemm: str = "auto"
+    attention: str = "auto"
+    pdl: bool = True
+    moe: str = "auto"
+    moe_fused: str = "auto"
+    gemv_tile: tuple[int, int] | None = None
+    gdn_fused: bool = True
+    gdn_prefill: str = "auto"
+    gdn_decode: str = "auto"
+    origins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    def describe(self) -> list[tuple[str, str, str, str]]:
+        """``(field, env variable, value, origin)`` rows for logs and ``atlas doctor``."""
+        origin = dict(self.origins)
+        return [(k.name, k.env, format_value(k.name, getattr(self, k.name)),
+                 origin.get(k.name, "default")) for k in KNOBS]
+
+    def summary(self) -> str:
+        """One log line: every field and, where not the default, its origin."""
+        return ", ".join(f"{name}={value}" + ("" if where == "default" else f" ({where})")
+                         for name, _, value, where in self.describe())
+
+
+def format_value(name: str, value: Any) -> str:
+    """A field's value as its environment variable would spell it."""
+    if name == "gemv_tile":
+        return "auto" if value is None else f"g{value[0]}s{value[1]}"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def parse_value(name: str, raw: Any, where: str) -> Any:
+    """Parse ``raw`` for field ``name``; ``where`` names the source in the error message.
+
+    Raises:
+        ValueError: unknown field or a value it does not allow, naming ``where`` and the values
+            it takes.
+    """
+    knob = KNOB_BY_NAME.get(name)
+    if knob is None:
+        raise ValueError(f"{where}: unknown kernel policy field {name!r}; known: "
+                         f"{', '.join(KNOB_BY_NAME)}")
+    text = (str(int(raw)) if isinstance(raw, bool) else str(raw)).strip().lower()
+    if knob.choices is not None:
+        if text not in knob.choices:
+            raise ValueError(f"{where}={raw!r} is not valid; use one of {', '.join(knob.choices)}")
+        return text
+    if name == "gemv_tile":
+        if text == "auto":
+            return None
+        if len(text) == 4 and text[0] == "g" and text[2] == "s" and text[1] in "124" \
+                and text[3] in "1248":
+            return int(text[1]), int(text[3])
+        raise ValueError(f"{where}={raw!r} is not valid; use auto or g<1|2|4>s<1|2|4|8> "
+                         "(e.g. g2s1)")
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"{where}={raw!r} is not valid; use 1 or 0")
+
+
+def resolve(hardware: Mapping[str, Any] | None = None, model: Mapping[str, Any] | None = None,
+            environ: Mapping[str, str] | None = None, *, hardware_name: str = "hardware target",
+            model_name: str = "model") -> KernelPolicy:
+    """The policy from target defaults, then the model's, then ``ATLAS_CUDA_*`` variables.
+
+    Args:
+        hardware: ``[policy]`` table of the target's HARDWARE.toml.
+        model: ``[policy]`` table of the model's MODEL.toml (or any model-level mapping).
+        environ: the environment (default ``os.environ``); empty values count as unset.
+        hardware_name, model_name: how errors and :attr:`KernelPolicy.origins` name the two
+            files.
+
+    Raises:
+        ValueError: an unknown field or invalid value, naming the file or variable.
+    """
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for source, where in ((hardware, hardware_name), (model, model_name)):
+        for name, raw in (source or {}).items():
+            values[name] = parse_value(name, raw, f"{where} [policy] {name}")
+            origins[name] = where
+    env = os.environ if environ is None else environ
+    for knob in KNOBS:
+        raw = env.get(knob.env, "")
+        if raw.strip():
+            values[knob.name] = parse_value(knob.name, raw, knob.env)
+            origins[knob.name] = knob.env
+    return KernelPolicy(**values, origins=tuple(sorted(origins.items())))
+
+
+def policy_table(path: Path) -> dict[str, Any]:
+    """The ``[policy]`` table of a TOML file, or ``{}`` when the file or table is absent."""
+    if not path.is_file():
+        return {}
+    table = tomllib.loads(path.read_text()).get("policy", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: [policy] must be a table of field = value")
+    return table
+
+
+def target_policy(target: Any, model: str | None = None, quant: str | None = None,
+                  environ: Mapping[str, str] | None = None) -> KernelPolicy:
+    """The policy of ``target`` (:class:`~atlas_cuda.targets.Target`) for a model family and
+    quantisation: its HARDWARE.toml ``[policy]``, then the most specific MODEL.toml found under
+    ``<model>/<quant>/`` or ``<model>/``, then the environment."""
+    model_table, model_name = {}, "model"
+    if target.root is not None and model:
+        for folder in ([target.root / model / quant] if quant else []) + [target.root / model]:
+            table = policy_table(folder / "MODEL.toml")
+            if table:
+                model_table, model_name = table, str(folder / "MODEL.toml")
+                break
+    return resolve(target.hardware.get("policy"), model_table, environ,
+                   hardware_name=f"{target.name} HARDWARE.toml", model_name=model_name)
+
+
+def policy_fields() -> tuple[str, ...]:
+    """Every field a ``[policy]`` table or the environment may set."""
+    return tuple(f.name for f in fields(KernelPolicy) if f.name != "origins")

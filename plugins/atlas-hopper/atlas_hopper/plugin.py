@@ -1,0 +1,9 @@
+"""Registers the ``hopper`` kernel target of the cuda backend (lazily: nothing here imports
+atlas-cuda or reads a file)."""
+
+from atlas_core.api import hookimpl
+
+
+@hookimpl
+def register_kernel_targets(register):
+    register("hopper", "atlas_hopper:target")
