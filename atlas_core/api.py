@@ -22,13 +22,16 @@ Groups:
   :class:`Attention`, :class:`GatedMLP`, :class:`SparseMoE`), :func:`checkpoint_tensors`,
   :func:`model_dtype`, :func:`gated_activation`, :func:`rope_parameters`,
   :func:`rope_cos_sin_cache`, :func:`load_model`, :func:`read_config`.
-- Ops and dtypes: the NumPy references (``reference``, a module), the op names, the unfused
-  compositions a backend falls back to, :data:`bfloat16`, :data:`float8_e4m3fn`,
-  :func:`as_dtype`.
+- Ops and dtypes: :class:`OpSpec`, :class:`OpRegistry`, :class:`OpTable`, the NumPy
+  references (``reference``, a module), the unfused compositions a backend falls back to
+  (``compose_*``), the activations, quantized weights (:class:`QuantizedWeight`,
+  :func:`quantize`, :func:`dequantize`, :func:`quant_layout`, :data:`QUANT_FORMATS`,
+  :data:`E2M1_LUT`), :data:`bfloat16`, :data:`float8_e4m3fn`, :func:`as_dtype`, :func:`f32`.
 - Running a model: :class:`LLM`, :class:`SamplingParams`, :class:`EngineArgs`,
   :class:`LLMEngine`, :class:`AsyncLLMEngine`, :class:`GuidedDecodingParams`,
   :class:`ServerConfig`, :func:`create_app`, :class:`Checkpoint`, :func:`write_safetensors`,
-  and ``env`` (the one module that reads ``ATLAS_*`` variables).
+  :class:`Tokenizer` (tokenizer.json + chat template of a model directory), and ``env`` (the
+  one module that reads ``ATLAS_*`` variables).
 """
 
 from __future__ import annotations
@@ -78,6 +81,16 @@ _EXPORTS = {
     "OpSpec": "atlas_core.ops.spec:OpSpec",
     "OpRegistry": "atlas_core.ops.registry:OpRegistry",
     "OpTable": "atlas_core.ops.registry:OpTable",
+    "compose_moe_block": "atlas_core.ops.moe:compose_moe_block",
+    "compose_rms_norm_linear": "atlas_core.ops.norm:compose_rms_norm_linear",
+    "compose_rms_norm_moe_block": "atlas_core.ops.moe:compose_rms_norm_moe_block",
+    "compose_rope_cache_attention": "atlas_core.ops.attention:compose_rope_cache_attention",
+    "QuantizedWeight": "atlas_core.ops.quant:QuantizedWeight",
+    "QUANT_FORMATS": "atlas_core.ops.quant:FORMATS",
+    "E2M1_LUT": "atlas_core.ops.quant:E2M1_LUT",
+    "quantize": "atlas_core.ops.quant:quantize",
+    "dequantize": "atlas_core.ops.quant:dequantize",
+    "quant_layout": "atlas_core.ops.quant:layout",
     "ACTIVATIONS": "atlas_core.ops.norm:ACTIVATIONS",
     "as_dtype": "atlas_core.ops._dtypes:as_dtype",
     "f32": "atlas_core.ops._dtypes:f32",
@@ -95,6 +108,7 @@ _EXPORTS = {
     "NumpyBackend": "atlas_core.backends.numpy_backend:NumpyBackend",
     "ServerConfig": "atlas_core.server:ServerConfig",
     "ServerThread": "atlas_core.server.launch:ServerThread",
+    "Tokenizer": "atlas_core.tokenizer:Tokenizer",
     "create_app": "atlas_core.server:create_app",
 }
 

@@ -4,7 +4,9 @@
 # here with `git archive <commit> | tar -x -C bench_base` and carried (name it in .git/info/exclude):
 #   scripts/ab_trees.sh bench_base . -- qwen3-8b qwen3-0.6b qwen3-30b-a3b qwen3.5-35b-a3b
 # Each tree is installed (editable, no deps) before its runs; trees alternate REPEAT times.
-# env: CONC (1,32), PROMPT (512), DECODE (64), BENCH_TIMEOUT (150 s a run). Logs in $OUT.
+# Trees from before 2026-11-27 decode after 128-token prompts whatever --prompt-len says, newer
+# ones at --prompt-len: keep PROMPT at 128 when one side is that old, so both decode at ~128.
+# env: CONC (1,32), PROMPT (128), DECODE (64), BENCH_TIMEOUT (150 s a run). Logs in $OUT.
 set -uo pipefail
 OUT=${OUT:-$PWD/ab_out}
 mkdir -p "$OUT"
@@ -28,7 +30,7 @@ for r in $(seq "${REPEAT:-1}"); do
       util=0.85; [[ $model == qwen3.5-* ]] && util=0.6
       log="$OUT/bench-$tag-$model-$r.log"
       (cd "$tree" && timeout -s ABRT "${BENCH_TIMEOUT:-150}" python3 -m atlas_core bench \
-        --model "$model" --backend cuda --concurrency "${CONC:-1,32}" --prompt-len "${PROMPT:-512}" \
+        --model "$model" --backend cuda --concurrency "${CONC:-1,32}" --prompt-len "${PROMPT:-128}" \
         --decode-tokens "${DECODE:-64}" --copy-mb 1024 --baseline none \
         --gpu-memory-utilization "$util") >"$log" 2>&1
       echo "== $tag $model run $r"; grep -E '^ +[0-9]+ \|' "$log" || tail -3 "$log"

@@ -5,6 +5,7 @@ import csv
 import dataclasses
 import io
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -172,3 +173,61 @@ def test_metrics_expose_decode_step_time_and_floor_fraction():
     fraction = [line for line in text.splitlines()
                 if line.startswith("atlas_decode_floor_fraction ")]
     assert fraction and 0 < float(fraction[0].split()[1]) < 1
+
+
+def test_a_baseline_that_times_out_keeps_the_cells_it_finished(monkeypatch):
+    import subprocess
+
+    from atlas_core.bench import baseline
+    done = json.dumps({"cell": {"batch": 1, "context": 64, "tok_s": 100.0}})
+
+    def slow(cmd, **kw):
+        assert cmd[1:3] == ["-m", "atlas_core.bench.torch_baseline"]
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=f"{done}\n")
+
+    monkeypatch.setattr(subprocess, "run", slow)
+    result = baseline.run_isolated({}, 5, "atlas_core.bench.torch_baseline",
+                                   "compiled-PyTorch baseline")
+    assert result["cells"] == [{"batch": 1, "context": 64, "tok_s": 100.0}]
+    assert result["error"] == ("compiled-PyTorch baseline did not finish in 5 s (1 cells done; "
+                               "raise --baseline-timeout)")
+
+
+def test_read_result_takes_the_final_line_over_partial_cells():
+    from atlas_core.bench.baseline import read_result
+    final = {"library": "x", "cells": [{"batch": 1}]}
+    out = "\n".join(["noise", json.dumps({"cell": {"batch": 1}}), json.dumps(final)])
+    assert read_result(out) == (final, [{"batch": 1}])
+
+
+def test_serve_states_the_floor_and_metrics_time_decode_steps(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    from atlas_core.testing.checkpoints import write_tiny_checkpoint
+    from test_server_support import wait_until
+    write_tiny_checkpoint("Qwen3ForCausalLM", tmp_path)
+    cmd = [sys.executable, "-c", "import sys; from atlas_core.cli import main; sys.exit(main())",
+           "serve", str(tmp_path), "--backend", "numpy", "--port", "0", "--num-kv-blocks", "32",
+           "--served-model-name", "tiny"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = re.search(r"(http://\S+)/v1", proc.stdout.readline()).group(1)
+        assert wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=60)
+        lines = [proc.stdout.readline()]
+        while not lines[-1].startswith("decode floor") and len(lines) < 10:
+            lines.append(proc.stdout.readline())
+        assert lines[-1] == "decode floor: n/a on the CPU backend\n", lines
+        body = {"model": "tiny", "max_tokens": 8, "prompt": "hi"}
+        assert httpx.post(f"{url}/v1/completions", json=body).status_code == 200
+        text = httpx.get(f"{url}/metrics").text
+        count = re.search(r"^atlas_decode_step_seconds_count (\S+)$", text, re.M)
+        assert count and float(count.group(1)) >= 5
+        assert "atlas_decode_floor_fraction" not in text  # no bandwidth on the CPU backend
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) in (0, 130)
+        proc.stdout.close()

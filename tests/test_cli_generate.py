@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 
@@ -71,6 +72,20 @@ def test_chat_template_is_the_default(model_dir, capsys):
     assert main(["generate", model_dir, "-p", "Hi", "--max-tokens", "2", "--json",
                  "--backend", "numpy", "--num-kv-blocks", "32"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["prompt"].startswith("<|im_start|>user")
+
+
+def test_model_without_chat_template(model_dir, tmp_path, capsys):
+    plain = tmp_path / "plain"
+    shutil.copytree(model_dir, plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template")
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    base = ["generate", str(plain), "-p", "Hi", "--max-tokens", "2", "--backend", "numpy",
+            "--num-kv-blocks", "32"]
+    assert main(base + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["prompt"] == "Hi"
+    assert main(base + ["--chat"]) == 2
+    assert "no chat template; drop --chat" in capsys.readouterr().err
 
 
 def _fake_generate(text):

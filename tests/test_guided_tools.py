@@ -74,14 +74,14 @@ def test_required_tool_call_always_parses_and_validates(llm, fmt):
     assert names <= set(SCHEMAS) and len(names) > 1
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "minimax_m2"])
 def test_named_tool_choice_always_calls_that_function(llm, fmt):
     choice = {"type": "function", "function": {"name": "search"}}
     for out in generate(llm, fmt, choice, range(10)):
         assert {call.name for call in parse_calls(fmt, out)} == {"search"}
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "minimax_m2"])
 def test_parallel_calls_only_when_allowed(llm, fmt):
     single = generate(llm, fmt, "required", range(10), parallel=False)
     assert all(len(parse_calls(fmt, out)) == 1 for out in single)

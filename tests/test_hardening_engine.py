@@ -127,7 +127,8 @@ def test_a_fault_in_one_sequence_fails_that_request_alone(method):
                                     return_exceptions=True)
     a, bad, b = run(aengine, main())
     assert isinstance(bad, RequestError)
-    assert "request bad" in str(bad) and "detokenizer blew up" in str(bad)
+    assert "request bad" in str(bad) and "RuntimeError" in str(bad)
+    assert "blew up" not in str(bad)  # exception text stays in the server log
     assert a[-1].outputs[0].token_ids == engine.model.greedy(prompt(0), 6)
     assert b[-1].outputs[0].token_ids == engine.model.greedy(prompt(2), 6)
     assert not aengine.errored and aengine.stats().num_failed_requests == 1
@@ -154,7 +155,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on():
         after = await collect(aengine, "y", prompt(2), params)
         return failed[0], after
     failed, after = run(aengine, main())
-    assert isinstance(failed, RequestError) and "injected step fault" in str(failed)
+    assert isinstance(failed, RequestError) and "RuntimeError" in str(failed) and "injected" not in str(failed)
     assert after[-1].outputs[0].token_ids == engine.model.greedy(prompt(2), 4)
     assert not aengine.errored and aengine.stats().is_alive
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
@@ -207,7 +208,7 @@ def test_a_dead_loop_fails_every_stream_and_later_requests():
         await asyncio.sleep(0.05)
         gate.open()
         results = await asyncio.gather(running, dying, return_exceptions=True)
-        with pytest.raises(EngineDeadError, match="thread killed"):
+        with pytest.raises(EngineDeadError, match="Fatal; details in the server log"):
             await collect(aengine, "late", prompt(3), params)
         return results
     results = run(aengine, main())

@@ -157,10 +157,10 @@ def test_a_dead_engine_ends_open_streams_and_stops_the_server(tokenizer):
                 events = [line for line in response.iter_lines() if line.startswith("data: ")]
         assert response.status_code == 200 and events[-1] == "data: [DONE]"
         assert '"error"' in events[-2] and "the engine has stopped" in events[-2]
-        assert "device lost" in events[-2]
+        assert "device lost" not in events[-2]
         assert wait_until(lambda: not srv.thread.is_alive(), timeout=15)
     code, health = state.health()
-    assert code == 503 and health["status"] == "error" and "device lost" in health["message"]
+    assert code == 503 and health["status"] == "error" and "device lost" not in health["message"]
     assert "device lost" in state.exit_reason
     assert b"atlas_engine_alive 0.0" in state.metrics.render()
 
@@ -192,7 +192,7 @@ def test_serve_exits_non_zero_once_the_engine_loop_has_died(tmp_path):
         assert wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=90)
         body = {"model": "tiny", "max_tokens": 3, "messages": MSGS}
         first = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
-        assert first.status_code == 500 and "illegal memory access" in first.text
+        assert first.status_code == 500 and "RuntimeError" in first.text and "illegal memory" not in first.text
         assert "other requests are unaffected" in first.text
         assert httpx.get(f"{url}/health").status_code == 200
         second = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)

@@ -9,6 +9,7 @@ import pytest
 
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
 from atlas_core.engine.kv_tiers import close_kv_tiers
+from atlas_core.plugins import Registry
 from atlas_core.storage.kv_record import unpack_record
 from atlas_core.storage.posix import PosixStorage
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
@@ -69,21 +70,34 @@ def test_host_tier_restores_evicted_prefix(model_dir, cold):
     assert_same(cold, again)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["bf16", "fp8"])
+def test_low_precision_kv_blocks_come_back_bit_exact(model_dir, kv_cache_dtype):
+    ref = run(make_engine(model_dir, kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=False),
+              prompt(1, 70))
+    engine = make_engine(model_dir, kv_cache_dtype=kv_cache_dtype, kv_host_gb=0.01)
+    _, again = evict_then_rerun(engine)
+    assert again.num_cached_tokens == 64 and engine.stats().kv_tiers["host"]["hits"] >= 3
+    assert_same(ref, again)
+
+
 def test_without_tiers_the_evicted_prefix_is_recomputed(model_dir):
     engine = make_engine(model_dir)
     _, again = evict_then_rerun(engine)
     assert engine.kv_tiers is None and again.num_cached_tokens < 64
 
 
-def test_disk_tier_restores_and_survives_restart(model_dir, cold, tmp_path):
-    engine = make_engine(model_dir, kv_offload_dir=str(tmp_path))
+@pytest.mark.parametrize("storage", ["posix", "io_uring"])
+def test_disk_tier_restores_and_survives_restart(model_dir, cold, tmp_path, storage):
+    if storage not in Registry().names("storage_backends"):
+        pytest.skip("atlas-iouring is not installed")
+    engine = make_engine(model_dir, kv_offload_dir=str(tmp_path), kv_storage=storage)
     _, again = evict_then_rerun(engine)
     disk = engine.stats().kv_tiers["disk"]
     assert again.num_cached_tokens == 64 and disk["hits"] >= 3
     assert_same(cold, again)
     close_kv_tiers(engine)
     assert engine.stats().kv_tiers["disk"]["bytes_written"] > 0
-    restarted = make_engine(model_dir, kv_offload_dir=str(tmp_path))
+    restarted = make_engine(model_dir, kv_offload_dir=str(tmp_path), kv_storage=storage)
     out = run(restarted, prompt(1, 70))
     assert out.num_cached_tokens == 64
     assert restarted.stats().kv_tiers["disk"]["hits"] == 4
@@ -145,7 +159,7 @@ def test_full_disk_at_run_time_degrades_without_failing_requests(model_dir, cold
     def full(self, key, data):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(PosixStorage, "_write", full)
-    engine = make_engine(model_dir, kv_offload_dir=str(tmp_path))
+    engine = make_engine(model_dir, kv_offload_dir=str(tmp_path), kv_storage="posix")
     first, again = evict_then_rerun(engine)
     for _ in range(3):
         run(engine, prompt(4, 90), "more")

@@ -35,16 +35,26 @@ def model_dir(tmp_path_factory):
 def start_server(model_dir, offload_dir):
     cmd = [sys.executable, "-c", "import sys; from atlas_core.cli import main; sys.exit(main())",
            "serve", str(model_dir), "--backend", "numpy", "--port", "0", "--num-kv-blocks", "24",
-           "--max-num-seqs", "2", "--served-model-name", "tiny", "--kv-offload-dir", str(offload_dir), "--no-access-log"]
+           "--max-num-seqs", "2", "--served-model-name", "tiny", "--kv-offload-dir",
+           str(offload_dir), "--no-access-log"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = re.search(r"(http://\S+)/v1", proc.stdout.readline()).group(1)
-    assert wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=60)
+    try:
+        url = re.search(r"(http://\S+)/v1", proc.stdout.readline()).group(1)
+        assert wait_until(lambda: httpx.get(f"{url}/health").status_code == 200, timeout=90)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
     return proc, url
 
 
 def stop_server(proc) -> str:
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
     return out
 
 
@@ -71,8 +81,7 @@ def test_server_restart_serves_the_prompt_from_disk(model_dir, tmp_path):
         again, cached = complete(url, tokens)
         metrics = httpx.get(f"{url}/metrics").text
     finally:
-        stop_server_out = stop_server(proc)
-    print(out, stop_server_out)
+        stop_server(proc)
     assert cached == 96 and again == first
     assert re.search(r'atlas_kv_tier_hits_total\{tier="disk"\} 6\.0', metrics)
     assert 'atlas_kv_tier_bytes_read_total{tier="disk"}' in metrics
@@ -83,7 +92,6 @@ WRITER = textwrap.dedent("""
     import sys
     import numpy as np
     from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-from atlas_core.engine.block_manager import block_hash
     from atlas_core.engine.fake_model import run_to_completion
     engine = LLMEngine.from_args(EngineArgs(model=sys.argv[1], backend="numpy", num_kv_blocks=12,
                                             max_num_seqs=2, kv_offload_dir=sys.argv[2]))

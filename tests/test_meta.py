@@ -67,6 +67,22 @@ def test_every_registered_architecture_has_a_tiny_model_test():
     assert not missing, f"architectures with no tiny-model test: {missing}"
 
 
+def test_every_registered_op_is_declared_once_documented_and_contract_tested():
+    from atlas_core.ops.registry import OpRegistry
+
+    ops = OpRegistry(Registry(make_plugin_manager()))
+    orphans = sorted(f"{name}@{backend}" for name, backend in ops.impls if name not in ops.specs)
+    assert not orphans, f"implementations of ops no plugin declares: {orphans}"
+    undocumented = [n for n in ops.names() if not (ops.reference(n).__doc__ or "").strip()]
+    assert not undocumented, ("op references need a docstring (shapes, dtypes, formula): "
+                              f"{undocumented}")
+    from atlas_core.testing.contracts import GpuBackendContract
+    tests = [n for n in dir(GpuBackendContract) if n.startswith("test_")]
+    untested = [n for n in ops.names() if ops.spec(n).cases is None
+                and not any(t == f"test_{n}" or t.startswith(f"test_{n}_") for t in tests)]
+    assert not untested, f"ops with neither contract cases nor a contract test: {untested}"
+
+
 def test_test_module_names_are_unique_and_conftest_is_never_imported():
     # pytest imports test dirs without __init__.py by basename: duplicates shadow each other.
     files = [p for d in TEST_DIRS for p in d.glob("*.py")]

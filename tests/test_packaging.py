@@ -83,6 +83,15 @@ def test_plugin_wheels_pin_our_core(dist, name):
         assert pin.split(";")[0].replace(" ", "") in ("atlas-core<1,>=0.1", "atlas-cuda<1,>=0.1")
 
 
+def test_cublas_extra_brings_the_cublaslt_library(dist):
+    """nvmath-python holds only the bindings; without a CUDA toolkit, libcublasLt comes from
+    the nvidia-cublas wheel (CUDA 13, matching cuda-bindings and nvidia-cuda-nvrtc)."""
+    extra = [r.split(";")[0].replace(" ", "") for r in _requires(_wheel(dist, "atlas-cuda"))
+             if 'extra == "cublas"' in r]
+    assert any(r.startswith("nvidia-cublas>=13") for r in extra), extra
+    assert any(r.startswith("nvmath-python>=0.7") for r in extra), extra
+
+
 def test_every_workspace_pyproject_pins_our_core():
     for path in [*ROOT.glob("plugins/*/pyproject.toml"), *ROOT.glob("examples/*/pyproject.toml")]:
         deps = tomllib.loads(path.read_text())["project"]["dependencies"]

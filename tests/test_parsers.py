@@ -246,7 +246,7 @@ FIXTURE_TEMPLATES = {"qwen3": "hermes", "qwen3-coder/Qwen3-Coder.jinja": "qwen3_
                      "qwen3.5/chat_template.jinja": "qwen3_coder", "mistral": "mistral",
                      "llama-3/meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3_json", "llama-3": "llama3_json",
                      "nemotron/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3_coder",
-                     "gemma-4/chat_template.jinja": None, "gpt-oss/chat_template.jinja": None}
+                     "gemma-4/chat_template.jinja": "gemma4", "gpt-oss/chat_template.jinja": None}
 
 
 @pytest.mark.parametrize("where,expected", FIXTURE_TEMPLATES.items())

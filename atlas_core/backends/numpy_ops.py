@@ -5,7 +5,8 @@ registrations in :mod:`atlas_core.backends.plugin` say which ops come from here,
 the faster module functions (``numpy_attention``, ``numpy_sampling``), and the table falls back
 to each op's unfused definition, else its reference, for the rest. Weights given to
 :meth:`NumpyOps.linear` and :meth:`NumpyOps.moe_experts` are converted to float32 once and
-cached (see :class:`~atlas_core.backends.numpy_convert.Float32Cache`).
+cached (see :class:`~atlas_core.backends.numpy_convert.Float32Cache`); a
+:class:`~atlas_core.ops.quant.QuantizedWeight` is dequantized exactly, once, the same way.
 """
 
 from __future__ import annotations

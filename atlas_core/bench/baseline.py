@@ -57,6 +57,7 @@ def hf_bench(model: Any, batches: list[int], contexts: list[int],
                 cell.update(step_ms=1e3 * step, tok_s=batch / step, ttft_s=one,
                             prefill_tok_s=batch * context / one)
             out["cells"].append(cell)
+            print(json.dumps({"cell": cell}), flush=True)
     return out
 
 
@@ -66,27 +67,50 @@ def hf_decode(path: str, batches: list[int], contexts: list[int],
     return hf_bench(hf_model(path), batches, contexts, decode_tokens)
 
 
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def read_result(stdout: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """``(final result or None, cells)`` from a baseline's stdout: one ``{"cell": ...}`` JSON
+    line per finished cell, then the whole result as the last line."""
+    final, cells = None, []
+    for line in stdout.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and "cell" in record:
+            cells.append(record["cell"])
+        elif isinstance(record, dict) and "cells" in record:
+            final = record
+    return final, cells
+
+
 def run_isolated(spec: dict[str, Any], timeout: float | None = None,
-                 module: str = "atlas_core.bench.baseline") -> dict[str, Any]:
-    """Run ``python -m module SPEC_JSON`` in a child process and read its last stdout line as
-    JSON; ``{"error": ...}`` when it fails."""
+                 module: str = "atlas_core.bench.baseline",
+                 label: str = "HF baseline") -> dict[str, Any]:
+    """Run ``python -m module SPEC_JSON`` in a child process and read its result (see
+    :func:`read_result`); on failure or timeout, ``{"error": ..., "cells": [what finished]}``."""
     import subprocess
     cmd = [sys.executable, "-m", module, json.dumps(spec)]
-    name = module.rsplit(".", 1)[-1]
+    name = label
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"{name} did not finish in {timeout:.0f} s"}
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode or not lines:
+    except subprocess.TimeoutExpired as exc:
+        _, cells = read_result(_text(exc.stdout))
+        return {"error": f"{name} did not finish in {timeout:.0f} s ({len(cells)} cells done; "
+                         "raise --baseline-timeout)", "cells": cells}
+    final, cells = read_result(proc.stdout)
+    if proc.returncode or final is None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"{name} failed (exit {proc.returncode}): {tail}"}
-    return json.loads(lines[-1])
+        return {"error": f"{name} failed (exit {proc.returncode}): {tail}", "cells": cells}
+    return final
 
 
 def main(argv: list[str]) -> int:
     """``SPEC_JSON``: ``{"path" | "config", "batches", "contexts", "decode_tokens"}``; prints
-    the result as one JSON line."""
+    one ``{"cell": ...}`` JSON line per finished cell, then the whole result as one JSON line."""
     spec = json.loads(argv[0])
     start = time.perf_counter()
     model = hf_model(spec.get("path"), spec.get("config"))

@@ -13,6 +13,71 @@ from typing import Any
 
 from atlas_core.model.decoder_loader import model_dtype
 from atlas_core.model.loader import architecture, create_loader
+from atlas_core.ops.quant import E2M1_VALUES, QuantizedWeight, layout
+
+#: Parameters a quantized random model keeps quantized (the projections and expert stacks; the
+#: embedding, lm_head, routers and norms stay in the model dtype, as in real checkpoints).
+QUANTIZED_SUFFIXES = ("_proj.weight", "experts.gate_up_proj", "experts.down_proj")
+#: RMS of a uniformly random E2M1 code.
+_E2M1_RMS = float(math.sqrt((E2M1_VALUES ** 2).mean()))
+
+
+def quant_format(config: dict[str, Any]) -> tuple[str, tuple[int, int] | None] | None:
+    """``(format, block_size)`` a shape's ``quantization_config`` asks for: FP8 blocks
+    (``quant_method: fp8``, ``weight_block_size``) or NVFP4 (``quant_algo: NVFP4``); None for
+    an unquantized shape."""
+    quant = config.get("quantization_config")
+    if not quant:
+        return None
+    if str(quant.get("quant_algo", "")).upper() == "NVFP4":
+        return "nvfp4", None
+    if quant.get("quant_method") == "fp8":
+        return "fp8_block", tuple(quant.get("weight_block_size") or (128, 128))
+    raise ValueError(f"random models support FP8 block and NVFP4 shapes, not {quant}")
+
+
+def quantized_allocator(config: dict[str, Any], backend: Any):
+    """``Module.materialize``'s ``allocate`` for a quantized shape: a :class:`QuantizedWeight`
+    of device arrays for each :data:`QUANTIZED_SUFFIXES` parameter; None (plain) otherwise, or
+    for every parameter when the shape is not quantized or ``backend`` keeps no such format."""
+    fmt = quant_format(config)
+    if fmt is None or fmt[0] not in getattr(backend, "quantized_weight_formats", ()):
+        return None
+
+    def allocate(module: Any, param: str) -> QuantizedWeight | None:
+        spec = module.specs[param]
+        if not (spec.quantizable and param.endswith(QUANTIZED_SUFFIXES)):
+            return None
+        shapes = layout(fmt[0], spec.shape, fmt[1])
+        dtypes = {"data": "uint8" if fmt[0] == "nvfp4" else "float8_e4m3fn",
+                  "scale": "float8_e4m3fn" if fmt[0] == "nvfp4" else "float32",
+                  "global_scale": "float32"}
+        arrays = {k: None if shapes[k] is None else backend.empty(shapes[k], _dtype(dtypes[k]))
+                  for k in dtypes}
+        return QuantizedWeight(fmt[0], arrays["data"], arrays["scale"], spec.shape,
+                               module.dtype, fmt[1], arrays["global_scale"])
+
+    return allocate
+
+
+def _dtype(name: str) -> Any:
+    import numpy as np
+
+    from atlas_core.ops._dtypes import float8_e4m3fn
+    return float8_e4m3fn if name == "float8_e4m3fn" else np.dtype(name)
+
+
+def fill_random_quantized(backend: Any, w: QuantizedWeight, seed: int, std: float) -> None:
+    """Random codes whose dequantized values have standard deviation ``std``: FP8 codes of
+    unit std under constant scales ``std``; NVFP4 uniform random codes under unit block scales
+    and a global scale of ``std`` over the RMS of a random code."""
+    if w.format == "nvfp4":
+        backend.fill_random(w.data, seed, 40.0, 127.5)
+        backend.fill_random(w.scale, seed + 1, 0.0, 1.0)
+        backend.fill_random(w.global_scale, seed + 2, 0.0, std / _E2M1_RMS)
+        return
+    backend.fill_random(w.data, seed, 1.0, 0.0)
+    backend.fill_random(w.scale, seed + 1, 0.0, std)
 
 
 def param_scale(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
@@ -32,7 +97,10 @@ def fill_random_params(model: Any, backend: Any, seed: int = 0) -> int:
     for i, (name, module, local, spec) in enumerate(model.named_specs()):
         array = module.params[local]
         mean, std = param_scale(name, spec.shape)
-        backend.fill_random(array, seed * 1_000_003 + i, std, mean)
+        if isinstance(array, QuantizedWeight):
+            fill_random_quantized(backend, array, seed * 1_000_003 + i, std)
+        else:
+            backend.fill_random(array, seed * 1_000_003 + i, std, mean)
         total += array.nbytes
     return total
 
@@ -45,12 +113,13 @@ def build_random_model(config: dict[str, Any], backend: Any, registry: Any, *,
         config: a config.json dict (e.g. :func:`~atlas_core.bench.shapes.shape_config`).
         backend: a GpuBackend.
         registry: the plugin registry holding the architecture's weight loader.
-        dtype: weight/activation dtype (default: the config's, else bfloat16).
+        dtype: weight/activation dtype (default: the config's, else bfloat16); a shape with a
+            ``quantization_config`` keeps its projections quantized (:func:`quantized_allocator`).
         seed: base seed; parameter ``i`` is filled with seed ``seed * 1000003 + i``.
     """
     loader = create_loader(registry, architecture(config))
     model = loader.build(config)
-    model.materialize(backend, model_dtype(config, dtype))
+    model.materialize(backend, model_dtype(config, dtype), quantized_allocator(config, backend))
     fill_random_params(model, backend, seed)
     backend.synchronize()
     return model

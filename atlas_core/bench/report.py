@@ -25,7 +25,10 @@ def _baseline_cells(result: BenchResult) -> dict[str, dict[tuple[int, int], dict
 
 
 def _num(value: Any, fmt: str) -> str:
-    return format(value, fmt) if isinstance(value, (int, float)) else "-"
+    if isinstance(value, (int, float)):
+        return format(value, fmt)
+    width = fmt.lstrip(">").split(",")[0].split(".")[0]
+    return "-".rjust(int(width or 1))
 
 
 def _decode_rows(result: BenchResult, bases: dict) -> list[str]:
@@ -43,7 +46,8 @@ def _decode_rows(result: BenchResult, bases: dict) -> list[str]:
         for name, by_cell in bases.items():
             base_tok = by_cell.get((b, c), {}).get("tok_s")
             ratio = cell["tok_s"] / base_tok if base_tok else None
-            row += f" | {_num(base_tok, f'>{len(name) + 6},.1f')} | {_num(ratio, f'>{len(name) + 1}.2f')}"
+            row += (f" | {_num(base_tok, f'>{len(name) + 6},.1f')}"
+                    f" | {_num(ratio, f'>{len(name) + 1}.2f')}")
         rows.append(row)
     return rows
 

@@ -66,6 +66,38 @@ SHAPES["tiny-qwen3.5-moe"] = {
                         "partial_rotary_factor": 0.25, "mrope_interleaved": True,
                         "mrope_section": [2, 1, 1]}}
 
+#: Gemma-4 text models (atlas-gemma4): 5 sliding (window 1024, head 256) : 1 full (head 512,
+#: keys reused as values) layers, soft-capped logits, tied embeddings.
+_GEMMA4 = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+           "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "vocab_size": 262144,
+           "head_dim": 256, "global_head_dim": 512, "attention_k_eq_v": True,
+           "sliding_window": 1024, "final_logit_softcapping": 30.0,
+           "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+           "tie_word_embeddings": True, "max_position_embeddings": 262144,
+           "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                               "full_attention": {"rope_type": "proportional", "rope_theta": 1e6,
+                                                  "partial_rotary_factor": 0.25}}}
+SHAPES["gemma-4-31b"] = {
+    **_GEMMA4, "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 60,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 10,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "num_global_key_value_heads": 4}
+SHAPES["gemma-4-26b-a4b"] = {
+    **_GEMMA4, "hidden_size": 2816, "intermediate_size": 2112, "num_hidden_layers": 30,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "num_global_key_value_heads": 2,
+    "max_position_embeddings": 131072, "enable_moe_block": True, "num_experts": 128,
+    "top_k_experts": 8, "moe_intermediate_size": 704}
+
+#: Checkpoint quantization of the quantized shapes (random codes filled on the device; the
+#: projections and expert stacks quantized, embeddings / lm_head / routers in bf16).
+FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]}
+NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
+for _base, _quant in (("qwen3-8b", "fp8"), ("qwen3-8b", "nvfp4"), ("qwen3-30b-a3b", "fp8"),
+                      ("qwen3.5-35b-a3b", "nvfp4")):
+    SHAPES[f"{_base}-{_quant}"] = {**SHAPES[_base], "quantization_config":
+                                   dict(FP8_BLOCK if _quant == "fp8" else NVFP4)}
+
 
 def shape_config(name: str) -> dict[str, Any]:
     """The config.json of a named shape, with a clear error for unknown names."""
@@ -95,14 +127,17 @@ def _gdn_params(config: dict[str, Any]) -> tuple[int, int]:
 
 
 def _ffn_params(config: dict[str, Any], batch: int) -> int:
-    """Parameters one step reads in one feed-forward (MoE: the experts ``batch`` tokens touch)."""
+    """Parameters one step reads in one feed-forward (MoE: the experts ``batch`` tokens touch,
+    plus the dense MLP Gemma-4's ``enable_moe_block`` runs beside them)."""
     h = config["hidden_size"]
     if not config.get("num_experts"):
         return 3 * h * config["intermediate_size"]
-    used = min(config["num_experts"], batch * config["num_experts_per_tok"])
+    top_k = config.get("num_experts_per_tok") or config["top_k_experts"]
+    used = min(config["num_experts"], batch * top_k)
     shared = config.get("shared_expert_intermediate_size") or 0
+    dense = 3 * h * config["intermediate_size"] if config.get("enable_moe_block") else 0
     return (used * 3 * h * config["moe_intermediate_size"] + h * config["num_experts"]
-            + (3 * h * shared + h if shared else 0))
+            + (3 * h * shared + h if shared else 0) + dense)
 
 
 def step_bytes(config: dict[str, Any], context: int, batch: int = 1, itemsize: int = 2) -> int:

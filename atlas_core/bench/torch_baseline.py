@@ -46,8 +46,8 @@ def tensor_shapes(c: dict[str, Any]) -> dict[str, tuple[int, ...]]:
                             q + "down_proj.weight": (h, inter)})
         else:
             inter = c["intermediate_size"]
-            out.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-                        p + "mlp.down_proj.weight": (h, inter)})
+            out.update({p + "mlp.gate_proj.weight": (inter, h),
+                        p + "mlp.up_proj.weight": (inter, h), p + "mlp.down_proj.weight": (h, inter)})
     return out
 
 
@@ -131,7 +131,8 @@ class Layer(nn.Module):
         for e in idx.unique().tolist():
             rows, slot = (idx == e).nonzero(as_tuple=True)
             g, u = F.linear(h[rows], self.gate_up[e]).chunk(2, -1)
-            out.index_add_(0, rows, F.linear(F.silu(g) * u, self.down[e]) * weight[rows, slot, None])
+            down = F.linear(F.silu(g) * u, self.down[e])
+            out.index_add_(0, rows, down * weight[rows, slot, None])
         return out
 
     def forward(self, x: torch.Tensor, cos, sin, pos, mask) -> torch.Tensor:
@@ -223,7 +224,8 @@ def bench_cell(model: Qwen3, step, batch: int, context: int, decode_tokens: int)
 
 def main(argv: list[str]) -> int:
     """``SPEC_JSON``: ``{"path" | "config", "batches", "contexts", "decode_tokens", "mode"
-    ("compile" | "eager"), "device", "dtype"}``; prints the result as one JSON line."""
+    ("compile" | "eager"), "device", "dtype"}``; prints one ``{"cell": ...}`` JSON line per
+    finished cell, then the whole result as one JSON line."""
     spec = json.loads(argv[0])
     config = spec.get("config") or json.loads((Path(spec["path"]) / "config.json").read_text())
     device = spec.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -242,7 +244,10 @@ def main(argv: list[str]) -> int:
     for context in spec["contexts"]:
         for batch in spec["batches"]:
             torch._dynamo.reset()
-            step = torch.compile(greedy, mode="reduce-overhead", fullgraph=True) if compiled else greedy
+            print(f"[compiled baseline] batch {batch} at context {context}", file=sys.stderr,
+                  flush=True)
+            step = (torch.compile(greedy, mode="reduce-overhead", fullgraph=True) if compiled
+                    else greedy)
             try:
                 with torch.no_grad():
                     cell = bench_cell(model, step, batch, context, spec["decode_tokens"])
@@ -250,6 +255,7 @@ def main(argv: list[str]) -> int:
                 cell = {"batch": batch, "context": context,
                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
             result["cells"].append(cell)
+            print(json.dumps({"cell": cell}), flush=True)
             if device == "cuda":
                 torch.cuda.empty_cache()
     print(json.dumps(result))

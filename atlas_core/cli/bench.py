@@ -71,7 +71,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="seconds before a baseline is given up (recorded as an error; "
                         "default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout; default: text only)")
-    p.add_argument("--csv", metavar="FILE", help="write one row per engine and cell as CSV to FILE ('-': stdout; default: none)")
+    p.add_argument("--csv", metavar="FILE",
+                   help="write one row per engine and cell as CSV to FILE ('-': stdout; "
+                        "default: none)")
     return p
 
 
@@ -128,14 +130,17 @@ def _engine(args, path: str | None, config: dict):
 
 def _run_baselines(args, path: str | None, config: dict) -> dict:
     from atlas_core.bench.baseline import run_isolated
+    decode = args.baseline_decode_tokens or args.decode_tokens
+    model_max = int(config.get("max_position_embeddings") or 1 << 30)
+    contexts = [c for c in args.context if c + decode < model_max]
     spec = {"path": path, "config": None if path else config, "batches": args.batch,
-            "contexts": args.context, "mode": args.baseline_mode,
-            "decode_tokens": args.baseline_decode_tokens or args.decode_tokens}
+            "contexts": contexts, "mode": args.baseline_mode, "decode_tokens": decode}
+    modules = {"hf": ("atlas_core.bench.baseline", "HF baseline"),
+               "compiled": ("atlas_core.bench.torch_baseline", "compiled-PyTorch baseline")}
     out = {}
     for name in args.baseline:
-        module = {"hf": "atlas_core.bench.baseline", "compiled": "atlas_core.bench.torch_baseline"}[name]
         _progress(f"baseline {name} (own process)")
-        out[name] = run_isolated(spec, args.baseline_timeout, module)
+        out[name] = run_isolated(spec, args.baseline_timeout, *modules[name])
         _progress(f"baseline {name}: {out[name].get('error') or 'done'}")
     return out
 

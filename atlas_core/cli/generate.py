@@ -88,7 +88,7 @@ def to_json(llm, outputs, in_reasoning: bool = False) -> list[dict]:
     return [{"prompt": out.prompt, "prompt_token_ids": out.prompt_token_ids,
              "num_cached_tokens": out.num_cached_tokens,
              "outputs": [{"index": c.index, "token_ids": c.token_ids, "text": c.text,
-                          **_split_json(split, c.text),
+                          **_split_output(split, c.text),
                           "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
                           "logprobs": _logprobs_json(tok, c.logprobs)} for c in out.outputs]}
             for out in outputs]
@@ -101,7 +101,7 @@ def _reasoning_splitter(in_reasoning: bool):
     return ReasoningParser(in_reasoning=in_reasoning)
 
 
-def _split_json(split, text: str) -> dict:
+def _split_output(split, text: str) -> dict:
     parsed = split.parse(text)
     return {"content": parsed.content, "reasoning": parsed.reasoning}
 
@@ -125,16 +125,13 @@ def _chat_prompts(llm, prompts: list[str], chat: bool | None) -> tuple[list, boo
     return [{"prompt_token_ids": llm.tokenizer.encode(t), "prompt": t} for t in rendered], opens
 
 
-def _print_text(llm, outputs, user_prompts: list, in_reasoning: bool, show_reasoning: bool) -> None:
+def _print_text(outputs, user_prompts: list, in_reasoning: bool, show_reasoning: bool) -> None:
     split = _reasoning_splitter(in_reasoning)
     for out, user_prompt in zip(outputs, user_prompts):
         for c in out.outputs:
             suffix = f" [{c.index}]" if len(out.outputs) > 1 else ""
             print(f"--- prompt {user_prompt!r}{suffix}")
-            if llm.tokenizer is None:
-                print(c.token_ids)
-                continue
-            parts = _split_json(split, c.text)
+            parts = _split_output(split, c.text)
             if parts["reasoning"] and show_reasoning:
                 print(f"[reasoning]\n{parts['reasoning']}\n[answer]")
             print(parts["content"])
@@ -173,5 +170,5 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(to_json(llm, outputs, in_reasoning), indent=2, ensure_ascii=False))
     else:
-        _print_text(llm, outputs, user_prompts, in_reasoning, args.show_reasoning)
+        _print_text(outputs, user_prompts, in_reasoning, args.show_reasoning)
     return 0

@@ -40,6 +40,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--backend", default=None, help="GpuBackend (default: ATLAS_BACKEND, else "
                    "cuda when a GPU is present, else numpy)")
     g.add_argument("--dtype", default=None, help="weight dtype override (bfloat16, float32, ...)")
+    g.add_argument("--dequantize-weights", action="store_true",
+                   help="load FP8 / NVFP4 weights dequantized to the model dtype (default: "
+                        "kept quantized where the backend runs the format; "
+                        "docs/quantization.md)")
     g.add_argument("--seed", type=int, default=0, help="engine random seed (default 0)")
     e = p.add_argument_group("engine")
     e.add_argument("--max-num-seqs", type=int, default=64,
@@ -180,9 +184,10 @@ def engine_args(args):
             served_model_name=served_names(args)[0], max_waiting=args.max_waiting,
             revision=args.revision, async_scheduling=args.async_scheduling,
             kv_host_gb=args.kv_host_gb, kv_offload_dir=args.kv_offload_dir,
-            kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage)
+            kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage,
+            dequantize_weights=args.dequantize_weights)
         if eargs.kv_offload_dir:
-            from atlas_core.engine.kv_tiers import check_offload_dir
+            from atlas_core.engine.kv_tier_setup import check_offload_dir
             check_offload_dir(eargs.kv_offload_dir)
         return eargs
     except ValueError as exc:
@@ -331,6 +336,8 @@ def run(args) -> int:
             server.should_exit = True
             raise
         print(describe(engine, config.served_model_names), flush=True)
+        from atlas_core.model.quantized_loading import weights_line
+        print(weights_line(engine.model), flush=True)
         from atlas_core.bench.floor import floor_line
         print(floor_line(engine), flush=True)
         if engine.kv_tiers is not None:

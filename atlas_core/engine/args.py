@@ -40,6 +40,8 @@ class EngineArgs:
         kv_offload_gb: most GiB the disk tier keeps (least recently used out first).
         kv_storage: StorageBackend of the disk tier (``auto``: io_uring when installed, else
             posix).
+        dequantize_weights: load quantized (FP8 / NVFP4) weights dequantized to the model
+            dtype instead of keeping them quantized (for backends or formats without kernels).
     """
 
     model: str | None = None
@@ -65,6 +67,7 @@ class EngineArgs:
     kv_offload_dir: str | None = None
     kv_offload_gb: float = 64.0
     kv_storage: str = "auto"
+    dequantize_weights: bool = False
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")

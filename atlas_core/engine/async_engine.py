@@ -121,7 +121,8 @@ class AsyncLLMEngine:
         queue: asyncio.Queue = asyncio.Queue()
         with self._cond:
             if self._error is not None:
-                raise EngineDeadError(f"the engine stopped after an error: {self._error!r}")
+                raise EngineDeadError(f"the engine stopped after an error ({type(self._error).__name__}; "
+                                     "details in the server log)")
             if self._stopped:
                 raise EngineDeadError("the engine has been shut down")
             if request_id in self._streams:
@@ -143,8 +144,9 @@ class AsyncLLMEngine:
                     raise item
                 finished = item.finished
                 if item.error is not None:
-                    raise RequestError(f"the engine failed on request {request_id} "
-                                       f"({item.error}); other requests are unaffected")
+                    kind = item.error.split(":", 1)[0]
+                    raise RequestError(f"the engine failed on request {request_id} ({kind}); "
+                                       "other requests are unaffected")
                 yield item
                 if finished:
                     break
@@ -199,7 +201,7 @@ class AsyncLLMEngine:
         with self._cond:
             self._error = exc
             for request_id in list(self._streams):
-                self._deliver(request_id, EngineDeadError(f"engine step failed: {exc!r}"))
+                self._deliver(request_id, EngineDeadError(f"engine step failed ({type(exc).__name__})"))
 
     def _loop(self) -> None:
         engine = self.engine

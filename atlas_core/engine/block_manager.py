@@ -91,6 +91,8 @@ class BlockManager:
         cache (its logits are needed), so at most ``len(seq) - 1`` tokens are reused. Requests
         asking for prompt logprobs compute every prompt token. ``usable(seq, num_blocks)``
         may shorten the match (hybrid models: to a boundary with a recurrent-state snapshot).
+        With tiers, the match goes on through blocks held in host memory (see :meth:`prefetch`),
+        copied into newly taken device blocks.
         """
         assert not seq.block_table
         num_prefix = (len(seq) - 1) // self.block_size
@@ -103,25 +105,43 @@ class BlockManager:
             if block is None:
                 break
             blocks.append(block)
-        if usable is not None and blocks:
-            blocks = blocks[:usable(seq, len(blocks))]
-        for block in blocks:
+        available = len(blocks)
+        if self.tiers is not None and available < num_prefix:
+            available += self.tiers.num_in_memory(seq.block_hashes[available:num_prefix])
+            if available < num_prefix:
+                self.tiers.count_miss()
+        keep = usable(seq, available) if usable is not None and available else available
+        for block in blocks[:keep]:
             self._ref(block)
             seq.block_table.append(block)
-        if self.tiers is not None and usable is None and len(blocks) < num_prefix:
-            self._restore(seq, seq.block_hashes[len(blocks):num_prefix])
+        if keep > len(blocks):
+            self._restore(seq, seq.block_hashes[len(blocks):keep])
+            if usable is not None and len(seq.block_table) < keep:
+                self._trim(seq, usable(seq, len(seq.block_table)))
         seq.num_committed_blocks = len(seq.block_table)
         return len(seq.block_table) * self.block_size
 
-    def prefetch(self, seq: Sequence) -> bool:
-        """Start reading ``seq``'s prefix blocks held by lower tiers only; True once nothing
-        it could use is still in flight (always True without tiers)."""
-        if self.tiers is None or not self.enable_prefix_caching or seq.block_table:
-            return True
+    def prefetch(self, seq: Sequence) -> int | None:
+        """Start reading ``seq``'s prefix blocks held by lower tiers only: ``None`` while some
+        are in flight, else how many leading blocks the device and host memory hold now (0
+        without tiers)."""
+        if (self.tiers is None or not self.enable_prefix_caching or seq.block_table
+                or seq.params.prompt_logprobs is not None):
+            return 0
         self.update_hashes(seq, len(seq) - 1)
         hashes = seq.block_hashes[:(len(seq) - 1) // self.block_size]
         first = next((i for i, h in enumerate(hashes) if h not in self.block_of), len(hashes))
-        return self.tiers.prefetch(hashes[first:])
+        more = self.tiers.prefetch(hashes[first:])
+        return None if more is None else first + more
+
+    def _trim(self, seq: Sequence, num_blocks: int) -> None:
+        # Give back the blocks past ``num_blocks`` of a sequence still being matched (they
+        # stay cached).
+        while len(seq.block_table) > num_blocks:
+            block = seq.block_table.pop()
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_cached[block] = None
 
     def _restore(self, seq: Sequence, hashes: list[bytes]) -> None:
         # Blocks past the device-cached prefix come back from host memory (disk reads were

@@ -1,10 +1,11 @@
-"""KVBlockIO: copies whole KV blocks between the device pools and host bytes.
+"""KVBlockIO: copies whole KV blocks (or recurrent-state rows) between device pools and host bytes.
 
 A block's host form is one flat ``uint8`` array: for every paged-attention layer in order, the
 block's K rows then its V rows (``[block_size, num_kv_heads, head_dim]`` each, in the cache
-dtype). Only :class:`~atlas_core.interfaces.GpuBackend` methods are used (first-axis slices,
-``to_host``, ``copy_from_host``), so the same code serves the numpy and cuda backends; runs of
-consecutive block ids move in one copy per layer.
+dtype). Hybrid models' state snapshots move the same way: row ``r`` of every recurrent-state
+pool (conv and SSM state of each layer). Only :class:`~atlas_core.interfaces.GpuBackend` methods
+are used (first-axis slices, ``to_host``, ``copy_from_host``), so the same code serves the numpy
+and cuda backends; runs of consecutive block ids move in one copy per layer.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+
+def paged_kv_pools(kv_caches: list) -> list:
+    """The K and V pools of the paged-attention layers of a model runner's ``kv_caches``."""
+    return [pool for layer in kv_caches if isinstance(layer, tuple) for pool in layer]
 
 
 def block_runs(blocks: list[int]) -> list[tuple[int, int, int]]:
@@ -27,18 +33,17 @@ def block_runs(blocks: list[int]) -> list[tuple[int, int, int]]:
 
 
 class KVBlockIO:
-    """Reads and writes blocks of the paged KV pools.
+    """Reads and writes first-axis entries (blocks, state rows) of a list of device pools.
 
     Args:
         backend: the GpuBackend owning the pools.
-        kv_caches: the model runner's per-layer caches; ``(k, v)`` pairs are paged KV pools
-            ``[num_blocks, block_size, num_kv_heads, head_dim]``, other entries (recurrent
-            state, layers without state) are skipped.
+        pools: device arrays indexed by block (or row) on their first axis, e.g.
+            :func:`paged_kv_pools` or a model runner's ``state_pools``.
     """
 
-    def __init__(self, backend: Any, kv_caches: list) -> None:
+    def __init__(self, backend: Any, pools: list) -> None:
         self.backend = backend
-        self.pools = [pool for layer in kv_caches if isinstance(layer, tuple) for pool in layer]
+        self.pools = list(pools)
         self.row_bytes = [int(np.prod(p.shape[1:])) * np.dtype(p.dtype).itemsize
                           for p in self.pools]
         self.block_bytes = sum(self.row_bytes)

@@ -21,7 +21,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from atlas_core.storage.kv_record import HEADER_SIZE, VERSION, CorruptRecord, pack_record, unpack_record
+from atlas_core.storage.kv_record import (HEADER_SIZE, VERSION, CorruptRecord, pack_record,
+                                          unpack_record)
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +99,24 @@ class DiskTier:
         self.capacity = max(0, capacity_bytes // self.record_size)
         self.runner = StorageLoop()
         self.index: OrderedDict[bytes, None] = OrderedDict()
-        for key in storage.keys():
+        try:
+            stored = storage.keys()
+        except NotImplementedError:
+            log.warning("KV disk tier: %s cannot list its keys; blocks of earlier runs are not "
+                        "found", type(storage).__name__)
+            stored = []
+        for key in stored:
             if len(key) == 32 and all(c in "0123456789abcdef" for c in key):
                 self.index[bytes.fromhex(key)] = None
         self.writes: dict[bytes, tuple[concurrent.futures.Future, Any]] = {}
         self.reads: dict[bytes, concurrent.futures.Future] = {}
         self.num_loaded_at_start = len(self.index)
-        self.num_corrupt = getattr(storage, "num_torn_writes", 0)
+        self.num_corrupt = storage.num_torn_writes
         self.num_write_failures = 0
         self.num_read_failures = 0
         self.bytes_read = self.bytes_written = 0
         self.is_writable = True
+        self.is_closed = False
         self._failures_in_a_row = 0
         self._trim()
 
@@ -204,7 +212,10 @@ class DiskTier:
             self.runner.submit(self.storage.delete(h.hex()))
 
     def close(self, timeout: float = 60.0) -> None:
-        """Finish the writes in flight (within ``timeout`` s), then stop the loop."""
+        """Finish the writes in flight (within ``timeout`` s), then stop the loop (once)."""
+        if self.is_closed:
+            return
+        self.is_closed = True
         pending = [f for f, _ in self.writes.values()] + list(self.reads.values())
         concurrent.futures.wait(pending, timeout)
         self.poll()

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from atlas_core.engine.args import EngineArgs
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.kv_sizing import plan_kv_cache
-from atlas_core.engine.kv_tiers import create_kv_tiers, with_tier_stats
+from atlas_core.engine.kv_tier_setup import create_kv_tiers, with_tier_stats
 from atlas_core.engine.model_runner import ModelRunner, PendingStep
 from atlas_core.engine.overlap import OverlapPolicy
 from atlas_core.engine.outputs import EngineStats, RequestMetrics, RequestOutput
@@ -72,7 +72,7 @@ class LLMEngine:
                                    args.max_prefill_tokens, self.state_cache)
         self.runner = ModelRunner(model, backend, self.kv_config, args.max_batch_size,
                                   args.max_prefill_tokens, self.max_seq_len)
-        self.kv_tiers = create_kv_tiers(args, model, self.runner, self.block_manager)
+        self.kv_tiers = create_kv_tiers(args, model, self.runner, self.scheduler)
         if eos_token_ids is None:
             eos_token_ids = set(getattr(tokenizer, "eos_token_ids", ()) or ())
         if detokenizer_factory is None and tokenizer is not None:

@@ -85,6 +85,8 @@ def load_engine_parts(args, backend=None) -> EngineParts:
     registry = None
     if backend is None or isinstance(backend, str):
         backend, registry = create_backend(backend or args.backend)
+    if args.dequantize_weights:
+        backend.quantized_weight_formats = frozenset()
     source = model_path_or_demo(args.model)
     start = time.perf_counter()
     log.info("loading %s on the %s backend", source, getattr(backend, "name", backend))

@@ -144,6 +144,10 @@ class EngineStats:
     num_steps: int = 0
     num_failed_requests: int = 0
     is_alive: bool = True
+    #: decode-step timings (:class:`~atlas_core.engine.step_timing.DecodeStepSnapshot`), or None
+    decode_steps: Any = None
+    #: per-tier counters of the KV tiers (:meth:`~atlas_core.engine.kv_tiers.KVTiers.stats`)
+    kv_tiers: dict = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:

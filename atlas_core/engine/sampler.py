@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.engine.logits_filters import apply_logits_filters
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sequence import Sequence
 from atlas_core.guided.bitmask import TokenBitmask
@@ -50,7 +51,13 @@ class Sampler:
         backend: the GpuBackend.
         max_rows: most logits rows in one step.
         vocab_size: logits width.
+
+    Attributes:
+        encode: text -> token ids (the engine's tokenizer), for DRY breaker strings; ``None``
+            uses only breaker ids.
     """
+
+    encode = None
 
     def __init__(self, backend, max_rows: int, vocab_size: int) -> None:
         self.backend = backend
@@ -92,8 +99,9 @@ class Sampler:
 
     @staticmethod
     def needs_eager(rows: list[LogitsRow]) -> bool:
-        """Whether some row needs penalties, biases or logprobs (ops outside a decode graph)."""
-        return any(r.seq.params.has_penalties or r.seq.params.logit_bias or r.stop_ids
+        """Whether some row needs penalties, biases, logits filters or logprobs (ops outside a
+        decode graph)."""
+        return any(r.seq.params.has_penalties or r.seq.params.has_logits_filters or r.seq.params.logit_bias or r.stop_ids
                    or r.seq.params.logprobs is not None or r.target is not None
                    or r.matcher is not None for r in rows)
 
@@ -125,6 +133,8 @@ class Sampler:
                         bias[i, tok] += value
                 bias[i, [t for t in r.stop_ids if t < self.vocab_size]] = -np.inf
             logits = ops.add(logits, be.from_host(bias))
+        if any(r.samples and r.seq.params.has_logits_filters for r in rows):
+            logits = apply_logits_filters(be, logits, rows, self.host["steps"][:n], self.encode)
         return self.sample(logits, params)
 
     def logprobs(self, raw_logits, rows: list[LogitsRow], tokens):

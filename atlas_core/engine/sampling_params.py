@@ -29,6 +29,11 @@ def _is_real(value, low: float, high: float) -> bool:
             and math.isfinite(value) and low <= value <= high)
 
 
+#: text-generation-webui's default DRY sequence breakers.
+DEFAULT_DRY_BREAKERS = ("\n", ":", "\"", "*")
+#: Most DRY sequence breakers one request may give.
+MAX_DRY_BREAKERS = 64
+
 #: What ``top_p=0`` becomes: a nucleus holding only the most likely token.
 TOP_P_MIN = 1e-6
 
@@ -61,6 +66,20 @@ class SamplingParams:
             empty means the prompt already opened it (output starts inside the block).
         thinking_end_token_ids: the tokens that end a think block, e.g. the ids of
             ``"</think>\n\n"``; the first one closing the block is what the engine watches for.
+        dry_multiplier, dry_base, dry_allowed_length: DRY repetition penalty
+            (text-generation-webui / llama.cpp names; ``dry_multiplier=0`` is off): a token
+            extending a repeat of ``L >= dry_allowed_length`` tokens loses
+            ``dry_multiplier * dry_base ** (L - dry_allowed_length)`` from its logit.
+        dry_sequence_breakers: strings whose tokens end a repeat match (default
+            ``["\\n", ":", "\"", "*"]``); the engine's tokenizer turns each into its last token.
+        dry_sequence_breaker_ids: breaker token ids given directly (used as well).
+        xtc_threshold, xtc_probability: XTC, exclude top choices (``xtc_probability=0`` is
+            off): with that probability per token, every candidate at or above the threshold
+            but the least likely is removed.
+        top_n_sigma: keep tokens within ``n`` standard deviations of the top logit (``0`` or
+            ``-1`` is off).
+        priority: scheduling priority under ``--scheduling-policy slo`` (vLLM's field: lower
+            values are served first; default 0).
         guided: constrain the output to a JSON schema, regex, grammar or tool call
             (:class:`~atlas_core.guided.GuidedDecodingParams`); the sequence stops (``"stop"``)
             when the constraint is complete.
@@ -91,6 +110,15 @@ class SamplingParams:
     thinking_budget: int | None = None
     thinking_start_token_ids: list[int] | None = None
     thinking_end_token_ids: list[int] | None = None
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_sequence_breakers: list[str] | None = None
+    dry_sequence_breaker_ids: list[int] | None = None
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0
+    top_n_sigma: float = 0.0
+    priority: int = 0
     guided: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
@@ -104,6 +132,13 @@ class SamplingParams:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if self.top_k == -1:
             self.top_k = 0
+        if self.top_n_sigma == -1:
+            self.top_n_sigma = 0.0
+        if self.dry_sequence_breakers is None:
+            self.dry_sequence_breakers = list(DEFAULT_DRY_BREAKERS)
+        elif isinstance(self.dry_sequence_breakers, str):
+            self.dry_sequence_breakers = [self.dry_sequence_breakers]
+        self.dry_sequence_breaker_ids = [int(t) for t in (self.dry_sequence_breaker_ids or [])]
         self._validate()
         if self.top_p == 0.0:
             self.top_p = TOP_P_MIN  # OpenAI accepts 0: keep only the most likely token
@@ -143,12 +178,41 @@ class SamplingParams:
                "thinking_budget", f"an integer in [0, {MAX_COUNT}] (or None)", self.thinking_budget)
         _check(self.thinking_budget is None or bool(self.thinking_end_token_ids),
                "thinking_end_token_ids", "set when thinking_budget is", self.thinking_end_token_ids)
+        self._validate_filters()
         _check(self.guided is None or isinstance(self.guided, GuidedDecodingParams), "guided",
                "a GuidedDecodingParams (or None)", self.guided)
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             _check(v is None or _is_int(v, 0, MAX_LOGPROBS), name,
                    f"an integer in [0, {MAX_LOGPROBS}] (or None)", v)
+
+    def _validate_filters(self) -> None:
+        _check(_is_real(self.dry_multiplier, 0.0, 100.0), "dry_multiplier",
+               "a number in [0, 100] (0: off)", self.dry_multiplier)
+        _check(_is_real(self.dry_base, 1.0, 100.0) and self.dry_base > 1.0, "dry_base",
+               "a number in (1, 100]", self.dry_base)
+        _check(_is_int(self.dry_allowed_length, 1, 10_000), "dry_allowed_length",
+               "an integer in [1, 10000]", self.dry_allowed_length)
+        breakers = self.dry_sequence_breakers
+        _check(isinstance(breakers, list) and len(breakers) <= MAX_DRY_BREAKERS
+               and all(isinstance(b, str) and b for b in breakers), "dry_sequence_breakers",
+               f"a list of at most {MAX_DRY_BREAKERS} non-empty strings", breakers)
+        for t in self.dry_sequence_breaker_ids:
+            _check(_is_int(t, 0, MAX_COUNT), "dry_sequence_breaker_ids", "token ids >= 0", t)
+        _check(_is_real(self.xtc_threshold, 0.0, 1.0), "xtc_threshold",
+               "a number in [0, 1] (above 0.5 it never acts)", self.xtc_threshold)
+        _check(_is_real(self.xtc_probability, 0.0, 1.0), "xtc_probability",
+               "a number in [0, 1] (0: off)", self.xtc_probability)
+        _check(_is_int(self.priority, -(2 ** 31), 2 ** 31 - 1), "priority",
+               "an integer in [-2**31, 2**31) (lower is served first)", self.priority)
+        _check(_is_real(self.top_n_sigma, 0.0, 100.0), "top_n_sigma",
+               "a number in [0, 100] (0 or -1: off)", self.top_n_sigma)
+
+    @property
+    def has_logits_filters(self) -> bool:
+        """Whether DRY, XTC or top-n-sigma acts on this request's logits."""
+        return (self.dry_multiplier > 0 or self.top_n_sigma > 0
+                or (self.xtc_probability > 0 and self.xtc_threshold <= 0.5))
 
     @property
     def is_greedy(self) -> bool:

@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from atlas_core.engine.block_manager import BlockManager
+from atlas_core.engine.scheduling_policy import SchedulingPolicy
 from atlas_core.engine.sequence import Sequence, SequenceStatus
 from atlas_core.engine.state_cache import StateCache
 
@@ -66,11 +67,15 @@ class Scheduler:
         max_batch_size: most sequences in one step.
         max_prefill_tokens: most prefill tokens in one step (decode rows are not counted).
         state_cache: recurrent-state slots and snapshots (hybrid models), else ``None``.
+        policy: the order of decode rows and admissions and each step's prefill budget
+            (:mod:`atlas_core.engine.scheduling_policy`; default ``fifo``).
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_batch_size: int,
-                 max_prefill_tokens: int, state_cache: StateCache | None = None) -> None:
+                 max_prefill_tokens: int, state_cache: StateCache | None = None,
+                 policy: SchedulingPolicy | None = None) -> None:
         self.block_manager = block_manager
+        self.policy = policy or SchedulingPolicy()
         self.state_cache = state_cache
         self.snapshots_enabled = bool(state_cache is not None and state_cache.num_snapshots
                                       and block_manager.enable_prefix_caching)
@@ -96,6 +101,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self._free(seq)
+        self.policy.forget(seq)
         seq.status = SequenceStatus.FINISHED
 
     def _free(self, seq: Sequence) -> None:
@@ -105,17 +111,24 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.max_prefill_tokens)
+        now = self.policy.clock()
+        budget = self.policy.prefill_budget(self.max_prefill_tokens, self.running, now)
+        budget = self._schedule_running(out, budget, now)
         if not out.preempted:
+            if len(self.waiting) > 1:
+                ordered = self.policy.order_waiting(self.waiting, now)
+                self.waiting.clear()
+                self.waiting.extend(ordered)
             self._admit_waiting(out, budget)
             tiers = self.block_manager.tiers
             if not out.scheduled and self.waiting and tiers is not None and tiers.wait_reads():
                 self._admit_waiting(out, budget)
+        self.policy.on_step(out.scheduled, out.num_tokens, now)
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, now: float) -> int:
         chosen: set[int] = set()
-        order = self.running[self._rr:] + self.running[:self._rr]
+        order = self.policy.order_running(self.running[self._rr:] + self.running[:self._rr], now)
         if len(self.running) > self.max_batch_size:
             self._rr = (self._rr + self.max_batch_size) % len(self.running)
         bs, scheduled = self.block_manager.block_size, out.scheduled
@@ -188,7 +201,8 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
                and len(out.scheduled) < self.max_batch_size):
             seq = self.waiting[0]
-            if usable is None and not bm.prefetch(seq):
+            available = bm.prefetch(seq)
+            if available is None or (states is not None and not states.prefetch(seq, available)):
                 loading.append(self.waiting.popleft())
                 continue
             cached = bm.match_prefix(seq, usable)
@@ -199,8 +213,9 @@ class Scheduler:
             self.waiting.popleft()
             if states is not None:
                 states.assign(seq)
-                if cached:
-                    out.restores.append(states.restore(seq, cached // bm.block_size))
+                copy = states.restore(seq, cached // bm.block_size) if cached else None
+                if copy is not None:
+                    out.restores.append(copy)
             seq.num_computed_tokens = cached
             bm.record_lookup(len(seq), cached)
             if not seq.output_token_ids:
@@ -239,6 +254,7 @@ class Scheduler:
             start = live[seq.seq_id] + 1
             bm.allocate(seq, start + 1)
             out.scheduled.append(ScheduledSeq(seq, start, 1))
+        self.policy.on_step(out.scheduled, out.num_tokens, self.policy.clock())
         return out
 
     def complete_step(self, out: SchedulerOutput) -> None:

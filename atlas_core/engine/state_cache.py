@@ -9,6 +9,10 @@ A waiting sequence whose cached KV prefix reaches a snapshotted boundary restore
 into its slot and skips the prefix's prefill. Snapshots are reference-counted while a copy from
 or into them is pending in the current step, and evicted least recently used first.
 
+With :attr:`StateCache.tiers` set (:class:`~atlas_core.engine.kv_tiers.KVTiers` over the state
+pools), an evicted snapshot is first copied to host memory / disk, and a boundary whose snapshot
+is there counts as usable: :meth:`StateCache.restore` then writes it straight into the slot.
+
 This class only does the bookkeeping; the copies are listed on the
 :class:`~atlas_core.engine.scheduler.SchedulerOutput` (``restores`` before the forward,
 ``snapshots`` after it) and issued by the model runner with ``backend.copy_``.
@@ -39,6 +43,7 @@ class StateCache:
         self.pending_saves: dict[bytes, int] = {}
         self.pending_restores: list[int] = []
         self.num_restores = 0
+        self.tiers = None
 
     @property
     def num_free_slots(self) -> int:
@@ -68,16 +73,40 @@ class StateCache:
         if not self.num_snapshots:
             return 0
         for k in range(num_blocks, 0, -1):
-            if seq.block_hashes[k - 1] in self.row_of:
+            h = seq.block_hashes[k - 1]
+            if h in self.row_of or (self.tiers is not None and self.tiers.num_in_memory([h])):
                 return k
         return 0
 
-    def restore(self, seq: Sequence, num_blocks: int) -> tuple[int, int]:
+    def prefetch(self, seq: Sequence, num_blocks: int) -> bool:
+        """Start reading the snapshot of the longest of ``seq``'s first ``num_blocks`` block
+        boundaries that has one in a lower tier; True unless that read is in flight."""
+        if self.tiers is None or not self.num_snapshots:
+            return True
+        for k in range(num_blocks, 0, -1):
+            h = seq.block_hashes[k - 1]
+            if h in self.row_of:
+                return True
+            found = self.tiers.prefetch([h])
+            if found is None:
+                return False
+            if found:
+                return True
+        return True
+
+    def restore(self, seq: Sequence, num_blocks: int) -> tuple[int, int] | None:
         """Plan the copy of the snapshot ending at block ``num_blocks`` into ``seq``'s slot.
 
         Returns ``(snapshot_row, slot)``; the row stays referenced until :meth:`complete_step`.
+        A snapshot found in the lower tiers only is written into the slot now (``None``).
         """
         h = seq.block_hashes[num_blocks - 1]
+        if h not in self.row_of:
+            [payload] = self.tiers.take([h])
+            slot = self.assign(seq)
+            self.tiers.io.write([slot], [payload])
+            self.num_restores += 1
+            return None
         row = self.row_of[h]
         self.row_of.move_to_end(h)
         self._ref(row)
@@ -141,8 +170,15 @@ class StateCache:
         for h, row in self.row_of.items():
             if not self.ref_counts.get(row):
                 del self.row_of[h]
+                if self.tiers is not None:
+                    self.tiers.spill([(row, h)])
                 return row
         return None
+
+    def flush_to_tiers(self) -> None:
+        """Copy every snapshot to the lower tiers (at shutdown: the disk tier keeps them)."""
+        if self.tiers is not None:
+            self.tiers.spill(sorted((row, h) for h, row in self.row_of.items()))
 
     def _ref(self, row: int) -> None:
         self.ref_counts[row] = self.ref_counts.get(row, 0) + 1

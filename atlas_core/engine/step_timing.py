@@ -3,7 +3,7 @@
 :class:`StepBytes` counts what a loaded model actually reads per step (its parameters in their
 stored formats, the experts a batch can touch, the KV cache in its dtype, recurrent state read
 and written); :class:`DecodeStepTimer` records the engine's decode step times against it, and
-``engine.stats()`` carries them (:class:`DecodeEngineStats`) to ``/metrics``. The bandwidth
+``engine.stats()`` carries them (``EngineStats.decode_steps``) to ``/metrics``. The bandwidth
 comes from :func:`atlas_core.bench.floor.floor_line` at start-up.
 """
 
@@ -13,7 +13,7 @@ import bisect
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import Any
 
 from atlas_core.engine.outputs import EngineStats
@@ -115,14 +115,6 @@ class DecodeStepTimer:
             fraction = floor / sum(s for s, _ in recent)
         return DecodeStepSnapshot(tuple(cumulative), running, total, fraction)
 
-    def annotate(self, stats: EngineStats) -> "DecodeEngineStats":
+    def annotate(self, stats: EngineStats) -> EngineStats:
         """``stats`` with ``decode_steps`` set to :meth:`snapshot`."""
-        values = {f.name: getattr(stats, f.name) for f in fields(stats) if f.init}
-        return DecodeEngineStats(**values, decode_steps=self.snapshot())
-
-
-@dataclass
-class DecodeEngineStats(EngineStats):
-    """EngineStats with the decode-step timings (a field, so ``dataclasses.replace`` keeps it)."""
-
-    decode_steps: DecodeStepSnapshot | None = None
+        return replace(stats, decode_steps=self.snapshot())

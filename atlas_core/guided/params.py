@@ -16,7 +16,7 @@ GUIDED_KINDS = {
 }
 
 #: Tool-call formats a grammar can force (names of :mod:`atlas_core.parsers` tool parsers).
-TOOL_CALL_FORMATS = ("hermes", "qwen3_coder", "mistral", "llama3_json")
+TOOL_CALL_FORMATS = ("hermes", "qwen3_coder", "mistral", "llama3_json", "minimax_m2")
 
 
 class GuidedDecodingError(ValueError):

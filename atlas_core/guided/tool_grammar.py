@@ -7,6 +7,8 @@ as calls of the given functions with arguments valid against their parameter sch
 - ``qwen3_coder``: ``<tool_call>\\n<function=f>\\n<parameter=k>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>``
 - ``mistral``: ``[TOOL_CALLS][{"name": "f", "arguments": {...}}]``
 - ``llama3_json``: ``{"name": "f", "parameters": {...}}`` (parallel calls joined by ``; ``)
+- ``minimax_m2``: ``<minimax:tool_call>\\n<invoke name="f">\\n<parameter name="k">value</parameter>\\n``
+  ``</invoke>\\n</minimax:tool_call>`` (parallel calls: more ``<invoke>`` blocks in one block)
 
 JSON is written with ``", "`` and ``": "`` separators (what chat templates' ``tojson`` renders).
 """
@@ -23,6 +25,7 @@ JSON_OPTIONS = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexi
 
 # Substrings that end a qwen3_coder value early in the parser, so a raw string value may not hold them.
 _XML_STOPS = r"<\/parameter>|<parameter=|<\/function>|<\/tool_call>"
+_MINIMAX_STOPS = r"<\/parameter>|<parameter name=|<\/invoke>|<\/minimax:tool_call>"
 
 
 def with_json_options(schema: dict | bool) -> dict | bool:
@@ -90,14 +93,16 @@ def _is_string(schema: dict | bool) -> bool:
     return "string" in (kind if isinstance(kind, list) else [kind])
 
 
-def _xml_value(name: str, schema: dict | bool) -> list[str]:
-    """Rules for one qwen3_coder parameter value and its closing tag.
+def _xml_value(name: str, schema: dict | bool, close_tag: str = "\n</parameter>\n",
+               stops: str = _XML_STOPS) -> list[str]:
+    """Rules for one XML parameter value and its closing tag (qwen3_coder's by default;
+    minimax_m2 passes its own ``close_tag`` and ``stops``).
 
     String values are raw text (the parser keeps them as is; ``format`` and ``pattern`` are not
     enforced), ended lazily at the first closing tag (a greedy text lexeme would swallow the
     tag's first bytes); other values are JSON, which the parser decodes by the schema's type.
     """
-    close = lit("\n</parameter>\n")
+    close = lit(close_tag)
     if not _is_string(schema):
         return [f"{name}: {name}_json {close}", json_rule(f"{name}_json", schema)]
     if "enum" in schema or "const" in schema:
@@ -106,7 +111,7 @@ def _xml_value(name: str, schema: dict | bool) -> list[str]:
     low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
     count = f"{{{low},{'' if high is None else int(high)}}}"
     terminal = name.upper()
-    return [f"{terminal}: /(?s:.){count}/ & ~/(?s:.*)({_XML_STOPS})(?s:.*)/",
+    return [f"{terminal}: /(?s:.){count}/ & ~/(?s:.*)({stops})(?s:.*)/",
             f"{name}[suffix={close}]: {terminal}"]
 
 
@@ -130,8 +135,28 @@ def qwen3_coder(spec: ToolCallSpec, marker: Callable[[str], str]) -> list[str]:
     return rules
 
 
+def minimax_m2(spec: ToolCallSpec, marker: Callable[[str], str]) -> list[str]:
+    more = "" if not spec.parallel or spec.max_calls == 1 else (
+        " fn*" if spec.max_calls is None else f" fn{{0,{spec.max_calls - 1}}}")
+    rules = [f"start: {marker('<minimax:tool_call>')} {lit(chr(10))} fn{more} "
+             f"{marker('</minimax:tool_call>')}",
+             "fn: " + " | ".join(f"fn_{i}" for i in range(len(spec.tools)))]
+    for i, tool in enumerate(spec.tools):
+        schema = tool["parameters"]
+        required = set(schema.get("required") or ())
+        parts = []
+        for j, (key, sub) in enumerate((schema.get("properties") or {}).items()):
+            rule = f"p_{i}_{j}"
+            rules.append(f"{rule}: {lit(f'<parameter name={json.dumps(key)}>')} v_{i}_{j}")
+            rules.extend(_xml_value(f"v_{i}_{j}", sub, "</parameter>\n", _MINIMAX_STOPS))
+            parts.append(rule if key in required else f"{rule}?")
+        head = f'<invoke name={json.dumps(tool["name"])}>\n'
+        rules.append(f"fn_{i}: {' '.join([lit(head), *parts, lit('</invoke>' + chr(10))])}")
+    return rules
+
+
 FORMATS = {"hermes": hermes, "qwen3_coder": qwen3_coder, "mistral": mistral,
-           "llama3_json": llama3_json}
+           "llama3_json": llama3_json, "minimax_m2": minimax_m2}
 
 
 def tool_call_lark(spec: ToolCallSpec, special_token_id: Callable[[str], int | None]) -> str:

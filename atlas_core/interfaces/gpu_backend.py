@@ -152,6 +152,12 @@ class GpuBackend(ABC):
         allocates nothing and replays into the same addresses (what makes graph capture work).
         """
 
+    def bind_model(self, model: str | None, quant: str | None = None) -> None:
+        """Optional. Called by the model loader once config.json is read, before any weight is
+        loaded: ``model`` is the config's ``model_type`` (``"qwen3_moe"``), ``quant`` the
+        checkpoint's quantization method (``"fp8"``, ``"nvfp4"``) or None. A backend that tunes
+        kernels per model family chooses them here. Default: nothing."""
+
     def layer_scope(self, nbytes: int) -> Any:
         """Optional. Called by the model loop before its layers with the bytes each layer hands
         to the next (hidden + residual); returns None or an object whose ``carry(*arrays)``,

@@ -11,8 +11,16 @@ class StorageBackend(ABC):
     Keys are strings (block content hashes). Reads of a missing key raise ``KeyError``.
 
     Required: :meth:`write`, :meth:`read`, :meth:`delete`, :meth:`contains`.
-    Optional: :meth:`keys`, :meth:`used_bytes`, :meth:`close`.
+    Optional: :meth:`keys`, :meth:`used_bytes`, :meth:`close`, :attr:`num_torn_writes`.
+
+    The KV disk tier lists :meth:`keys` at start-up to find the blocks of earlier runs (a
+    backend without it starts empty every run) and frames every value with a checksum, so a
+    backend need not detect corruption itself; writes should still be atomic per key.
     """
+
+    #: Optional. Leftovers of writes cut short (a killed process) found and removed when the
+    #: store was opened; the KV disk tier counts them with its corrupt records.
+    num_torn_writes: int = 0
 
     @abstractmethod
     async def write(self, key: str, data: bytes) -> None:

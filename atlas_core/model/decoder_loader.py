@@ -24,13 +24,6 @@ from atlas_core.model.weight_loading import (check_size, checkpoint_tensors, loa
 from atlas_core.ops._dtypes import as_dtype
 from atlas_core.ops.rotary import rope_parameters
 
-#: Built-in layer kinds, used when no registry is attached.
-BUILTIN_LAYERS = {
-    "attention": "atlas_core.model.layers.attention:Attention",
-    "mlp": "atlas_core.model.layers.mlp:GatedMLP",
-    "moe": "atlas_core.model.layers.moe:SparseMoE",
-}
-
 REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 #: Blocks built to size a model before all of it is built (the others are assumed alike).

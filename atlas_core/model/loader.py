@@ -21,6 +21,7 @@ KNOWN_FAMILIES = {
                     "MistralForCausalLM"),
     "atlas-qwen35": ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                      "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
+    "atlas-gemma4": ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),
 }
 
 # Fields a multimodal wrapper keeps at the top level that the text model needs.
@@ -91,6 +92,13 @@ def create_loader(registry: Registry, arch: str) -> Any:
     return registry.create("weight_loaders", arch, registry=registry)
 
 
+def quant_method(config: dict) -> str | None:
+    """The checkpoint's quantization method in lower case (``"fp8"``, ``"nvfp4"``), or None."""
+    quant = config.get("quantization_config") or {}
+    method = str(quant.get("quant_algo") or quant.get("quant_method") or "").lower()
+    return method or None
+
+
 def load_model(path_or_id: str | os.PathLike, backend: Any, *, dtype: Any = None,
                registry: Registry | None = None, revision: str | None = None,
                cache_dir: str | os.PathLike | None = None) -> CausalLM:
@@ -117,6 +125,7 @@ def load_model(path_or_id: str | os.PathLike, backend: Any, *, dtype: Any = None
     loader.validate_config(config)
     checkpoint = Checkpoint.open(path)
     check_supported(config, path, checkpoint.names())
+    backend.bind_model(config.get("model_type"), quant_method(config))
     model = loader.load(config, checkpoint, backend, dtype=dtype)
     model.path = path
     return model

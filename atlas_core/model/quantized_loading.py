@@ -23,8 +23,8 @@ from atlas_core.model.params import Module
 from atlas_core.ops.quant import QuantizedWeight, dequantize
 from atlas_core.weights.checkpoint import Checkpoint
 from atlas_core.weights.quant_packing import PackedLayout, decide_layout, pack_sources
-from atlas_core.weights.quant_tensors import (QuantizedTensorError, QuantTensor, fp8_scale_kind,
-                                              read_quantized)
+from atlas_core.weights.quant_tensors import (QuantTensor, fp8_scale_kind, read_quantized,
+                                              scale_error)
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class QuantPlan:
         for qt in self.tensors.values():
             shape = self.scale_shapes[qt.scale]
             if qt.kind == "fp8" and not fp8_scale_kind(shape, qt.shape, self.block_size):
-                raise QuantizedTensorError(_scale_message(qt, shape, self.block_size))
+                raise scale_error(qt, shape, self.block_size)
 
     def decide(self, checkpoint: Checkpoint, name: str, module: Module, param: str,
                sources: list[str], formats: frozenset[str]) -> None:
@@ -115,15 +115,6 @@ def new_plan(checkpoint: Checkpoint, tensors: dict[str, QuantTensor], companions
     return plan
 
 
-def _scale_message(qt: QuantTensor, shape: tuple[int, ...], block: tuple[int, int]) -> str:
-    *lead, n, k = qt.shape
-    bn, bk = block
-    return (f"{qt.scale} has shape {list(shape)} for a weight of shape {list(qt.shape)}: "
-            f"neither per-tensor [1], per-channel {[*lead, n, 1]} nor {bn}x{bk} blocks "
-            f"{[*lead, -(-n // bn), -(-k // bk)]}; if the blocks differ, set "
-            "quantization_config.weight_block_size")
-
-
 def read_dequantized(checkpoint: Checkpoint, qt: QuantTensor, dtype: np.dtype,
                      block_size: tuple[int, int]) -> np.ndarray:
     """One quantized checkpoint weight, dequantized exactly, as ``dtype``."""
@@ -141,7 +132,7 @@ def fill_quantized(module: Module, param: str, checkpoint: Checkpoint, plan: Qua
     for part in ("data", "scale", "global_scale"):
         dst, src = getattr(target, part), getattr(host, part)
         if dst is not None:
-            backend.copy_from_host(dst, np.ascontiguousarray(src))
+            backend.copy_from_host(dst, np.asarray(src, order="C"))
     module.params[param] = target.replace(input_scale=host.input_scale)
     return host.nbytes
 
@@ -161,8 +152,16 @@ def weight_bytes(model: Module) -> Counter:
     return out
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.2f} MiB"
+
+
 def describe_weight_bytes(counts: Counter) -> str:
-    """``"3.21 GB (fp8_block 2.90 GB, bfloat16 0.31 GB)"`` for :func:`weight_bytes`."""
-    total = sum(counts.values())
-    parts = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in counts.most_common())
-    return f"{total / 1e9:.2f} GB ({parts})"
+    """``"9.16 GiB (fp8_block 6.47 GiB, bfloat16 2.69 GiB)"`` for :func:`weight_bytes`."""
+    parts = ", ".join(f"{k} {_size(v)}" for k, v in counts.most_common())
+    return f"{_size(sum(counts.values()))} ({parts})"
+
+
+def weights_line(model: Module) -> str:
+    """The start-up line of ``atlas serve``: ``"weights: 3.21 GB (nvfp4 2.90 GB, …)"``."""
+    return f"weights: {describe_weight_bytes(weight_bytes(model))}"

@@ -25,7 +25,7 @@ import numpy as np
 
 from atlas_core.model.params import Module
 from atlas_core.model.quantized_loading import (QuantPlan, fill_quantized, new_plan,
-                                                read_dequantized)
+                                                quantized_formats, read_dequantized)
 from atlas_core.ops.quant import QuantizedWeight
 from atlas_core.weights.checkpoint import Checkpoint
 from atlas_core.weights.quant_tensors import (QuantizedTensorError, find_quantized,
@@ -191,15 +191,20 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
     cannot hold or this device cannot fit (an absurd ``num_hidden_layers`` would otherwise
     build for minutes, then fail allocating).
 
+    A quantized checkpoint (NVFP4: half a byte a parameter) kept quantized by the backend
+    needs about its own size.
+
     Raises:
         WeightLoadError: naming the parameter count and the memory the weights would need.
     """
-    need = num_params * np.dtype(dtype).itemsize
+    quantized = bool(scan_checkpoint(checkpoint)[0])
+    kept = quantized and bool(quantized_formats(backend))
+    need = checkpoint.nbytes if kept else num_params * np.dtype(dtype).itemsize
     count = f"{num_params / 1e9:,.2f}B" if num_params >= 1e9 else f"{num_params / 1e6:,.2f}M"
     what = (f"config.json describes a model of {count} parameters, {_bytes(need)} of "
-            f"{np.dtype(dtype).name} weights")
+            f"{'quantized' if kept else np.dtype(dtype).name} weights")
     fields = "check num_hidden_layers, hidden_size, intermediate_size and vocab_size"
-    if num_params > 2 * checkpoint.nbytes:
+    if num_params > (4 if quantized else 2) * checkpoint.nbytes:
         raise WeightLoadError(f"{what}, but the checkpoint holds only {_bytes(checkpoint.nbytes)} "
                               f"of tensors: config.json does not match the checkpoint ({fields})")
     info = backend.device_info()
@@ -248,6 +253,8 @@ def load_weights(model: Module, checkpoint: Checkpoint, config: dict[str, Any] |
                  plan: WeightPlan | None = None) -> None:
     """Copy every checkpoint tensor into its (materialised) parameter slice; parameters
     materialised as :class:`~atlas_core.ops.quant.QuantizedWeight` get their data and scales.
+    Then every module's :meth:`~atlas_core.model.params.Module.post_load` runs once, parents
+    before children.
 
     Args:
         model: the materialised model tree.
@@ -283,5 +290,7 @@ def load_weights(model: Module, checkpoint: Checkpoint, config: dict[str, Any] |
     for (_, param), (module, sources) in kept.items():
         num_bytes += fill_quantized(module, param, checkpoint, quant,
                                     [name for _, name in sorted(sources)])
+    for module in model.modules():
+        module.post_load()
     log.info("loaded %d weight tensors (%.2f GB) in %.1f s", len(plan), num_bytes / 1e9,
              time.perf_counter() - start)

@@ -1,6 +1,8 @@
 """Registers the core (dense-transformer) op specs. Lazy strings: importing this is free.
 
-Contract cases live in :mod:`atlas_core.testing.contracts_core_cases` (``<op>_cases``); ops
+Contract cases live in :mod:`atlas_core.testing.contracts_core_cases` (``<op>_cases``), those
+of the weight-taking ops in :mod:`atlas_core.testing.quant_cases` (the core cases plus every
+quantized weight format, ``cases="quant"``); ops
 declared with ``cases=None`` keep hand-written contract tests (KV cache and attention, sampling,
 guided decoding, ``linear``'s weight-cache check). Model families register their own ops the
 same way (atlas-qwen35: Gated DeltaNet).
@@ -15,6 +17,8 @@ _M = "atlas_core.ops."
 def _spec(name: str, module: str, cases: str | None = "core", **flags) -> OpSpec:
     if cases == "core":
         cases = f"atlas_core.testing.contracts_core_cases:{name}_cases"
+    elif cases == "quant":
+        cases = f"atlas_core.testing.quant_cases:{name}_cases"
     return OpSpec(name, f"{_M}{module}:{name}", cases=cases, **flags)
 
 
@@ -22,12 +26,12 @@ def _spec(name: str, module: str, cases: str | None = "core", **flags) -> OpSpec
 CORE_OPS = (
     _spec("embedding", "norm"),
     _spec("rms_norm", "norm"),
-    _spec("rms_norm_linear", "norm", unfused=f"{_M}norm:compose_rms_norm_linear"),
-    _spec("linear", "norm", cases=None),
+    _spec("rms_norm_linear", "norm", unfused=f"{_M}norm:compose_rms_norm_linear", cases="quant"),
+    _spec("linear", "norm", cases="quant"),
     _spec("add", "norm"),
     _spec("silu_and_mul", "norm"),
     _spec("gelu_tanh_and_mul", "norm"),
-    _spec("linear_act_and_mul", "norm"),
+    _spec("linear_act_and_mul", "norm", cases="quant"),
     _spec("sigmoid_mul", "norm"),
     _spec("rotary_embedding", "rotary"),
     _spec("reshape_and_cache", "attention", inplace=True, cases=None),
@@ -38,14 +42,18 @@ CORE_OPS = (
     _spec("rope_cache_attention", "attention", inplace=True,
           unfused=f"{_M}attention:compose_rope_cache_attention", cases=None),
     _spec("moe_route", "moe"),
-    _spec("moe_experts", "moe"),
-    _spec("moe_block", "moe", unfused=f"{_M}moe:unfused_moe_block"),
-    _spec("rms_norm_moe_block", "moe", unfused=f"{_M}moe:unfused_rms_norm_moe_block"),
+    _spec("moe_experts", "moe", cases="quant"),
+    _spec("moe_block", "moe", unfused=f"{_M}moe:unfused_moe_block", cases="quant"),
+    _spec("rms_norm_moe_block", "moe", unfused=f"{_M}moe:unfused_rms_norm_moe_block",
+          cases="quant"),
     _spec("argmax", "sampling", cases=None),
     _spec("log_softmax", "sampling", cases=None),
     _spec("topk", "sampling", cases=None),
     _spec("apply_penalties", "sampling", cases=None),
     _spec("sample", "sampling", cases=None),
+    _spec("apply_dry", "logits_filters", cases=None),
+    _spec("apply_xtc", "logits_filters", cases=None),
+    _spec("apply_top_n_sigma", "logits_filters", cases=None),
     _spec("apply_token_bitmask", "guided", cases=None),
 )
 

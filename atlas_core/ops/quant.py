@@ -12,14 +12,14 @@ the difference: the loader puts a ``QuantizedWeight`` where an array would be.
 Layouts (``L`` = leading dims of ``shape``: ``()`` for a linear, ``(E,)`` for stacked experts;
 ``N`` = output rows, ``K`` = input columns; all arrays C-contiguous, row-major):
 
-=============== ====================================== ====================================== ==============
-format          ``data``                               ``scale``                              ``global_scale``
-=============== ====================================== ====================================== ==============
-``fp8_block``   float8_e4m3fn ``[*L, N, K]``           float32 ``[*L, ceil(N/bn), ceil(K/bk)]`` None
-``fp8_tensor``  float8_e4m3fn ``[*L, N, K]``           float32 ``[*L]`` (a 0-d array for L=())  None
-``fp8_channel`` float8_e4m3fn ``[*L, N, K]``           float32 ``[*L, N]``                    None
-``nvfp4``       uint8 ``[*L, N, K/2]``                 float8_e4m3fn ``[*L, N, K/16]``        float32 ``[*L]``
-=============== ====================================== ====================================== ==============
+- ``fp8_block``: ``data`` float8_e4m3fn ``[*L, N, K]``; ``scale`` float32
+  ``[*L, ceil(N/bn), ceil(K/bk)]``; no ``global_scale``.
+- ``fp8_tensor``: ``data`` float8_e4m3fn ``[*L, N, K]``; ``scale`` float32 ``[*L]`` (a 0-d
+  array for ``L = ()``); no ``global_scale``.
+- ``fp8_channel``: ``data`` float8_e4m3fn ``[*L, N, K]``; ``scale`` float32 ``[*L, N]``; no
+  ``global_scale``.
+- ``nvfp4``: ``data`` uint8 ``[*L, N, K/2]``; ``scale`` float8_e4m3fn ``[*L, N, K/16]``;
+  ``global_scale`` float32 ``[*L]``.
 
 Dequantization (exact in float32; every scale is a multiplier, never a divisor):
 
@@ -125,6 +125,35 @@ class QuantizedWeight:
         """A copy with some fields replaced (e.g. device arrays for host ones)."""
         return replace(self, **changes)
 
+    def __getitem__(self, key: int | slice) -> "QuantizedWeight":
+        """``w[e]``: expert ``e`` of stacked experts; ``w[a:b]``: output rows ``a:b`` of a
+        ``[N, K]`` weight (views of the same arrays; for ``fp8_block`` ``a`` must start a
+        block row).
+
+        Raises:
+            IndexError: any other index, or rows that split an FP8 scale block.
+        """
+        if isinstance(key, (int, np.integer)) and self.lead:
+            pick = lambda a: None if a is None else a[key]  # noqa: E731
+            return replace(self, data=self.data[key], scale=pick(self.scale),
+                           global_scale=pick(self.global_scale), shape=self.shape[1:])
+        if not isinstance(key, slice) or self.lead or key.step not in (None, 1):
+            raise IndexError(f"a {self.format} weight of shape {list(self.shape)} takes an expert "
+                             f"index or a row range, not {key!r}")
+        start, stop, _ = key.indices(self.shape[0])
+        stop = max(stop, start)
+        scale = self.scale
+        if self.format == "fp8_block":
+            bn = self.block_size[0]
+            if start % bn or (stop % bn and stop != self.shape[0]):
+                raise IndexError(f"rows {start}:{stop} split the {bn}-row scale blocks of an "
+                                 "fp8_block weight")
+            scale = scale[start // bn: -(-stop // bn)]
+        elif self.format != "fp8_tensor":
+            scale = scale[start:stop]
+        return replace(self, data=self.data[start:stop], scale=scale,
+                       shape=(stop - start, self.shape[1]))
+
 
 def layout(fmt: str, shape: tuple[int, ...], block_size: tuple[int, int] | None = None
            ) -> dict[str, tuple[int, ...] | None]:
@@ -218,14 +247,16 @@ def quantize(w: np.ndarray, fmt: str, *, block_size: tuple[int, int] = (128, 128
              dtype: Any = np.float32) -> QuantizedWeight:
     """Quantize a float ``[*L, N, K]`` host array to ``fmt`` the way the checkpoint producers do
     (amax scaling: FP8 to +-448; NVFP4 blocks of 16 to +-6 with an fp8 block scale under a
-    per-matrix global scale). For tests and random benchmark weights; not bit-identical to any
-    producer, but :func:`dequantize` of the result is exact by definition."""
+    per-matrix global scale, rounded up to a power of two so that its inverse, which
+    compressed-tensors stores, is exact). For tests and random benchmark weights; not
+    bit-identical to any producer, but :func:`dequantize` of the result is exact by definition."""
     w = np.asarray(w, dtype=np.float32)
     *lead, n, k = w.shape
     lead = tuple(lead)
     if fmt == "nvfp4":
         groups = w.reshape(*lead, n, k // NVFP4_GROUP_SIZE, NVFP4_GROUP_SIZE)
-        g = _safe(np.abs(w).max(axis=(-2, -1)), 6.0 * 448.0)
+        g = np.exp2(np.ceil(np.log2(_safe(np.abs(w).max(axis=(-2, -1)), 6.0 * 448.0))))
+        g = g.astype(np.float32)
         block = (_safe(np.abs(groups).max(axis=-1), 6.0) / g[..., None, None]).astype(float8_e4m3fn)
         denom = block.astype(np.float32) * g[..., None, None]
         codes = _e2m1_encode(groups / np.where(denom > 0, denom, 1.0)[..., None]).reshape(w.shape)

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 from atlas_core.parsers.base import ToolParser
+from atlas_core.parsers.gemma4 import Gemma4ReasoningParser, Gemma4ToolParser
 from atlas_core.parsers.hermes import HermesToolParser
 from atlas_core.parsers.llama3_json import Llama3JsonToolParser
+from atlas_core.parsers.minimax_m2 import MiniMaxM2ToolParser
 from atlas_core.parsers.mistral import MistralToolParser
 from atlas_core.parsers.qwen3_coder import Qwen3CoderToolParser
 from atlas_core.parsers.reasoning import ReasoningParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
-    cls.name: cls for cls in (HermesToolParser, Qwen3CoderToolParser, MistralToolParser, Llama3JsonToolParser)
+    cls.name: cls for cls in (HermesToolParser, Qwen3CoderToolParser, MistralToolParser, Llama3JsonToolParser,
+                              Gemma4ToolParser, MiniMaxM2ToolParser)
 }
-REASONING_PARSERS: dict[str, type[ReasoningParser]] = {"think": ReasoningParser}
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {"think": ReasoningParser,
+                                                       "gemma4": Gemma4ReasoningParser}
 
 _MODEL_TYPE_TOOL_PARSERS = {
     "qwen2": "hermes", "qwen2_moe": "hermes", "qwen3": "hermes", "qwen3_moe": "hermes",
     "qwen3_5": "qwen3_coder", "qwen3_5_moe": "qwen3_coder", "qwen3_next": "qwen3_coder",
     "nemotron_h": "qwen3_coder", "mistral": "mistral", "mistral3": "mistral", "ministral": "mistral",
-    "llama": "llama3_json",
+    "llama": "llama3_json", "gemma4": "gemma4", "gemma4_text": "gemma4",
+    "minimax_m2": "minimax_m2",
 }
 
 
@@ -50,6 +55,10 @@ def default_tool_parser_for(model_type: str | None = None, chat_template: str | 
     Returns None when neither points at a supported format.
     """
     template = chat_template or ""
+    if "<|tool_call>" in template:
+        return "gemma4"
+    if "<minimax:tool_call>" in template:
+        return "minimax_m2"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
     if "<tool_call>" in template:
@@ -64,5 +73,8 @@ def default_tool_parser_for(model_type: str | None = None, chat_template: str | 
 
 
 def default_reasoning_parser_for(chat_template: str | None = None) -> str | None:
-    """``"think"`` when the chat template uses ``<think>`` blocks, else None."""
+    """``"think"`` when the chat template uses ``<think>`` blocks, ``"gemma4"`` for its
+    ``<|channel>`` thinking, else None."""
+    if chat_template and "<|channel>" in chat_template:
+        return "gemma4"
     return "think" if chat_template and "</think>" in chat_template else None

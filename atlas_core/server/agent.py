@@ -193,7 +193,10 @@ def plan_chat(state, req: ChatRequest) -> ChatPlan:
     max_tokens = resolve_max_tokens(state, len(ids), req.max_tokens, req.max_tokens_param)
     reasoning_cls = state.reasoning_parser_cls
     reasoner = reasoning_cls() if reasoning_cls else None
-    opens = bool(reasoner) and prompt_opens_reasoning(text, reasoner.start, reasoner.end)
+    # A forced output starts at once: templates that open <think> whatever the thinking switch
+    # (MiniMax-M2) must not turn the forced call into reasoning.
+    opens = (bool(reasoner) and guided is None
+             and prompt_opens_reasoning(text, reasoner.start, reasoner.end))
     fields = {**req.sampling, "max_tokens": max_tokens,
               **budget_params(state.tokenizer, reasoner, opens, budget)}
     markers = list(tool_cls.markers if tool_cls else ()) + (

@@ -43,6 +43,16 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float | None = None
+    xtc_probability: float | None = None
+    top_n_sigma: float | None = None
+    priority: int = 0
     stream: bool = False
     metadata: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None

@@ -66,6 +66,14 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float | None = None
+    xtc_probability: float | None = None
+    top_n_sigma: float | None = None
+    priority: int = 0
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -136,7 +136,9 @@ class ServerState:
             return None
         if self.engine_died_at is None:
             self.engine_died_at = time.monotonic()
-        return getattr(self.engine, "error", None) or "the engine loop stopped"
+        error = getattr(self.engine, "error", None)
+        return (f"{error.split(':', 1)[0]} (details in the server log)" if error
+                else "the engine loop stopped")
 
     @property
     def is_ready(self) -> bool:
@@ -195,8 +197,9 @@ class ServerState:
         ``None`` while it can serve."""
         if self.warm_up_error:
             return self.warm_up_error
-        dead = self.engine_error
-        return f"the engine stopped: {dead}" if dead else None
+        if self.engine_error is None:
+            return None
+        return f"the engine stopped: {getattr(self.engine, 'error', None) or 'its loop ended'}"
 
     def should_exit(self, grace: float = 5.0) -> bool:
         """Whether the server should stop now for :attr:`exit_reason`: once the open

@@ -5,10 +5,11 @@
 ...     pytestmark = pytest.mark.gpu
 
 :class:`GpuBackendContract` checks every registered op the backend has against its NumPy
-reference (tolerances in :data:`~atlas_core.testing.contracts_ops.TOLERANCES`): the core ops
-through hand-written tests, every op spec with contract cases (a plugin's ops too) through
-:class:`~atlas_core.testing.contracts_cases.GeneratedOpContract`; then the memory API and graph
-capture. :class:`CommBackendContract` and :class:`StorageBackendContract` do the same
+reference (tolerances in :data:`~atlas_core.testing.contracts_ops.TOLERANCES`): every op spec
+with contract cases, core's and plugins' alike, through
+:class:`~atlas_core.testing.contracts_cases.GeneratedOpContract`; the KV-cache, attention,
+sampling and guided ops and ``linear`` through hand-written tests that check more than a
+reference comparison can; then the memory API and graph capture. :class:`CommBackendContract` and :class:`StorageBackendContract` do the same
 for comm and storage backends.
 """
 

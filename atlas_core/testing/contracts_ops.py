@@ -15,6 +15,7 @@ import pytest
 
 from atlas_core.ops import reference as ref
 from atlas_core.ops._dtypes import as_dtype
+from atlas_core.ops.quant import QuantizedWeight
 
 #: Largest allowed relative error ``||out - ref|| / ||ref||`` per output storage dtype.
 TOLERANCES = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.2e-2, "float8_e4m3fn": 7e-2}
@@ -57,6 +58,9 @@ def assert_close(out: np.ndarray, expected: np.ndarray, what: str = "output",
 
 
 def to_device(backend, x: Any) -> Any:
+    if isinstance(x, QuantizedWeight):
+        from atlas_core.testing.quant_cases import quantized_to_device
+        return quantized_to_device(backend, x)
     return backend.from_host(x) if isinstance(x, np.ndarray) else x
 
 

@@ -21,9 +21,10 @@ scheme                      tensors and config
                             ``input_global_scale`` (inverted)
 =========================== =================================================================
 
-Fused projections share their NVFP4 global scale (q/k/v, each expert's gate/up), as ModelOpt
-and llm-compressor export them. ``fused_experts=True`` stores MoE experts as stacked
-``experts.gate_up_proj`` / ``experts.down_proj`` tensors (companions ``<name>_scale`` …).
+Fused projections share their NVFP4 global scale (q/k/v, each expert's gate/up, a Gated
+DeltaNet's ``in_proj_*``), as ModelOpt and llm-compressor export them.
+``fused_experts=True`` stores MoE experts as stacked ``experts.gate_up_proj`` /
+``experts.down_proj`` tensors (companions ``<name>_scale`` …).
 """
 
 from __future__ import annotations
@@ -51,15 +52,16 @@ SCHEME_FORMATS = {"fp8_block": "fp8_block", "fp8_block_ue8m0": "fp8_block",
                   "fp8_tensor_modelopt": "fp8_tensor", "fp8_channel_ct": "fp8_channel",
                   "nvfp4_modelopt": "nvfp4", "nvfp4_ct": "nvfp4"}
 
-_QUANTIZED = re.compile(r"\.layers\.\d+\..*(_proj\.weight|experts\.(gate_up|down)_proj)$")
-_FUSED = re.compile(r"^(.*\.)(q|k|v|gate|up)_proj\.weight$")
+_QUANTIZED = re.compile(r"\.layers\.\d+\..*(_proj(_\w+)?\.weight|experts\.(gate_up|down)_proj)$")
+_FUSED = re.compile(r"^(.*\.)(q|k|v|gate|up|in)_proj(_\w+)?\.weight$")
 
 
 def _fusion_key(name: str) -> str:
     m = _FUSED.match(name)
     if m is None:
         return name
-    return m.group(1) + ("qkv" if m.group(2) in "qkv" else "gate_up")
+    return m.group(1) + {"q": "qkv", "k": "qkv", "v": "qkv", "in": "in_proj"}.get(m.group(2),
+                                                                               "gate_up")
 
 
 def _fuse_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -158,6 +158,18 @@ def fp8_scale_kind(scale_shape: tuple[int, ...], shape: tuple[int, ...],
     return ""
 
 
+def scale_error(qt: QuantTensor, shape: tuple[int, ...], block_size: tuple[int, int]
+                ) -> QuantizedTensorError:
+    """The error for an FP8 scale of ``shape`` that fits no layout of ``qt``'s weight."""
+    *lead, n, k = qt.shape
+    bn, bk = block_size
+    return QuantizedTensorError(
+        f"{qt.scale} has shape {list(shape)} for a weight of shape {list(qt.shape)}: neither "
+        f"per-tensor [1], per-channel {[*lead, n, 1]} nor {bn}x{bk} blocks "
+        f"{[*lead, -(-n // bn), -(-k // bk)]}; if the blocks differ, set "
+        "quantization_config.weight_block_size")
+
+
 def _as_f32(array: np.ndarray) -> np.ndarray:
     return np.asarray(array).astype(np.float32)
 
@@ -193,13 +205,7 @@ def read_quantized(checkpoint: Checkpoint, qt: QuantTensor, dtype: np.dtype,
     scale = _as_f32(checkpoint.get(qt.scale))
     fmt = fp8_scale_kind(scale.shape, qt.shape, block_size)
     if not fmt:
-        *_, n, k = qt.shape
-        bn, bk = block_size
-        raise QuantizedTensorError(
-            f"{qt.scale} has shape {list(scale.shape)} for a weight of shape {list(qt.shape)}: "
-            f"neither per-tensor [1], per-channel {[*lead, n, 1]} nor {bn}x{bk} blocks "
-            f"{[*lead, -(-n // bn), -(-k // bk)]}; if the blocks differ, set "
-            "quantization_config.weight_block_size")
+        raise scale_error(qt, scale.shape, block_size)
     if fmt == "fp8_tensor":
         scale = scale.reshape(lead) if lead else scale.reshape(())
     elif fmt == "fp8_channel":

@@ -4,11 +4,11 @@ Atlas loads unquantized checkpoints, FP8 ones (per-tensor, per-channel or block 
 DeepSeek ``quant_method: fp8``, ModelOpt ``FP8``, compressed-tensors float8) and NVFP4 ones
 (ModelOpt ``NVFP4`` / ``MIXED_PRECISION`` of FP8 and NVFP4 layers, compressed-tensors
 ``nvfp4-pack-quantized``), kept quantized where the backend runs them (see
-:mod:`atlas_core.weights.quant_tensors`). Everything else is named by what it is, from ``config.json``'s
-``quantization_config`` (``quant_method``, ModelOpt's ``quant_algo``, compressed-tensors'
-``config_groups``), ModelOpt's ``hf_quant_config.json``, or tensor names the format leaves behind
-(``qweight``, ``weight_packed``, ``weight_scale_2``...), rather than failing later with a shape
-mismatch.
+:mod:`atlas_core.weights.quant_tensors`). Everything else is named by what it is, from
+``config.json``'s ``quantization_config`` (``quant_method``, ModelOpt's ``quant_algo`` and
+``quantized_layers``, compressed-tensors' ``config_groups``), ModelOpt's
+``hf_quant_config.json``, or tensor names the format leaves behind (``qweight``, ``qzeros``,
+``_blocks``...), rather than failing later with a shape mismatch.
 """
 
 from __future__ import annotations

@@ -1,86 +1,20 @@
 // Quantized linears (atlas_core/ops/quant.py formats): y[M, N] = x[M, K] @ dequant(W)^T (+ bias)
 // with W8A16 (fp8 e4m3 codes, f32 tensor / channel / block scales) or W4A16 (NVFP4: packed e2m1
 // pairs, e4m3 scales per 16 elements, an f32 global scale). Activations stay in T.
-//   qgemv_{fp8,nvfp4}_*_m{MT}   at most MT rows of x (tiles of 1..16): each warp streams whole
-//                               weight rows with 16-byte loads (16 fp8 / 32 e2m1 values a lane),
+//   qgemv_{fp8,nvfp4}_*_m{MT}   at most MT rows of x (1, 2, 4, 8): each warp streams whole weight
+//                               rows with 16-byte loads (16 fp8 / 32 e2m1 values a lane),
 //                               dequantizes in registers and multiplies every row of the tile, so
 //                               a launch reads each weight byte once. S warps (runtime 1/2/4/8)
 //                               split K of one column and sum through shared memory.
-//   qdequant_{fp8,nvfp4}_*      the dequantized weight in T (prefill: the tensor-core GEMM reads it).
+//   qdequant_{fp8,nvfp4}_*      the dequantized weight in T (prefill: the dense GEMM reads it).
 //   qfill_fp8 / qfill_bytes     random codes for benchmark weights, filled on the device.
-// Scale index of element (e, n, k) for fp8: e * s_lead + (n / bn) * s_row + k / bk; the host
-// encodes tensor (bn, bk past N, K), channel (bn 1, bk past K) and block scales this way.
-// Both decoders go through f16 bit patterns: an e4m3 code c becomes the f16 with bits
-// (c & 0x80) << 8 | (c & 0x7f) << 7, worth 2^-8 of c (subnormals included), and an e2m1 code
-// the f16 (c & 8) << 12 | (c & 7) << 9, worth 2^-14 of it; the scale carries the power of two.
+// Scale index of element (e, n, k) for fp8: e * s_lead + (n / bn) * s_row + k / bk (decoders
+// and scales: quant_common.cuh).
 #include "common.cuh"
-
-__device__ __forceinline__ void half2_to_float2(u32 h, float& lo, float& hi) {
-  unsigned short a = (unsigned short)(h & 0xffff), b = (unsigned short)(h >> 16);
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(a));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(b));
-}
-// Two e4m3 codes (bits 0-7 and 8-15 of v) as an f16 pair, each 2^-8 of its value.
-__device__ __forceinline__ u32 e4m3x2_bits(u32 v) {
-  return ((v & 0x7fu) << 7) | ((v & 0x80u) << 8) | ((v & 0x7f00u) << 15) | ((v & 0x8000u) << 16);
-}
-// The two e2m1 codes of one byte (low nibble first) as an f16 pair, each 2^-14 of its value.
-__device__ __forceinline__ u32 e2m1x2_bits(u32 b) {
-  return ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
-}
-// 16 bytes of fp8 codes -> 16 floats (times 2^-8).
-__device__ __forceinline__ void fp8x16_to_float(const uint4& raw, float* f) {
-  const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    half2_to_float2(e4m3x2_bits(w[i]), f[4 * i], f[4 * i + 1]);
-    half2_to_float2(e4m3x2_bits(w[i] >> 16), f[4 * i + 2], f[4 * i + 3]);
-  }
-}
-// 16 bytes of packed e2m1 pairs -> 32 floats (times 2^-14).
-__device__ __forceinline__ void e2m1x32_to_float(const uint4& raw, float* f) {
-  const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int b = 0; b < 4; b++)
-      half2_to_float2(e2m1x2_bits((w[i] >> (8 * b)) & 0xffu), f[8 * i + 2 * b], f[8 * i + 2 * b + 1]);
-}
-
-struct QScale {
-  const void* scale;
-  const float* gscale;
-  int bn, bk, s_row;
-};
-
-// Elements one lane's 16-byte load covers, and the multipliers of that chunk (fp8: one; nvfp4:
-// two groups of 16), the decoders' power of two included.
-template <int FMT> struct QChunk;
-template <> struct QChunk<0> {
-  static constexpr int ELEMS = 16, BYTES_PER_ROW_DIV = 1;
-  __device__ __forceinline__ static void scales(const QScale& q, int n, int k, int K, float g,
-                                                float* s) {
-    s[0] = reinterpret_cast<const float*>(q.scale)[(n / q.bn) * q.s_row + k / q.bk] *
-           0.00390625f;
-  }
-  __device__ __forceinline__ static void decode(const uint4& raw, float* f) {
-    fp8x16_to_float(raw, f);
-  }
-};
-template <> struct QChunk<1> {
-  static constexpr int ELEMS = 32, BYTES_PER_ROW_DIV = 2;
-  __device__ __forceinline__ static void scales(const QScale& q, int n, int k, int K, float g,
-                                                float* s) {
-    const fp8* sc = reinterpret_cast<const fp8*>(q.scale) + (long long)n * (K / 16) + k / 16;
-    s[0] = to_f32(sc[0]) * g * 16384.f;
-    s[1] = to_f32(sc[1]) * g * 16384.f;
-  }
-  __device__ __forceinline__ static void decode(const uint4& raw, float* f) {
-    e2m1x32_to_float(raw, f);
-  }
-};
+#include "quant_common.cuh"
 
 // U groups of 16-byte loads a lane keeps in flight: the next group loads while this one is used.
+// A chunk's scale multiplies each group's partial sum (one multiply per 16 products).
 template <typename T, int FMT, int MT>
 __device__ void qgemv_impl(T* __restrict__ y, const T* __restrict__ x,
                            const unsigned char* __restrict__ w, QScale q,
@@ -98,7 +32,8 @@ __device__ void qgemv_impl(T* __restrict__ y, const T* __restrict__ x,
   int c0 = part * 32 + lane;
 #pragma unroll
   for (int u = 0; u < U; u++)
-    if (c0 + u * step < chunks) cur[u] = *reinterpret_cast<const uint4*>(wr + (long long)(c0 + u * step) * 16);
+    if (c0 + u * step < chunks)
+      cur[u] = *reinterpret_cast<const uint4*>(wr + (long long)(c0 + u * step) * 16);
   pdl_trigger();
   pdl_wait();
   float g = FMT == 1 ? q.gscale[0] : 1.f;
@@ -122,16 +57,19 @@ __device__ void qgemv_impl(T* __restrict__ y, const T* __restrict__ x,
       QChunk<FMT>::decode(cur[u], wf);
       QChunk<FMT>::scales(q, nn, k, K, g, s);
 #pragma unroll
-      for (int j = 0; j < E; j++) wf[j] *= s[j / 16];
-#pragma unroll
       for (int m = 0; m < MT; m++) {
         if (m0 + m < M) {
           const T* xr = xb + (long long)m * K + k;
 #pragma unroll
-          for (int h = 0; h < E / 8; h++) {
-            float xf[8]; Vec8<T> xv; xv.load(xr + 8 * h); xv.to_float(xf);
+          for (int gi = 0; gi < GROUPS; gi++) {
+            float part = 0.f;
 #pragma unroll
-            for (int j = 0; j < 8; j++) acc[m] += wf[8 * h + j] * xf[j];
+            for (int h = 0; h < 2; h++) {
+              float xf[8]; Vec8<T> xv; xv.load(xr + 16 * gi + 8 * h); xv.to_float(xf);
+#pragma unroll
+              for (int j = 0; j < 8; j++) part += wf[16 * gi + 8 * h + j] * xf[j];
+            }
+            acc[m] += s[gi] * part;
           }
         }
       }
@@ -204,7 +142,7 @@ __device__ void qdequant_nvfp4_impl(T* out, const unsigned char* w, const unsign
     qgemv_impl<T, 1, MT>(y, x, w, q, bias, M, N, K, m0, s);                                   \
   }
 #define QLINEAR(T, S)                                                                         \
-  QGEMV(T, S, 1) QGEMV(T, S, 2) QGEMV(T, S, 4) QGEMV(T, S, 8) QGEMV(T, S, 16)                 \
+  QGEMV(T, S, 1) QGEMV(T, S, 2) QGEMV(T, S, 4) QGEMV(T, S, 8)                                 \
   extern "C" __global__ void qdequant_fp8_##S(T* out, const unsigned char* w,                 \
                                               const float* scale, int N, int K, int bn,       \
                                               int bk, int s_row, long long s_lead,            \

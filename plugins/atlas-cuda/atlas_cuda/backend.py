@@ -11,6 +11,7 @@ import numpy as np
 
 from atlas_core.api import DeviceInfo, GpuBackend, Graph, HostRead, env
 from atlas_core.api import OpRegistry
+from atlas_core.ops.quant import FORMATS as QUANT_FORMATS
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext
 from atlas_cuda.driver import DeviceAllocation, check, drv
@@ -82,6 +83,8 @@ class CudaBackend(GpuBackend):
     """
 
     name = "cuda"
+    #: Quantized weights stay in their format on the device (``atlas_cuda.ops_quant``).
+    quantized_weight_formats = frozenset(QUANT_FORMATS)
 
     def __init__(self, device_id: int = 0, workspace_bytes: int | None = None,
                  model: str | None = None, quant: str | None = None,
@@ -129,6 +132,9 @@ class CudaBackend(GpuBackend):
             RuntimeError: kernels were already loaded (bind the model right after creating
                 the backend).
         """
+        model = self.target.model_folder(model)
+        if model is None:
+            return
         if self.kernels.modules:
             raise RuntimeError("bind_model: this cuda backend already loaded kernels; bind the "
                                "model right after creating the backend")
@@ -246,8 +252,13 @@ class CudaBackend(GpuBackend):
         check(drv().cuStreamSynchronize(self.stream))
 
     def fill_random(self, array: DeviceArray, seed: int, std: float, mean: float = 0.0) -> None:
-        """Uniform values of the given mean and std drawn on the device (``random.cu``)."""
+        """Uniform values of the given mean and std drawn on the device (``random.cu``);
+        one-byte arrays (quantized codes) get FP8 codes or uniform bytes
+        (:meth:`~atlas_cuda.ops_quant.QuantOps.fill_random`)."""
         from atlas_cuda.kernels_loader import variant_of
+        if array.dtype.itemsize == 1:
+            from atlas_cuda.ops_quant import QuantOps
+            return self.ctx.bind(QuantOps).fill_random(array, seed, std, mean)
         try:
             v = variant_of(array.dtype)
         except TypeError:

@@ -1,7 +1,7 @@
 """cuBLASLt matmuls for large M (prefill, big decode batches) through nvmath-python's bindings.
 
 Optional: installed with ``pip install atlas-cuda[cublas]``. Without nvmath-python, or with
-``ATLAS_CUDA_GEMM=mma``, :class:`atlas_cuda.ops.CudaOps` keeps its own mma.sync GEMM.
+``ATLAS_CUDA_GEMM=mma``, :class:`atlas_cuda.ops.DenseOps` keeps its own mma.sync GEMM.
 
 Everything a call needs is made once per shape outside capture (descriptors, the heuristic's
 algorithm) and the workspace is one allocation made at start-up, so a call only enqueues work

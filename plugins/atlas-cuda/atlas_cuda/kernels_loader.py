@@ -83,8 +83,8 @@ class KernelLibrary:
             mod = self.modules.get((module, variant))
             if mod is None:
                 from cuda.core import ObjectCode
-                cubin = compile_module(self.sources, module, variant, self.target.arch,
-                                       self.cache_dir)
+                arch = self.target.hardware.get("module_arch", {}).get(module, self.target.arch)
+                cubin = compile_module(self.sources, module, variant, arch, self.cache_dir)
                 mod = self.modules[(module, variant)] = ObjectCode.from_cubin(cubin)
             k = self.kernels[key] = mod.get_kernel(name)
             self._module_of[id(k)] = module

@@ -10,6 +10,7 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext, need_vec
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_gemv import GEMV_MAX_M, GemvOps
+from atlas_cuda.ops_quant import QuantOps, QuantizedWeight
 
 #: (max M, BM, BN, threads, stages) of the tensor-core GEMM tiles, smallest first.
 GEMM_TILES = ((32, 32, 64, 128, 4), (128, 64, 128, 256, 3), (1 << 62, 128, 128, 256, 3))
@@ -27,9 +28,6 @@ class DenseOps:
     Args:
         ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
     """
-
-    OPS = ("embedding", "rms_norm", "linear", "linear_act_and_mul", "add", "silu_and_mul",
-           "gelu_tanh_and_mul", "sigmoid_mul")
 
     def __init__(self, ctx: OpContext) -> None:
         self.ctx = ctx
@@ -62,6 +60,8 @@ class DenseOps:
         return (y, r) if residual is not None else y
 
     def linear(self, x: DeviceArray, weight: DeviceArray, bias: DeviceArray | None = None):
+        if isinstance(weight, QuantizedWeight):
+            return self.ctx.bind(QuantOps).linear(x, weight, bias)
         K, N = x.shape[-1], weight.shape[0]
         M = x.size // K if K else 0
         y = self.ctx.out((*x.shape[:-1], N), x.dtype)
@@ -137,6 +137,8 @@ class DenseOps:
         """``act(x @ Wg.T + bg) * (x @ Wu.T + bu)`` for ``weight = [Wg; Wu]`` ``[2d, K]``; see
         :func:`atlas_core.ops.norm.linear_act_and_mul`: ``linear`` then the gated activation
         (the one-kernel GEMV of ``gemv_fused.cu`` gained nothing and was removed)."""
+        if isinstance(weight, QuantizedWeight):
+            return self.ctx.bind(QuantOps).linear_act_and_mul(x, weight, bias, activation)
         if activation not in ("silu", "gelu_tanh", "gelu_pytorch_tanh"):
             raise ValueError(f"linear_act_and_mul: unsupported activation {activation!r}; "
                              "use silu or gelu_tanh")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from atlas_core.api import float8_e4m3fn
@@ -63,9 +61,6 @@ class AttentionOps:
     Args:
         ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
     """
-
-    OPS = ("rotary_embedding", "reshape_and_cache", "qk_norm_rope_and_cache",
-           "rope_cache_attention", "paged_attention", "prefill_attention")
 
     def __init__(self, ctx: OpContext) -> None:
         self.ctx = ctx

@@ -8,6 +8,7 @@ from typing import Any
 from atlas_core.ops.norm import compose_rms_norm_linear
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
+from atlas_cuda.ops_quant import QuantOps, QuantizedWeight
 
 #: Largest M served by the GEMV kernels; above it bf16/f16 go to the tensor-core GEMM.
 GEMV_MAX_M = 8
@@ -75,8 +76,6 @@ class GemvOps:
         ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
     """
 
-    OPS = ("rms_norm_linear",)
-
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
 
@@ -112,6 +111,9 @@ class GemvOps:
         At most 8 rows (16-byte aligned, K a multiple of 8): one ``gemv_norm.cu`` kernel whose
         every block normalises the rows itself while its first weight loads are in flight;
         otherwise ``rms_norm`` then the projection."""
+        if isinstance(weight, QuantizedWeight):
+            return self.ctx.bind(QuantOps).rms_norm_linear(x, residual, norm_weight, eps, weight,
+                                                           bias, zero_centered, activation)
         if activation not in (None, "silu", "gelu_tanh", "gelu_pytorch_tanh"):
             raise ValueError(f"rms_norm_linear: unsupported activation {activation!r}; "
                              "use None, silu or gelu_tanh")

@@ -15,8 +15,6 @@ class GuidedOps:
         ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
     """
 
-    OPS = ("apply_token_bitmask",)
-
     def __init__(self, ctx: OpContext) -> None:
         self.ctx = ctx
 

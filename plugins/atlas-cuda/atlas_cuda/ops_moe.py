@@ -28,6 +28,8 @@ from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.memory import require_eager
 from atlas_cuda.moe_grouped import grouped_experts, use_grouped
 from atlas_cuda.ops_gemv import GemvOps
+from atlas_cuda.ops_quant import has_quantized
+from atlas_cuda.quant_moe import QuantMoeOps
 
 #: Most tokens the fused path serves (the router kernel keeps one accumulator per token).
 FUSED_MAX_TOKENS = 8
@@ -47,8 +49,6 @@ class MoeOps:
         ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
     """
 
-    OPS = ("moe_route", "moe_experts", "moe_block", "rms_norm_moe_block")
-
     def __init__(self, ctx: OpContext) -> None:
         self.ctx = ctx
         self.gemv = ctx.bind(GemvOps)
@@ -64,6 +64,10 @@ class MoeOps:
                   activation: str = "silu", shared_gate_up: DeviceArray | None = None,
                   shared_down: DeviceArray | None = None,
                   shared_gate: DeviceArray | None = None) -> DeviceArray:
+        if has_quantized(router_weight, w_gate_up, w_down, shared_gate_up, shared_down):
+            return self.ctx.bind(QuantMoeOps).moe_block(
+                x, router_weight, w_gate_up, w_down, top_k, renormalize, scoring, activation,
+                shared_gate_up, shared_down, shared_gate)
         if (shared_gate_up is None) != (shared_down is None):
             raise ValueError("moe_block: give shared_gate_up and shared_down together")
         if scoring not in ("softmax", "sigmoid"):
@@ -120,6 +124,10 @@ class MoeOps:
         every router block; where the MoE runs as separate ops (plain MoE blocks, e.g.
         qwen3-30b-a3b) the router is a fused norm GEMV that also writes the normed rows for the
         experts; else ``rms_norm`` then ``moe_block``."""
+        if has_quantized(router_weight, w_gate_up, w_down, shared_gate_up, shared_down):
+            return self.ctx.bind(QuantMoeOps).rms_norm_moe_block(
+                x, residual, norm_weight, eps, zero_centered, router_weight, w_gate_up, w_down,
+                top_k, renormalize, scoring, activation, shared_gate_up, shared_down, shared_gate)
         moe = (router_weight, w_gate_up, w_down, top_k, renormalize, scoring, activation,
                shared_gate_up, shared_down, shared_gate)
         t, hidden = x.shape
@@ -349,6 +357,9 @@ class MoeOps:
     def moe_experts(self, x: DeviceArray, w_gate_up: DeviceArray, w_down: DeviceArray,
                     topk_weights: DeviceArray, topk_ids: DeviceArray,
                     activation: str = "silu") -> DeviceArray:
+        if has_quantized(w_gate_up, w_down):
+            return self.ctx.bind(QuantMoeOps).moe_experts(x, w_gate_up, w_down, topk_weights,
+                                                       topk_ids, activation)
         t, hidden = x.shape
         inter, k = w_down.shape[-1], topk_ids.shape[-1]
         need_vec("moe_experts", x, w_gate_up, w_down, last=math.gcd(hidden, inter))

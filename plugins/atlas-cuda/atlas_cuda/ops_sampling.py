@@ -21,8 +21,6 @@ class SamplingOps:
         ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
     """
 
-    OPS = ("argmax", "log_softmax", "topk", "apply_penalties", "sample")
-
     def __init__(self, ctx: OpContext) -> None:
         self.ctx = ctx
 

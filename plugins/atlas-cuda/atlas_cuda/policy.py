@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -182,7 +182,3 @@ def target_policy(target: Any, model: str | None = None, quant: str | None = Non
     return resolve(target.hardware.get("policy"), model_table, environ,
                    hardware_name=f"{target.name} HARDWARE.toml", model_name=model_name)
 
-
-def policy_fields() -> tuple[str, ...]:
-    """Every field a ``[policy]`` table or the environment may set."""
-    return tuple(f.name for f in fields(KernelPolicy) if f.name != "origins")

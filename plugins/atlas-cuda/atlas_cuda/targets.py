@@ -9,11 +9,14 @@ override the generic ``kernels/cuda/common`` sources shipped in this package, by
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def generic_kernel_dir() -> Path:
@@ -45,6 +48,17 @@ class Target:
         hw = tomllib.loads((root / "common" / "HARDWARE.toml").read_text())
         caps = tuple(tuple(int(p) for p in c.split(".")) for c in hw.get("compute_capability", []))
         return cls(hw["name"], hw["arch"], root, caps, hw)
+
+    def model_folder(self, model_type: str | None) -> str | None:
+        """The folder of this target tuned for ``model_type`` (config.json's, e.g.
+        ``"qwen3_moe"``): ``<model_type>/``, else the family before the first ``_``
+        (``qwen3/``); None when the target has neither."""
+        if self.root is None or not model_type:
+            return None
+        for name in (model_type, model_type.split("_", 1)[0]):
+            if (self.root / name).is_dir():
+                return name
+        return None
 
     def search_dirs(self, model: str | None = None, quant: str | None = None) -> list[Path]:
         """Source directories, most specific first."""
@@ -95,8 +109,12 @@ def generic_target(capability: tuple[int, int]) -> Target:
 
 
 def pick_target(capability: tuple[int, int], registry: Any = None) -> Target:
-    """The installed target serving ``capability``, else the generic one."""
-    for target in installed_targets(registry):
+    """The installed target serving ``capability``, else the generic one (targets that fail to
+    build are logged and skipped)."""
+    targets, broken = load_targets(registry)
+    for name, error in broken:
+        log.warning("kernel target %s skipped: %s", name, error)
+    for target in targets:
         if capability in target.compute_capabilities:
             return target
     return generic_target(capability)

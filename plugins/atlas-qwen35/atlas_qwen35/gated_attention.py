@@ -6,8 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.model.layers.attention import Attention
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.api import Attention, StepMetadata
 from atlas_qwen35.projections import norm_project_blocks, project_blocks
 
 
@@ -44,7 +43,7 @@ class GatedAttention(Attention):
         if attn_output_gate:
             self.declare("qkv_proj.weight", (self.qkv_size + q_size, hidden), [
                 ("q_proj.weight", (2 * q_size, hidden)), ("k_proj.weight", (kv_size, hidden)),
-                ("v_proj.weight", (kv_size, hidden))])
+                ("v_proj.weight", (kv_size, hidden))], quantizable=False)
         norm_dtype = np.float32 if zero_centered_qk_norm else None
         self.declare("q_norm.weight", (self.head_dim,), dtype=norm_dtype)
         self.declare("k_norm.weight", (self.head_dim,), dtype=norm_dtype)

@@ -6,9 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.interfaces.layer import RecurrentStateSpec, TransformerLayer
-from atlas_core.model.metadata import StepMetadata
-from atlas_core.model.params import Module
+from atlas_core.api import Module, RecurrentStateSpec, StepMetadata, TransformerLayer
 from atlas_qwen35.projections import norm_project_blocks, project_blocks
 
 #: Checkpoint layouts of the input projections.
@@ -72,7 +70,8 @@ class GatedDeltaNet(Module, TransformerLayer):
         else:
             qkvz = [("in_proj_qkvz.weight", (qkvz_rows, hidden))]
             ba = [("in_proj_ba.weight", (2 * nv, hidden))]
-        self.declare("in_proj.weight", (qkvz_rows + 2 * nv, hidden), qkvz + ba)
+        self.declare("in_proj.weight", (qkvz_rows + 2 * nv, hidden), qkvz + ba,
+                     quantizable=self.layout == "qwen3_5")
         self.declare("conv1d.weight", (self.conv_dim, self.kernel_size),
                      [("conv1d.weight", (self.conv_dim, 1, self.kernel_size))])
         self.declare("A_log", (nv,), dtype=np.float32)

@@ -10,14 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from atlas_core.interfaces.layer import TransformerLayer
-from atlas_core.model.decoder_loader import BUILTIN_LAYERS, DecoderOnlyLoader
-from atlas_core.model.layers.decoder import DecoderLayer
-from atlas_core.model.model import CausalLM
-from atlas_core.model.weight_loading import checkpoint_tensors
-from atlas_core.ops.rotary import rope_parameters
-from atlas_core.plugins import resolve
-from atlas_qwen35.plugin import LAYERS
+from atlas_core.api import (CausalLM, DecoderLayer, DecoderOnlyLoader, TransformerLayer,
+                            checkpoint_tensors, rope_parameters)
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +33,6 @@ class Qwen3NextLoader(DecoderOnlyLoader):
     config_defaults = {**DecoderOnlyLoader.config_defaults, "head_dim": 256,
                        "num_key_value_heads": 2, "max_position_embeddings": 32768,
                        "norm_topk_prob": True, "shared_expert_intermediate_size": 512}
-
-    def layer_factory(self, kind: str) -> Any:
-        if self.registry is not None:
-            return self.registry.get("layers", kind)
-        return resolve(LAYERS.get(kind) or BUILTIN_LAYERS[kind])
 
     def layer_types(self, config: dict[str, Any]) -> list[str]:
         types = config.get("layer_types")
@@ -127,9 +116,7 @@ class Qwen3NextLoader(DecoderOnlyLoader):
             if skipped:
                 log.info("not loading %d %s tensors (%s*): Atlas serves the text model only",
                          skipped, what, prefix)
-        model = super().load(config, checkpoint, backend, dtype=dtype)
-        _post_load(model)
-        return model
+        return super().load(config, checkpoint, backend, dtype=dtype)
 
     def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         text = config.get("text_config")
@@ -145,14 +132,6 @@ class Qwen3NextLoader(DecoderOnlyLoader):
                 "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                 "shared_expert_intermediate_size": 32, "decoder_sparse_step": 1,
                 "mlp_only_layers": [1], "norm_topk_prob": True, "tie_word_embeddings": False}
-
-
-def _post_load(module: Any) -> None:
-    hook = getattr(module, "post_load", None)
-    if hook is not None:
-        hook()
-    for child in module.children.values():
-        _post_load(child)
 
 
 TINY_TEXT = {

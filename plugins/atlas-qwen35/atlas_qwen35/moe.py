@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_core.model.layers.mlp import GatedMLP
-from atlas_core.model.layers.moe import SparseMoE
-from atlas_core.model.metadata import StepMetadata
-from atlas_core.model.params import ParamSpec
+from atlas_core.api import GatedMLP, ParamSpec, SparseMoE, StepMetadata
 
 
 class SharedExpertMoE(SparseMoE):

@@ -34,7 +34,9 @@ def register_weight_loaders(register):
 _REF = "atlas_qwen35.gdn_reference"
 _CASES = "atlas_qwen35.gdn_cases"
 
-#: The Gated DeltaNet ops: spec, numpy implementation (None: the reference), CUDA class.
+#: The Gated DeltaNet ops: ``(spec, numpy implementation)`` (None: the numpy backend runs the
+#: unfused definition, else the reference). Every op's cuda implementation is the method of the
+#: same name of :data:`CUDA_OPS` (``atlas-qwen35[cuda]``).
 OPS = (
     (OpSpec("causal_conv1d", f"{_REF}:causal_conv1d", stateful=True,
             cases=f"{_CASES}:causal_conv1d_cases"), None),

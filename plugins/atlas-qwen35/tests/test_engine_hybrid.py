@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from qwen35_cases import ARCHS
 
-from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-from atlas_core.engine.fake_model import run_to_completion
-from atlas_core.model import load_model
+from atlas_core.api import EngineArgs, LLMEngine, SamplingParams, load_model
+from atlas_core.testing.fake_model import run_to_completion
 from atlas_core.testing.forward import ForwardRunner
 
 pytestmark = pytest.mark.timeout(120)

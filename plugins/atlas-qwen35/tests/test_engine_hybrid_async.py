@@ -7,9 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_core.backends.numpy_backend import NumpyBackend
-from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-from atlas_core.interfaces import EagerGraph
+from atlas_core.api import EagerGraph, EngineArgs, LLMEngine, NumpyBackend, SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,10 +7,8 @@ import openai
 import pytest
 from test_engine_hybrid import GREEDY, assert_all_free, assert_same, make_engine, prompt, run
 
-from atlas_core import LLM, SamplingParams
-from atlas_core.engine import AsyncLLMEngine
-from atlas_core.server import ServerConfig, create_app
-from atlas_core.server.launch import ServerThread
+from atlas_core.api import (LLM, AsyncLLMEngine, SamplingParams, ServerConfig, ServerThread,
+                            create_app)
 
 pytestmark = pytest.mark.timeout(120)
 

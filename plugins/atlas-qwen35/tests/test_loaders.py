@@ -12,9 +12,7 @@ import pytest
 from qwen35_cases import prompts
 from safetensors.numpy import load_file, save_file
 
-from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
-from atlas_core.model import load_model
-from atlas_core.model.loader import read_config
+from atlas_core.api import KVCacheSpec, RecurrentStateSpec, load_model, read_config
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 from atlas_core.testing.forward import ForwardRunner
 from atlas_core.testing.fixtures import real_models_dir

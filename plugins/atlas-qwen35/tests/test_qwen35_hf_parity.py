@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from qwen35_cases import ARCHS, prompts
 
-from atlas_core.model import load_model
+from atlas_core.api import load_model
 from atlas_core.testing.forward import ForwardRunner
 
 torch = pytest.importorskip("torch")

@@ -1,0 +1,75 @@
+// Quantized weights in registers (atlas_core/ops/quant.py formats), shared by quant_linear.cu
+// and quant_gemm.cu: code decoders and the multipliers of one lane's 16-byte weight chunk.
+// Both decoders go through f16 bit patterns: an e4m3 code c becomes the f16 with bits
+// (c & 0x80) << 8 | (c & 0x7f) << 7, worth 2^-8 of c (subnormals included), and an e2m1 code
+// the f16 (c & 8) << 12 | (c & 7) << 9, worth 2^-14 of it; the scale carries the power of two.
+// Scale index of element (n, k) for fp8: (n / bn) * s_row + k / bk (tensor, channel and block
+// scales all take this form; the host passes bn, bk, s_row).
+// Include after common.cuh.
+#pragma once
+
+__device__ __forceinline__ void half2_to_float2(u32 h, float& lo, float& hi) {
+  unsigned short a = (unsigned short)(h & 0xffff), b = (unsigned short)(h >> 16);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(a));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(b));
+}
+// Two e4m3 codes (bits 0-7 and 8-15 of v) as an f16 pair, each 2^-8 of its value.
+__device__ __forceinline__ u32 e4m3x2_bits(u32 v) {
+  return ((v & 0x7fu) << 7) | ((v & 0x80u) << 8) | ((v & 0x7f00u) << 15) | ((v & 0x8000u) << 16);
+}
+// The two e2m1 codes of one byte (low nibble first) as an f16 pair, each 2^-14 of its value.
+__device__ __forceinline__ u32 e2m1x2_bits(u32 b) {
+  return ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
+}
+// 16 bytes of fp8 codes -> 16 floats (times 2^-8).
+__device__ __forceinline__ void fp8x16_to_float(const uint4& raw, float* f) {
+  const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    half2_to_float2(e4m3x2_bits(w[i]), f[4 * i], f[4 * i + 1]);
+    half2_to_float2(e4m3x2_bits(w[i] >> 16), f[4 * i + 2], f[4 * i + 3]);
+  }
+}
+// 16 bytes of packed e2m1 pairs -> 32 floats (times 2^-14).
+__device__ __forceinline__ void e2m1x32_to_float(const uint4& raw, float* f) {
+  const u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int b = 0; b < 4; b++)
+      half2_to_float2(e2m1x2_bits((w[i] >> (8 * b)) & 0xffu), f[8 * i + 2 * b],
+                      f[8 * i + 2 * b + 1]);
+}
+
+struct QScale {
+  const void* scale;
+  const float* gscale;
+  int bn, bk, s_row;
+};
+
+// Elements one lane's 16-byte load covers, and the multipliers of that chunk (fp8: one; nvfp4:
+// two groups of 16), the decoders' power of two included.
+template <int FMT> struct QChunk;
+template <> struct QChunk<0> {
+  static constexpr int ELEMS = 16, BYTES_PER_ROW_DIV = 1;
+  __device__ __forceinline__ static void scales(const QScale& q, int n, int k, int K, float g,
+                                                float* s) {
+    s[0] = reinterpret_cast<const float*>(q.scale)[(n / q.bn) * q.s_row + k / q.bk] *
+           0.00390625f;
+  }
+  __device__ __forceinline__ static void decode(const uint4& raw, float* f) {
+    fp8x16_to_float(raw, f);
+  }
+};
+template <> struct QChunk<1> {
+  static constexpr int ELEMS = 32, BYTES_PER_ROW_DIV = 2;
+  __device__ __forceinline__ static void scales(const QScale& q, int n, int k, int K, float g,
+                                                float* s) {
+    const fp8* sc = reinterpret_cast<const fp8*>(q.scale) + (long long)n * (K / 16) + k / 16;
+    s[0] = to_f32(sc[0]) * g * 16384.f;
+    s[1] = to_f32(sc[1]) * g * 16384.f;
+  }
+  __device__ __forceinline__ static void decode(const uint4& raw, float* f) {
+    e2m1x32_to_float(raw, f);
+  }
+};

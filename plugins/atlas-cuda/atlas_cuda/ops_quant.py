@@ -1,0 +1,227 @@
+"""Quantized linears of the cuda backend (``kernels/cuda/common/quant_*.cu``): the weight ops
+given a :class:`~atlas_core.ops.quant.QuantizedWeight` instead of an array.
+
+* At most :data:`QGEMV_MAX_M` rows (decode): W8A16 / W4A16 GEMVs that stream each weight byte
+  once with 16-byte loads and dequantize in registers (``quant_linear.cu``).
+* Up to :data:`QGEMM_MAX_M` rows (bf16 / f16): the skinny tensor-core GEMM of
+  ``quant_gemm.cu``, weights dequantized in registers into ``mma.sync`` fragments, each weight
+  byte read once per 64 rows.
+* More rows on a target whose ``HARDWARE.toml`` turns on ``[quant] fp4_mma`` (GB10), NVFP4
+  weights: the block-scaled FP4 MMA (:mod:`atlas_cuda.quant_fp4_mma`).
+* Else more rows (prefill), or f32 activations past the GEMV: the weight is dequantized to the
+  activation dtype into a scratch buffer kept by the backend, then the dense tensor-core path
+  (cuBLASLt, else the ``mma.sync`` GEMM) runs on it. That costs one extra read of the quantized
+  weight and a write plus a read of its bf16 copy (about 5 bytes an element for FP8, 4.5 for
+  NVFP4) on top of the GEMM's: small next to a long prefill chunk's matmul.
+
+Device layout: the arrays of :mod:`atlas_core.ops.quant`, each its own allocation (256-byte
+aligned by ``cuMemAlloc``). The GEMVs need rows that start on 16 bytes: ``K`` a multiple of 16
+(FP8) or 32 (NVFP4), and FP8 block scales at least 16 wide; other shapes take the dequantize
+path, which has no alignment needs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atlas_core.ops.norm import compose_rms_norm_linear
+from atlas_core.ops.quant import QuantizedWeight
+from atlas_cuda.array import DeviceArray
+from atlas_cuda.kernels_loader import variant_of
+from atlas_cuda.memory import require_eager
+from atlas_cuda.quant_fp4_mma import Fp4Mma, fp4_mma_enabled, fp4_mma_servable
+
+#: Largest M the quantized GEMVs serve.
+QGEMV_MAX_M = 8
+#: Largest M the skinny quantized GEMM serves; above it the weight is dequantized for the GEMM.
+QGEMM_MAX_M = 64
+_ROW_TILES = (1, 2, 4, 8)
+#: Elements one 16-byte load of weight data holds, by format (FP8 formats: 16).
+ELEMS = {"nvfp4": 32}
+_GRID_CAP = 1 << 15
+
+
+def has_quantized(*weights: Any) -> bool:
+    """Whether any of ``weights`` is a :class:`QuantizedWeight` (the dense op classes then
+    hand the call to :class:`QuantOps`)."""
+    return any(isinstance(w, QuantizedWeight) for w in weights)
+
+
+def fp8_scale_args(w: QuantizedWeight) -> tuple[int, int, int, int]:
+    """``(bn, bk, s_row, s_lead)`` with which the kernels index an FP8 scale: element
+    ``(e, n, k)`` reads ``scale[e * s_lead + (n // bn) * s_row + k // bk]``."""
+    *_, n, k = w.shape
+    if w.format == "fp8_tensor":
+        return n, k, 0, 1
+    if w.format == "fp8_channel":
+        return 1, k, 1, n
+    bn, bk = w.block_size
+    cols = -(-k // bk)
+    return bn, bk, cols, -(-n // bn) * cols
+
+
+def kernel_operands(w: QuantizedWeight) -> tuple[str, tuple, tuple]:
+    """``(kernel format, scale operands, trailing int operands)`` of ``w`` for the
+    ``quant_*.cu`` kernels: NVFP4 passes its scales and global scale, FP8 its scales and
+    ``(bn, bk, s_row)`` (:func:`fp8_scale_args`)."""
+    if w.format == "nvfp4":
+        return "nvfp4", (w.scale, w.global_scale), ()
+    return "fp8", (w.scale,), fp8_scale_args(w)[:3]
+
+
+def gemv_splits(N: int, K: int, fmt: str, num_sms: int) -> int:
+    """Warps S splitting K of one column: doubled while the grid (``N * S / 8`` blocks) has
+    fewer than two blocks per SM and every lane keeps at least two 16-byte loads."""
+    elems = ELEMS.get(fmt, 16)
+    s = 1
+    while s < 8 and -(-N * s // 8) < 2 * num_sms and K // (elems * 32 * s * 2) >= 2:
+        s *= 2
+    return s
+
+
+def gemm_columns(N: int, num_sms: int) -> int:
+    """Column groups of 8 (TN) a warp of the skinny GEMM takes: the most (4, 2, 1) that still
+    leave a block per SM."""
+    return next((tn for tn in (4, 2) if -(-N // (8 * tn)) >= num_sms), 1)
+
+
+def gemv_servable(x: Any, w: QuantizedWeight) -> bool:
+    """Whether the quantized GEMV kernels take these operands (else: dequantize, then GEMM)."""
+    K = w.shape[-1]
+    if w.lead or x.ptr % 16 or w.data.ptr % 16:
+        return False
+    if w.format == "nvfp4":
+        return K % 32 == 0
+    return K % 16 == 0 and (w.format != "fp8_block" or w.block_size[1] % 16 == 0)
+
+
+class QuantOps:
+    """``linear``, ``linear_act_and_mul`` and ``rms_norm_linear`` over quantized weights (the
+    dense op classes hand a :class:`QuantizedWeight` here; the MoE ops go to
+    :class:`~atlas_cuda.quant_moe.QuantMoeOps`), the dequantization behind the large-M path and
+    the device fill of random benchmark codes.
+
+    Args:
+        ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self._scratch: dict[int, list[DeviceArray]] = {}
+
+    def linear(self, x: DeviceArray, weight: QuantizedWeight, bias: DeviceArray | None = None):
+        """``x @ dequantize(weight).T + bias`` (:func:`atlas_core.ops.quant.dequantize`)."""
+        N, K = weight.shape[-2:]
+        if weight.lead:
+            raise ValueError(f"linear: weight of shape {list(weight.shape)} is a stack; a "
+                             "linear takes one [N, K] matrix")
+        if x.shape[-1] != K:
+            raise ValueError(f"linear: x has {x.shape[-1]} columns, the weight {K}")
+        M = x.size // K if K else 0
+        servable = gemv_servable(x, weight)
+        mma = x.dtype.itemsize == 2
+        if M > QGEMM_MAX_M and fp4_mma_enabled(self.ctx) and fp4_mma_servable(x, weight):
+            return self.ctx.bind(Fp4Mma).linear(x, weight, bias)
+        if not servable or M > (QGEMM_MAX_M if mma else QGEMV_MAX_M):
+            return self.ctx.ops.linear(x, self.dequantize(weight, x.dtype, slot=0), bias)
+        y = self.ctx.out((*x.shape[:-1], N), x.dtype)
+        if M > QGEMV_MAX_M:
+            self.gemm(y, x, weight, bias, M, N, K)
+        elif M:
+            self.gemv(y, x, weight, bias, M, N, K)
+        return y
+
+    def gemv(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
+             bias: DeviceArray | None, M: int, N: int, K: int) -> None:
+        """One ``qgemv_*`` launch per tile of at most :data:`QGEMV_MAX_M` rows."""
+        ctx = self.ctx
+        v = variant_of(x.dtype)
+        fmt, scale, extra = kernel_operands(w)
+        s = gemv_splits(N, K, w.format, ctx.num_sms)
+        for m0 in range(0, M, QGEMV_MAX_M):
+            mt = next(t for t in _ROW_TILES if t >= min(M - m0, QGEMV_MAX_M))
+            k = ctx.kernels.kernel("quant_linear", v, f"qgemv_{fmt}_{v}_m{mt}")
+            ctx.launch(k, -(-N * s // 8), 256, y, x, w.data, *scale, bias, M, N, K, m0, s,
+                       *extra, pdl=ctx.pdl)
+
+    def gemm(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
+             bias: DeviceArray | None, M: int, N: int, K: int) -> None:
+        """One ``qgemm_*`` launch (``M`` at most :data:`QGEMM_MAX_M`): 8 warps a block, each
+        block ``8 * TN`` columns (:func:`gemm_columns`), ``16 * MT`` rows."""
+        ctx = self.ctx
+        v = variant_of(x.dtype)
+        fmt, scale, extra = kernel_operands(w)
+        mt = next(t for t in (1, 2, 4) if 16 * t >= M)
+        tn = gemm_columns(N, ctx.num_sms)
+        k = ctx.kernels.kernel("quant_gemm", v, f"qgemm_{fmt}_{v}_m{mt}_n{tn}")
+        ctx.launch(k, -(-N // (8 * tn)), 256, y, x, w.data, *scale, bias, M, N, K, 0, *extra,
+                   pdl=ctx.pdl)
+
+    def dequantize(self, w: QuantizedWeight, dtype: Any, slot: int | None = None) -> DeviceArray:
+        """``dequantize(w)`` in ``dtype`` on the device: a step-workspace array, or with
+        ``slot`` that one of the backend's reused dequantization buffers (valid until the next
+        op dequantizes into the same slot; grown only outside graph capture)."""
+        *_, N, K = w.shape
+        v = variant_of(dtype)
+        out = self.ctx.out(w.shape, dtype) if slot is None else self._scratch_array(
+            slot, w.shape, dtype)
+        total = out.size
+        if not total:
+            return out
+        if w.format == "nvfp4":
+            nbytes = total // 2
+            self.ctx.launch(self.ctx.kernels.kernel("quant_linear", v, f"qdequant_nvfp4_{v}"),
+                            min(-(-nbytes // 256), _GRID_CAP), 256, out, w.data, w.scale,
+                            w.global_scale, N, K, np.int64(nbytes))
+        else:
+            bn, bk, s_row, s_lead = fp8_scale_args(w)
+            self.ctx.launch(self.ctx.kernels.kernel("quant_linear", v, f"qdequant_fp8_{v}"),
+                            min(-(-total // 256), _GRID_CAP), 256, out, w.data, w.scale, N, K,
+                            bn, bk, s_row, np.int64(s_lead), np.int64(total))
+        return out
+
+    def _scratch_array(self, slot: int, shape: tuple[int, ...], dtype: Any) -> DeviceArray:
+        """Dequantization buffer ``slot`` viewed as ``shape``/``dtype``; grown (never freed:
+        captured graphs keep pointing at older ones) outside graph capture."""
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        bufs = self._scratch.setdefault(slot, [])
+        if not bufs or bufs[-1].nbytes < nbytes:
+            require_eager(self.ctx.backend, "quantized weight scratch")
+            bufs.append(self.ctx.backend.empty((nbytes,), np.uint8))
+        return DeviceArray(bufs[-1].ptr, shape, dtype, bufs[-1])
+
+    def linear_act_and_mul(self, x: DeviceArray, weight: QuantizedWeight,
+                           bias: DeviceArray | None = None, activation: str = "silu"):
+        """``act(x @ Wg.T + bg) * (x @ Wu.T + bu)`` for a quantized ``[Wg; Wu]``."""
+        if activation not in ("silu", "gelu_tanh", "gelu_pytorch_tanh"):
+            raise ValueError(f"linear_act_and_mul: unsupported activation {activation!r}; "
+                             "use silu or gelu_tanh")
+        if weight.shape[-2] % 2:
+            raise ValueError(f"linear_act_and_mul: weight has {weight.shape[-2]} rows; gate "
+                             "and up need an even count")
+        gate_up = self.linear(x, weight, bias)
+        ops = self.ctx.ops
+        return ops.silu_and_mul(gate_up) if activation == "silu" else ops.gelu_tanh_and_mul(gate_up)
+
+    def rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None,
+                        zero_centered=False, activation=None):
+        """``rms_norm`` then the quantized projection (the unfused definition)."""
+        return compose_rms_norm_linear(self.ctx.ops, x, residual, norm_weight, eps, weight,
+                                       bias, zero_centered, activation)
+
+    def fill_random(self, array: DeviceArray, seed: int, std: float, mean: float = 0.0) -> None:
+        """Random codes for a one-byte array: FP8 values of ``mean`` / ``std`` (uniform,
+        saturating), or uniform bytes for anything else (NVFP4 data)."""
+        if not array.size:
+            return
+        seed = np.uint64(seed & (2**64 - 1))
+        grid = min(-(-array.size // 256), 1 << 16)
+        lib = self.ctx.kernels
+        if array.dtype.name.startswith("float8"):
+            lib.launch(lib.kernel("quant_linear", "bf16", "qfill_fp8"), grid, 256, array,
+                       np.int64(array.size), seed, float(mean), float(std))
+        else:
+            lib.launch(lib.kernel("quant_linear", "bf16", "qfill_bytes"), grid, 256, array,
+                       np.int64(array.size), seed)

@@ -1,0 +1,124 @@
+"""Gemma-4 self-attention (layer ``gemma4_attention``): q/k/v RMSNorms, per-layer-type head
+size and rope, optional sliding window, keys reused as values on ``attention_k_eq_v`` layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atlas_core.api import KVCacheSpec, Module, StepMetadata, TransformerLayer
+
+
+def gemma4_cos_sin_cache(head_dim: int, max_position: int, rope: dict[str, Any]) -> np.ndarray:
+    """Rotary table ``[max_position, head_dim]`` (cos half, sin half) over the whole head.
+
+    ``default`` rope rotates every pair; ``proportional`` (full-attention layers) rotates the
+    first ``int(partial_rotary_factor * head_dim // 2)`` frequencies of the ``head_dim`` spectrum
+    and leaves the other pairs unrotated (zero frequency), as HF's proportional rope does.
+    """
+    rope_type = rope.get("rope_type", "default")
+    base = np.float32(rope.get("rope_theta", 10000.0))
+    if rope_type == "default":
+        angles = head_dim // 2
+    elif rope_type == "proportional":
+        angles = int(float(rope.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    else:
+        raise ValueError(f"Gemma-4 rope_type {rope_type!r} is not supported; supported: default, "
+                         "proportional")
+    inv_freq = np.zeros(head_dim // 2, dtype=np.float32)
+    exponents = np.arange(0, 2 * angles, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq[:angles] = np.float32(1.0) / base ** exponents
+    inv_freq /= np.float32(rope.get("factor", 1.0))
+    table = np.arange(max_position, dtype=np.float32)[:, None] * inv_freq[None, :]
+    return np.concatenate([np.cos(table), np.sin(table)], axis=-1).astype(np.float32)
+
+
+class Gemma4Attention(Module, TransformerLayer):
+    """Attention of one Gemma-4 block.
+
+    ``q = rope(q_norm(q_proj x))``, ``k = rope(k_norm(k_proj x))``, ``v = v_norm(v_proj x)``
+    (``v_norm`` has no weight; with ``k_eq_v`` the values are the un-normed key projection), a
+    softmax scale of 1 (the norms set the scale), then ``o_proj``. Sliding layers attend to the
+    last ``sliding_window`` positions (plugin op ``sliding_window_attention``).
+
+    The rotary table is shared by every layer of a type: the model hands it over in
+    :meth:`set_rotary` (``cos_sin_cache``).
+
+    Args:
+        hidden_size: model width.
+        num_heads, num_kv_heads, head_dim: this layer's query heads, KV heads and head size.
+        rope: this layer type's rope parameters (``rope_type``, ``rope_theta``…).
+        rms_norm_eps: epsilon of the q/k/v norms.
+        sliding_window: window length of sliding layers; None for full attention.
+        k_eq_v: no ``v_proj``; values are the key projection.
+    """
+
+    def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 rope: dict[str, Any], rms_norm_eps: float = 1e-6,
+                 sliding_window: int | None = None, k_eq_v: bool = False) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of the "
+                             f"layer's KV heads ({num_kv_heads})")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.rope, self.eps = dict(rope), rms_norm_eps
+        self.sliding_window, self.k_eq_v = sliding_window, k_eq_v
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.q_size, self.kv_size = q_size, kv_size
+        sources = [("q_proj.weight", (q_size, hidden_size)), ("k_proj.weight", (kv_size, hidden_size))]
+        if not k_eq_v:
+            sources.append(("v_proj.weight", (kv_size, hidden_size)))
+        rows = q_size + kv_size * (1 if k_eq_v else 2)
+        self.declare("qkv_proj.weight", (rows, hidden_size), sources)
+        self.declare("o_proj.weight", (hidden_size, q_size))
+        self.declare("q_norm.weight", (head_dim,))
+        self.declare("k_norm.weight", (head_dim,))
+        self.cos_sin_cache: Any = None
+        self.v_norm: Any = None
+        self.state: Any = None
+
+    def rotary_key(self) -> tuple:
+        """What the rotary table depends on (layers with equal keys share one table)."""
+        return self.head_dim, tuple(sorted(self.rope.items()))
+
+    def set_rotary(self, cos_sin_cache: Any) -> None:
+        """Receive the shared device rotary table (from :func:`gemma4_cos_sin_cache`)."""
+        self.cos_sin_cache = cos_sin_cache
+
+    def setup(self) -> None:
+        self.v_norm = self.backend.from_host(np.ones(self.head_dim, dtype=self.dtype))
+
+    def state_spec(self) -> KVCacheSpec:
+        return KVCacheSpec(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
+
+    def bind_state(self, state: Any) -> None:
+        """Receive ``(k_cache, v_cache)``, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        self.state = state
+
+    def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+        if self.state is None:
+            raise RuntimeError("attention layer has no KV cache; call model.bind_kv_caches() first")
+        ops, p, t = self.ops, self.params, meta.num_tokens
+        qkv = ops.linear(hidden, p["qkv_proj.weight"])
+        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
+        q = qkv[:, :self.q_size].reshape(t, self.num_heads, self.head_dim)
+        k_raw = qkv[:, self.q_size:self.q_size + self.kv_size].reshape(t, self.num_kv_heads,
+                                                                       self.head_dim)
+        v_raw = k_raw if self.k_eq_v else qkv[:, self.q_size + self.kv_size:].reshape(
+            t, self.num_kv_heads, self.head_dim)
+        q = ops.rms_norm(q, p["q_norm.weight"], self.eps)
+        k = ops.rms_norm(k_raw, p["k_norm.weight"], self.eps)
+        v = ops.rms_norm(v_raw, self.v_norm, self.eps)
+        q, k = ops.rotary_embedding(q, k, meta.positions, self.cos_sin_cache, self.head_dim, True)
+        k_cache, v_cache = self.state
+        ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if self.sliding_window is None:
+            out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                      meta.cu_seqlens_q, 1.0)
+        else:
+            out = ops.sliding_window_attention(q, k_cache, v_cache, meta.block_tables,
+                                               meta.seq_lens, meta.cu_seqlens_q, 1.0,
+                                               self.sliding_window)
+        out = out.reshape(t, self.num_heads * self.head_dim)
+        return ops.linear(out, p["o_proj.weight"]), residual

@@ -1,0 +1,50 @@
+"""Contract cases of the Gemma-4 ops, named by their specs (``OpSpec(cases=...)``). Imported only
+by tests: the generated contract test runs them on every backend that has the op."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.testing.contracts_cases import OpCase
+from atlas_core.testing.contracts_ops import DTYPES, make_rng, randn
+
+
+def mul_cases() -> list[OpCase]:
+    """A scalar, a per-feature vector, a per-row column and a full operand, in every dtype."""
+    cases = []
+    for dtype in DTYPES:
+        rng = make_rng("mul", dtype)
+        x = randn(rng, (7, 64), dtype)
+        for label, other in (("scalar", randn(rng, (1,), dtype)), ("row", randn(rng, (64,), dtype)),
+                             ("column", randn(rng, (7, 1), "float32")),
+                             ("full", randn(rng, (7, 64), dtype))):
+            cases.append(OpCase(f"{dtype}-{label}", (x, other)))
+    return cases
+
+
+def softcap_cases() -> list[OpCase]:
+    """Values inside the cap, around it and saturating."""
+    cases = []
+    for dtype in DTYPES:
+        for shape, cap, scale in (((5, 384), 30.0, 10.0), ((3, 7), 1.0, 4.0)):
+            x = randn(make_rng("softcap", dtype, shape), shape, dtype, scale)
+            cases.append(OpCase(f"{dtype}-{shape[0]}x{shape[1]}-cap{cap:g}", (x, cap)))
+    return cases
+
+
+def sliding_window_attention_cases() -> list[OpCase]:
+    """Decode rows and prefill chunks of sequences shorter and longer than the window, GQA."""
+    cases = []
+    block_size, num_blocks, kv_heads, heads, head_dim = 4, 24, 2, 4, 16
+    for dtype in DTYPES:
+        for window in (3, 8, 64):
+            rng = make_rng("sliding_window_attention", dtype, window)
+            seq_lens = np.array([1, 9, 22, 13], dtype=np.int32)
+            q_lens = np.array([1, 9, 1, 5], dtype=np.int32)
+            cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+            tables = rng.permutation(num_blocks).reshape(4, 6).astype(np.int32)
+            cache = (num_blocks, block_size, kv_heads, head_dim)
+            args = (randn(rng, (int(cu[-1]), heads, head_dim), dtype), randn(rng, cache, dtype),
+                    randn(rng, cache, dtype), tables, seq_lens, cu, head_dim ** -0.5, window)
+            cases.append(OpCase(f"{dtype}-window{window}", args))
+    return cases

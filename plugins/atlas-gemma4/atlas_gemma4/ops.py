@@ -1,0 +1,94 @@
+"""The ops Gemma-4 adds to the core set: NumPy references (also the numpy implementations).
+
+- ``mul``: elementwise product with broadcasting (embedding scale, ``layer_scalar``, the
+  router's per-expert scale).
+- ``softcap``: ``cap * tanh(x / cap)`` (final logit soft-capping).
+- ``sliding_window_attention``: :func:`paged_attention` where query position ``p`` sees only
+  keys ``p - window + 1 .. p`` (HF ``sliding_window`` semantics).
+
+None has an unfused definition over core ops; a backend without its own implementation
+(cuda today) raises a clear error naming the op the first time a Gemma-4 model runs on it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.api import f32
+
+
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise ``a * b`` in float32, stored in ``a.dtype``.
+
+    Args:
+        a: ``[..., d]``.
+        b: broadcastable to ``a`` (``[1]``, ``[d]``, ``[..., 1]`` or ``a``'s shape).
+
+    Returns:
+        ``a.shape`` in ``a.dtype``.
+    """
+    return (f32(a) * f32(b)).astype(a.dtype)
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """``cap * tanh(x / cap)`` in float32, stored in ``x.dtype``.
+
+    Args:
+        x: any shape (logits ``[num_rows, vocab_size]``).
+        cap: positive soft cap.
+    """
+    return (np.float32(cap) * np.tanh(f32(x) / np.float32(cap))).astype(x.dtype)
+
+
+def sliding_window_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                             block_tables: np.ndarray, seq_lens: np.ndarray,
+                             cu_seqlens_q: np.ndarray, scale: float, window: int,
+                             kv_scale: float = 1.0) -> np.ndarray:
+    """Causal paged attention limited to the last ``window`` positions.
+
+    Same layout and arguments as ``paged_attention`` (the ``n_q`` queries of sequence ``b`` are
+    its positions ``seq_lens[b] - n_q .. seq_lens[b] - 1``) plus ``window``: the query at
+    position ``p`` attends to cached positions ``max(0, p - window + 1) .. p``. Only blocks that
+    hold those positions are read, so blocks wholly before the window may have been freed
+    (their ``block_tables`` entries are ignored).
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]`` packed by sequence.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks_per_seq]`` int32.
+        seq_lens: ``[num_seqs]`` int32 context lengths including this step's tokens.
+        cu_seqlens_q: ``[num_seqs + 1]`` int32 prefix sums of query counts.
+        scale: softmax scale.
+        window: positive window length.
+        kv_scale: dequantisation scale of the cache.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in ``q.dtype``.
+    """
+    out = np.zeros(q.shape, dtype=np.float32)
+    block_size = k_cache.shape[1]
+    cu = np.asarray(cu_seqlens_q, dtype=np.int64)
+    group = q.shape[1] // k_cache.shape[2]
+    for b in range(len(cu) - 1):
+        s, e = int(cu[b]), int(cu[b + 1])
+        if e == s:
+            continue
+        length = int(seq_lens[b])
+        first = max(0, length - (e - s) - window + 1)
+        first_block = first // block_size
+        table = np.asarray(block_tables[b], dtype=np.int64)[first_block:-(-length // block_size)]
+        start = first_block * block_size
+        k = f32(k_cache[table].reshape(-1, *k_cache.shape[2:])[:length - start]) * kv_scale
+        v = f32(v_cache[table].reshape(-1, *v_cache.shape[2:])[:length - start]) * kv_scale
+        kh, vh = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        q_pos = np.arange(length - (e - s), length)
+        k_pos = np.arange(start, length)
+        scores = np.einsum("qhd,khd->hqk", f32(q[s:e]), kh) * scale
+        visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - window)
+        scores = np.where(visible[None], scores, -np.inf)
+        scores -= scores.max(axis=-1, keepdims=True)
+        probs = np.exp(scores)
+        probs /= probs.sum(axis=-1, keepdims=True)
+        out[s:e] = np.einsum("hqk,khd->qhd", probs, vh)
+    return out.astype(q.dtype)
+

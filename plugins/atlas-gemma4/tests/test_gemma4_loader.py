@@ -1,0 +1,131 @@
+"""Gemma4Loader: config formats, clear refusals, the released shapes, the plugin's ops."""
+
+import numpy as np
+import pytest
+
+from atlas_core.api import Registry, make_plugin_manager, reference
+
+from atlas_gemma4.loaders import Gemma4Loader
+from atlas_gemma4.ops import sliding_window_attention
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return Registry(make_plugin_manager(allow=["gemma4"]))
+
+
+def _loader(registry, arch="Gemma4ForCausalLM"):
+    return registry.create("weight_loaders", arch, registry=registry)
+
+
+def _attention_shapes(model):
+    return [(l.attention.head_dim, l.attention.num_kv_heads, l.attention.sliding_window,
+             l.attention.k_eq_v) for l in model.layers]
+
+
+def test_released_and_saved_config_forms_build_the_same_layers(registry):
+    released = Gemma4Loader().tiny_config()
+    saved = {k: v for k, v in released.items()
+             if k not in ("global_head_dim", "num_global_key_value_heads")}
+    saved["per_layer_config"] = {"2": {"head_dim": 32, "num_key_value_heads": 1},
+                                 "3": {"head_dim": 32, "num_key_value_heads": 1}}
+    loader = _loader(registry)
+    want = [(16, 2, 8, False), (16, 2, 8, False), (32, 1, None, True), (32, 1, None, True)]
+    assert _attention_shapes(loader.build(released)) == want
+    assert _attention_shapes(loader.build(saved)) == want
+
+
+def test_last_layer_is_forced_to_full_attention_as_hf_does(registry):
+    config = {**Gemma4Loader().tiny_config(), "layer_types": ["sliding_attention"] * 4}
+    assert _attention_shapes(_loader(registry).build(config))[-1][2] is None
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("hidden_size_per_layer_input", 256, "per-layer input embeddings"),
+    ("num_kv_shared_layers", 2, "KV sharing"),
+    ("use_bidirectional_attention", "all", "bidirectional"),
+    ("layer_types", ["sliding_attention"], "layer_types"),
+    ("enable_moe_block", True, "num_experts"),
+])
+def test_unsupported_configs_are_refused_naming_the_field(registry, field, value, message):
+    config = {**Gemma4Loader().tiny_config(), field: value}
+    with pytest.raises(ValueError, match=message):
+        _loader(registry).validate_config(config)
+
+
+@pytest.mark.parametrize("shape,billions", [("gemma-4-31b", (30.0, 31.5)),
+                                            ("gemma-4-26b-a4b", (24.5, 26.5))])
+def test_bench_shapes_have_the_released_sizes(registry, shape, billions):
+    from atlas_core.bench.shapes import shape_config, step_bytes
+
+    config = shape_config(shape)
+    low, high = billions
+    assert low * 1e9 < _loader(registry).parameter_count(config) < high * 1e9
+    if shape == "gemma-4-26b-a4b":
+        assert 3.5e9 < step_bytes(config, 0) / 2 < 4.5e9
+
+
+def _paged_case(rng, window, seq_lens, q_lens):
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    tables = rng.permutation(32).reshape(4, 8).astype(np.int32)
+    cache = (32, 4, 2, 8)
+    return (rng.standard_normal((int(cu[-1]), 4, 8), dtype=np.float32),
+            rng.standard_normal(cache, dtype=np.float32),
+            rng.standard_normal(cache, dtype=np.float32), tables,
+            np.array(seq_lens, np.int32), cu, 0.35)
+
+
+def test_a_window_longer_than_the_context_is_plain_paged_attention():
+    args = _paged_case(np.random.default_rng(0), 0, [5, 17, 30, 2], [5, 1, 4, 2])
+    np.testing.assert_allclose(sliding_window_attention(*args, window=64),
+                               reference.paged_attention(*args), atol=1e-6)
+
+
+def test_blocks_before_the_window_are_never_read():
+    rng = np.random.default_rng(1)
+    q, k, v, tables, seq_lens, cu, scale = _paged_case(rng, 0, [30, 30, 30, 30], [1, 3, 1, 1])
+    want = sliding_window_attention(q, k, v, tables, seq_lens, cu, scale, window=6)
+    stale = tables.copy()
+    stale[:, :5] = -7
+    got = sliding_window_attention(q, k, v, stale, seq_lens, cu, scale, window=6)
+    np.testing.assert_array_equal(got, want)
+    assert not np.allclose(want, reference.paged_attention(q, k, v, tables, seq_lens, cu, scale))
+
+
+def test_numpy_backend_runs_the_plugin_ops(registry):
+    backend = registry.create("gpu_backends", "numpy")
+    for name in ("mul", "softcap", "sliding_window_attention"):
+        assert name in backend.ops
+
+
+def _has_cuda() -> bool:
+    try:
+        from cuda.bindings import driver
+        return driver.cuInit(0)[0] == driver.CUresult.CUDA_SUCCESS
+    except Exception:  # noqa: BLE001 - no driver, no library
+        return False
+
+
+def _refusal(registry, backend, tmp_path):
+    from atlas_core.api import Checkpoint, write_safetensors
+
+    loader = _loader(registry)
+    config = Gemma4Loader().tiny_config()
+    shapes = loader.checkpoint_tensors(config)
+    write_safetensors(tmp_path / "model.safetensors",
+                      {n: np.zeros(s, np.float32) for n, s in shapes.items()}, {"format": "pt"})
+    with pytest.raises(ValueError, match="sliding_window_attention.*numpy backend"):
+        loader.load(config, Checkpoint.open(tmp_path), backend)
+
+
+def test_a_backend_without_the_plugin_ops_is_refused_before_loading(registry, tmp_path):
+    bare = Registry(make_plugin_manager(allow=[])).create("gpu_backends", "numpy")
+    assert "softcap" not in bare.ops
+    _refusal(registry, bare, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_cuda(), reason="no CUDA device")
+def test_cuda_refuses_gemma4_naming_the_missing_ops(tmp_path):
+    registry = Registry()
+    _refusal(registry, registry.create("gpu_backends", "cuda"), tmp_path)

@@ -1,0 +1,191 @@
+"""Time to first token of a long prompt served cold, from the GPU prefix cache, from the host
+tier and from the disk tier; the disk tier's read bandwidth against the raw O_DIRECT read
+bandwidth of the same directory, measured in the same run. Prints one table.
+
+    python scripts/kv_tier_bench.py --model /models/Qwen3-8B --offload-dir /nvme/atlas-kv \
+        [--prompt-tokens 32768] [--kv-host-gb 16] [--storage auto|io_uring|posix]
+
+Each row runs the same prompt with ``max_tokens=1``: ``cold`` (nothing cached), ``gpu`` (the
+device prefix cache), ``host`` (device cache dropped after spilling to host memory), ``disk``
+(device and host dropped, page cache dropped when the script may, blocks read back through the
+storage backend). ``raw O_DIRECT`` reads a scratch file as large as the prompt's blocks with
+queue depth 32 x 4 MiB, through io_uring when the kernel allows it, else threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+from atlas_core.engine.kv_tiers import close_kv_tiers
+
+CHUNK, DEPTH = 4 << 20, 32
+
+
+def ttft(engine, tokens: list[int], rid: str) -> tuple[float, int]:
+    """Seconds until the first (only) token, and the prompt tokens served from a cache."""
+    start = time.perf_counter()
+    engine.add_request(rid, tokens, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                return time.perf_counter() - start, out.num_cached_tokens
+    raise RuntimeError("the request never finished")
+
+
+def drop_page_cache() -> bool:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def raw_direct_read_gbps(directory: Path, nbytes: int) -> tuple[float, str]:
+    """GB/s reading a fresh ``nbytes`` file in ``directory`` with O_DIRECT at queue depth 32."""
+    path = directory / ".atlas-raw-read-probe"
+    nbytes = max(CHUNK, nbytes // CHUNK * CHUNK)
+    block = os.urandom(CHUNK)
+    with open(path, "wb") as f:
+        for _ in range(nbytes // CHUNK):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    drop_page_cache()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            return _read_io_uring(fd, nbytes), "io_uring"
+        except ImportError:
+            return _read_threads(fd, nbytes), "threads"
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _read_io_uring(fd: int, nbytes: int) -> float:
+    from atlas_iouring.ring import IORING_OP_READ, Ring, aligned_buffer
+    ring = Ring(DEPTH)
+    bufs = [aligned_buffer(CHUNK) for _ in range(DEPTH)]
+    offsets = iter(range(0, nbytes, CHUNK))
+    start = time.perf_counter()
+    free, done = list(range(DEPTH)), 0
+    while done < nbytes:
+        while free:
+            offset = next(offsets, None)
+            if offset is None:
+                break
+            slot = free.pop()
+            ring.push(IORING_OP_READ, fd, bufs[slot][1], CHUNK, offset, slot)
+        ring.submit(wait=1)
+        for slot, res in ring.reap():
+            if res <= 0:
+                raise OSError(-res, os.strerror(-res))
+            done += res
+            free.append(slot)
+    seconds = time.perf_counter() - start
+    ring.close()
+    return nbytes / seconds / 1e9
+
+
+def _read_threads(fd: int, nbytes: int) -> float:
+    import mmap
+
+    def read(offset):
+        buf = mmap.mmap(-1, CHUNK)
+        os.preadv(fd, [buf], offset)
+        buf.close()
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(DEPTH) as pool:
+        list(pool.map(read, range(0, nbytes, CHUNK)))
+    return nbytes / (time.perf_counter() - start) / 1e9
+
+
+def tier_read_gbps(engine, tokens: list[int]) -> float:
+    """GB/s of the disk tier reading every block of ``tokens`` (checksums included)."""
+    tiers, bm = engine.kv_tiers, engine.block_manager
+    hashes = [h for h in _hashes(bm, tokens) if tiers.disk.contains(h)]
+    start = time.perf_counter()
+    for h in hashes:
+        tiers.disk.fetch(h)
+    read = 0
+    while tiers.disk.reads:
+        tiers.disk.wait(1.0)
+        read += len(tiers.disk.poll())
+    return read * tiers.disk.record_size / (time.perf_counter() - start) / 1e9
+
+
+def _hashes(bm, tokens: list[int]) -> list[bytes]:
+    from atlas_core.engine.block_manager import block_hash
+    out, parent, bs = [], None, bm.block_size
+    for i in range((len(tokens) - 1) // bs):
+        parent = block_hash(parent, tokens[i * bs:(i + 1) * bs])
+        out.append(parent)
+    return out
+
+
+def forget_lower(engine, keep_host: bool) -> None:
+    """Spill the device prefix cache to the tiers, then drop it (and host memory unless kept)."""
+    bm, tiers = engine.block_manager, engine.kv_tiers
+    bm.flush_to_tiers()
+    bm.reset_prefix_cache()
+    if not keep_host:
+        tiers.host.clear()
+        tiers.staged.clear()
+        while tiers.disk.writes:
+            time.sleep(0.01)
+            tiers.disk.poll()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="Qwen/Qwen3-8B")
+    p.add_argument("--backend", default=None)
+    p.add_argument("--offload-dir", required=True)
+    p.add_argument("--prompt-tokens", type=int, default=32768)
+    p.add_argument("--kv-host-gb", type=float, default=16.0)
+    p.add_argument("--storage", default="auto")
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    a = p.parse_args()
+    args = EngineArgs(model=a.model, backend=a.backend, max_num_seqs=1,
+                      max_seq_len=a.prompt_tokens + 16, num_kv_blocks=a.num_kv_blocks,
+                      kv_host_gb=a.kv_host_gb, kv_offload_dir=a.offload_dir,
+                      kv_offload_gb=4 * a.kv_host_gb, kv_storage=a.storage)
+    engine = LLMEngine.from_args(args)
+    vocab = engine.model.vocab_size
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(100, vocab - 100, a.prompt_tokens).tolist()
+    ttft(engine, rng.integers(100, vocab - 100, min(512, a.prompt_tokens)).tolist(), "warm-up")
+    rows = [("cold", *ttft(engine, tokens, "cold"))]
+    rows.append(("gpu", *ttft(engine, tokens, "gpu")))
+    forget_lower(engine, keep_host=True)
+    rows.append(("host", *ttft(engine, tokens, "host")))
+    forget_lower(engine, keep_host=False)
+    dropped = drop_page_cache()
+    rows.append(("disk", *ttft(engine, tokens, "disk")))
+    forget_lower(engine, keep_host=False)
+    drop_page_cache()
+    tier_gbps = tier_read_gbps(engine, tokens)
+    nbytes = len(_hashes(engine.block_manager, tokens)) * engine.kv_tiers.disk.record_size
+    raw_gbps, raw_via = raw_direct_read_gbps(Path(a.offload_dir), nbytes)
+    storage = type(engine.kv_tiers.disk.storage).__name__
+    close_kv_tiers(engine)
+    print(f"\n{a.model}, {a.prompt_tokens} prompt tokens, KV {nbytes / 1e9:.2f} GB on disk, "
+          f"storage {storage}, page cache {'dropped' if dropped else 'NOT dropped (not root)'}")
+    print(f"{'source':<14}{'TTFT s':>10}{'cached tokens':>15}")
+    for name, seconds, cached in rows:
+        print(f"{name:<14}{seconds:>10.3f}{cached:>15}")
+    print(f"{'disk tier read':<14}{tier_gbps:>9.2f} GB/s ({tier_gbps / raw_gbps:.0%} of raw)")
+    print(f"{'raw O_DIRECT':<14}{raw_gbps:>9.2f} GB/s (QD {DEPTH} x 4 MiB via {raw_via})")
+
+
+if __name__ == "__main__":
+    main()
