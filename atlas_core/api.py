@@ -26,7 +26,8 @@ Groups:
   references (``reference``, a module), the unfused compositions a backend falls back to
   (``compose_*``), the activations, quantized weights (:class:`QuantizedWeight`,
   :func:`quantize`, :func:`dequantize`, :func:`quant_layout`, :data:`QUANT_FORMATS`,
-  :data:`E2M1_LUT`), :data:`bfloat16`, :data:`float8_e4m3fn`, :func:`as_dtype`, :func:`f32`.
+  :data:`E2M1_LUT`, :func:`unpack_e2m1`, :func:`fp8_codes`), :data:`bfloat16`,
+  :data:`float8_e4m3fn`, :func:`as_dtype`, :func:`f32`.
 - Running a model: :class:`LLM`, :class:`SamplingParams`, :class:`EngineArgs`,
   :class:`LLMEngine`, :class:`AsyncLLMEngine`, :class:`GuidedDecodingParams`,
   :class:`ServerConfig`, :func:`create_app`, :class:`Checkpoint`, :func:`write_safetensors`,
@@ -91,6 +92,8 @@ _EXPORTS = {
     "quantize": "atlas_core.ops.quant:quantize",
     "dequantize": "atlas_core.ops.quant:dequantize",
     "quant_layout": "atlas_core.ops.quant:layout",
+    "fp8_codes": "atlas_core.ops.quant:fp8_codes",
+    "unpack_e2m1": "atlas_core.ops.quant:unpack_e2m1",
     "ACTIVATIONS": "atlas_core.ops.norm:ACTIVATIONS",
     "as_dtype": "atlas_core.ops._dtypes:as_dtype",
     "f32": "atlas_core.ops._dtypes:f32",

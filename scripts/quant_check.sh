@@ -18,7 +18,7 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/quant_check_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
+export PYTHONUNBUFFERED=1 ATLAS_CUDA_QUANT_WEIGHTS=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
 steps=${*:-tests bench}
 has() { [[ " $steps " == *" $1 "* || " $steps " == *" all "* ]]; }
 t0=$SECONDS

@@ -60,7 +60,7 @@ class GemmaScript:
 @contextlib.contextmanager
 def gemma4_server(tmp_path):
     from atlas_core.engine import AsyncLLMEngine
-    from atlas_core.engine.fake_model import FakeCausalLM, make_fake_engine
+    from atlas_core.testing.fake_model import FakeCausalLM, make_fake_engine
     from atlas_core.plugins import Registry
     from atlas_core.server import ServerConfig, create_app
     from atlas_core.server.launch import ServerThread

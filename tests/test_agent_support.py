@@ -78,7 +78,7 @@ def tool_then_answer(call: str = CALL, answer: str = ANSWER, think: str | None =
 def agent_engine(script: Callable[[list[int]], int | None], **engine_kwargs):
     """An ``AsyncLLMEngine`` over a scripted fake model with the Qwen3 tokenizer."""
     from atlas_core.engine import AsyncLLMEngine
-    from atlas_core.engine.fake_model import FakeCausalLM, make_fake_engine
+    from atlas_core.testing.fake_model import FakeCausalLM, make_fake_engine
     from atlas_core.plugins import Registry
 
     tok = qwen3_tokenizer()

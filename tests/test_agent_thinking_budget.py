@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atlas_core.engine import SamplingParams
-from atlas_core.engine.fake_model import FakeCausalLM, make_fake_engine, run_to_completion
+from atlas_core.testing.fake_model import FakeCausalLM, make_fake_engine, run_to_completion
 from atlas_core.plugins import Registry
 
 START, END, NEWLINE, WORD, CLOSE_AT = 5, 6, 7, 9, 8

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-from atlas_core.engine.fake_model import run_to_completion
+from atlas_core.testing.fake_model import run_to_completion
 from atlas_core.plugins import Registry
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 

@@ -9,7 +9,7 @@ import pytest
 from atlas_core.engine import (AsyncLLMEngine, EngineDeadError, QueueFull, RequestError,
                                SamplingParams)
 from atlas_core.engine.llm_engine import MAX_CONSECUTIVE_FAILURES
-from atlas_core.engine.fake_model import make_fake_engine
+from atlas_core.testing.fake_model import make_fake_engine
 
 pytestmark = pytest.mark.timeout(30)
 

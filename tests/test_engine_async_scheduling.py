@@ -4,7 +4,7 @@ GPU discipline on the mock, fallbacks, and no leaked blocks."""
 import pytest
 
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-from atlas_core.engine.fake_model import FakeCausalLM, make_fake_engine
+from atlas_core.testing.fake_model import FakeCausalLM, make_fake_engine
 from atlas_core.plugins import Registry
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 from atlas_core.testing.tiny_tokenizer import write_tokenizer

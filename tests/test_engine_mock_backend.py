@@ -4,7 +4,7 @@ step and replays one captured graph per batch-size bucket."""
 import pytest
 
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-from atlas_core.engine.fake_model import run_to_completion
+from atlas_core.testing.fake_model import run_to_completion
 from atlas_core.engine.model_runner import batch_buckets
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 

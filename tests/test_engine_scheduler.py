@@ -3,7 +3,7 @@
 import pytest
 
 from atlas_core.engine import SamplingParams
-from atlas_core.engine.fake_model import make_fake_engine, run_to_completion
+from atlas_core.testing.fake_model import make_fake_engine, run_to_completion
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 

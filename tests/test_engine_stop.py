@@ -3,7 +3,7 @@
 import pytest
 
 from atlas_core.engine import SamplingParams
-from atlas_core.engine.fake_model import FakeCausalLM, make_fake_engine, scripted
+from atlas_core.testing.fake_model import FakeCausalLM, make_fake_engine, scripted
 from atlas_core.engine.stop import holdback
 from atlas_core.plugins import Registry
 from atlas_core.testing.tiny_tokenizer import write_tokenizer

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-from atlas_core.engine.fake_model import run_to_completion
+from atlas_core.testing.fake_model import run_to_completion
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(120)

@@ -92,7 +92,7 @@ WRITER = textwrap.dedent("""
     import sys
     import numpy as np
     from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-    from atlas_core.engine.fake_model import run_to_completion
+    from atlas_core.testing.fake_model import run_to_completion
     engine = LLMEngine.from_args(EngineArgs(model=sys.argv[1], backend="numpy", num_kv_blocks=12,
                                             max_num_seqs=2, kv_offload_dir=sys.argv[2]))
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)

@@ -11,7 +11,8 @@ from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.tokenizer import render_chat_template
 
 TEMPLATE = real_models_dir() / "gemma-4" / "chat_template.jinja"
-needs_template = pytest.mark.skipif(not TEMPLATE.is_file(), reason="real-model fixtures not present")
+needs_template = pytest.mark.skipif(not TEMPLATE.is_file(),
+                                    reason="real-model fixtures not present")
 
 ARGUMENTS = [
     {"city": "Paris, FR", "days": 3},

@@ -88,6 +88,20 @@ SHAPES["gemma-4-26b-a4b"] = {
     "max_position_embeddings": 131072, "enable_moe_block": True, "num_experts": 128,
     "top_k_experts": 8, "moe_intermediate_size": 704}
 
+#: MiniMax-M2 / M2.5 / M2.7 (atlas-minimax) cut to 5 of its 62 layers so it fits one 80 GB GPU
+#: in bf16: 3.67B parameters (7.34 GB) a layer, 39.2 GB with the 2.46 GB embeddings and head,
+#: plus 4 KiB of KV a token a layer (batch 32 at 32k context: 20 GiB). The full model is the
+#: multi-GPU target. ``moe_intermediate_size`` is for :func:`step_bytes` only (HF's expert
+#: width is ``intermediate_size``).
+SHAPES["minimax-m2"] = {
+    "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "hidden_act": "silu",
+    "vocab_size": 200064, "hidden_size": 3072, "intermediate_size": 1536,
+    "num_hidden_layers": 5, "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+    "rotary_dim": 64, "rope_theta": 5000000.0, "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 196608, "num_local_experts": 256, "num_experts": 256,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "scoring_func": "sigmoid",
+    "use_routing_bias": True, "tie_word_embeddings": False}
+
 #: Checkpoint quantization of the quantized shapes (random codes filled on the device; the
 #: projections and expert stacks quantized, embeddings / lm_head / routers in bf16).
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",

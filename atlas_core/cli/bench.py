@@ -45,14 +45,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--context", "--prompt-len", dest="context", type=_int_list, default=[512],
                    help="comma-separated context lengths: each cell prefills prompts of this "
                         "many tokens and times decode at that context (default: 512)")
-    p.add_argument("--decode-tokens", type=int, default=64, help="tokens generated per request (default: %(default)s)")
+    p.add_argument("--decode-tokens", type=int, default=64,
+                   help="tokens generated per request (default: %(default)s)")
     p.add_argument("--max-prefill-tokens", type=int, default=None,
                    help="prefill chunk size of the engine (default: the longest context, at "
                         "most 16384)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap each decode step's host work with the previous step's device "
                         "work (default: on for backends with graphs)")
-    p.add_argument("--copy-mb", type=int, default=1024, help="MiB for the copy-bandwidth probe (default: %(default)s)")
+    p.add_argument("--copy-mb", type=int, default=1024,
+                   help="MiB for the copy-bandwidth probe (default: %(default)s)")
     p.add_argument("--bandwidth", type=float, default=None,
                    help="memory bandwidth in GB/s for the floor (default: the copy probe)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5,
@@ -70,7 +72,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--baseline-timeout", type=float, default=600.0,
                    help="seconds before a baseline is given up (recorded as an error; "
                         "default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE ('-': stdout; default: text only)")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the results as JSON to FILE ('-': stdout; default: text only)")
     p.add_argument("--csv", metavar="FILE",
                    help="write one row per engine and cell as CSV to FILE ('-': stdout; "
                         "default: none)")

@@ -14,6 +14,7 @@ from pathlib import Path
 from atlas_core import env
 from atlas_core.cli._arg_types import (add_model_arguments, non_negative_int, parse_json_object,
                                         parse_name, parse_port, parse_seconds, parse_size)
+from atlas_core.cli._serve_policies import add_policy_arguments, policy_kwargs
 
 DEMO_NAME = "atlas-demo"
 DEFAULT_HOST = "127.0.0.1"
@@ -104,6 +105,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     s.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                    help="log one line per request on stderr (default on)")
     add_agent_arguments(p)
+    add_policy_arguments(p)
     return p
 
 
@@ -185,7 +187,7 @@ def engine_args(args):
             revision=args.revision, async_scheduling=args.async_scheduling,
             kv_host_gb=args.kv_host_gb, kv_offload_dir=args.kv_offload_dir,
             kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage,
-            dequantize_weights=args.dequantize_weights)
+            dequantize_weights=args.dequantize_weights, **policy_kwargs(args))
         if eargs.kv_offload_dir:
             from atlas_core.engine.kv_tier_setup import check_offload_dir
             check_offload_dir(eargs.kv_offload_dir)

@@ -42,6 +42,18 @@ class EngineArgs:
             posix).
         dequantize_weights: load quantized (FP8 / NVFP4) weights dequantized to the model
             dtype instead of keeping them quantized (for backends or formats without kernels).
+        scheduling_policy: ``fifo`` or ``slo`` (alias ``slai``): see
+            :mod:`atlas_core.engine.scheduling_policy`.
+        tbt_deadline_ms: ``slo``: target milliseconds between two tokens of a stream.
+        admission_age_cap_ms: ``slo``: a prompt waiting longer than this is admitted before
+            shorter ones (the fairness bound of shortest-first admission).
+        sampling_presets: JSON file of per-mode sampling presets (see
+            :mod:`atlas_core.engine.sampling_presets`).
+        max_identical_tool_calls, max_tool_calls, reasoning_loop_guard: agent-loop guard
+            defaults for tool-using requests (see :mod:`atlas_core.engine.agent_guards`;
+            ``0`` / ``False`` switch one off).
+        scrub_tool_markup: the server removes leaked tool-call markup from the content of
+            tool-using requests (:mod:`atlas_core.parsers.markup_scrub`).
     """
 
     model: str | None = None
@@ -68,6 +80,14 @@ class EngineArgs:
     kv_offload_gb: float = 64.0
     kv_storage: str = "auto"
     dequantize_weights: bool = False
+    scheduling_policy: str = "fifo"
+    tbt_deadline_ms: float = 50.0
+    admission_age_cap_ms: float = 2000.0
+    sampling_presets: str | None = None
+    max_identical_tool_calls: int = 3
+    max_tool_calls: int = 64
+    reasoning_loop_guard: bool = True
+    scrub_tool_markup: bool = True
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")
@@ -86,11 +106,20 @@ class EngineArgs:
                              f"{self.gpu_memory_utilization!r}")
         if self.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "float8_e4m3fn"):
             raise ValueError(f"kv_cache_dtype must be auto, bf16 or fp8, got {self.kv_cache_dtype!r}")
+        for name in ("max_identical_tool_calls", "max_tool_calls"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0 (0: off), got {getattr(self, name)!r}")
         for name in ("kv_host_gb", "kv_offload_gb"):
             if not float(getattr(self, name)) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.max_batch_size is None:
             self.max_batch_size = self.max_num_seqs
+        from atlas_core.engine.scheduling_policy import create_scheduling_policy
+        create_scheduling_policy(self.scheduling_policy, self.tbt_deadline_ms,
+                                 self.admission_age_cap_ms)
+        if self.sampling_presets:
+            from atlas_core.engine.sampling_presets import read_presets_file
+            read_presets_file(self.sampling_presets)
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any, Callable
 
+from atlas_core.engine.agent_guards import AgentGuards
 from atlas_core.engine.args import EngineArgs
 from atlas_core.engine.block_manager import BlockManager
 from atlas_core.engine.kv_sizing import plan_kv_cache
@@ -14,9 +15,12 @@ from atlas_core.engine.kv_tier_setup import create_kv_tiers, with_tier_stats
 from atlas_core.engine.model_runner import ModelRunner, PendingStep
 from atlas_core.engine.overlap import OverlapPolicy
 from atlas_core.engine.outputs import EngineStats, RequestMetrics, RequestOutput
+from atlas_core.engine.request_checks import check_request
 from atlas_core.engine.sampler import LogitsRow
 from atlas_core.engine.sampling_params import SamplingParams
+from atlas_core.engine.sampling_presets import defaults_for, model_presets
 from atlas_core.engine.scheduler import Scheduler, SchedulerOutput
+from atlas_core.engine.scheduling_policy import create_scheduling_policy
 from atlas_core.engine.sequence import Sequence, SequenceGroup
 from atlas_core.engine.state_cache import StateCache
 from atlas_core.engine.step_timing import DecodeStepTimer
@@ -68,8 +72,10 @@ class LLMEngine:
         kv = self.kv_config
         self.state_cache = (StateCache(kv.num_state_slots, kv.num_state_snapshots)
                             if kv.num_state_slots else None)
+        policy = create_scheduling_policy(args.scheduling_policy, args.tbt_deadline_ms,
+                                          args.admission_age_cap_ms)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_batch_size,
-                                   args.max_prefill_tokens, self.state_cache)
+                                   args.max_prefill_tokens, self.state_cache, policy)
         self.runner = ModelRunner(model, backend, self.kv_config, args.max_batch_size,
                                   args.max_prefill_tokens, self.max_seq_len)
         self.kv_tiers = create_kv_tiers(args, model, self.runner, self.scheduler)
@@ -85,6 +91,10 @@ class LLMEngine:
         top_k = self.generation_defaults.get("top_k")
         if isinstance(top_k, int) and top_k > model.vocab_size:
             self.generation_defaults["top_k"] = 0  # keeping every token is what it asks for
+        self.generation_defaults["presets"] = model_presets(model, args.sampling_presets)
+        self.runner.sampler.encode = tokenizer.encode if tokenizer is not None else None
+        self.agent_guards = AgentGuards(args.max_identical_tool_calls, args.max_tool_calls,
+                                        args.reasoning_loop_guard)
         self.thinking = ThinkingBudgets()
         self.guided = GuidedSequences(tokenizer, model.vocab_size)
         self.groups: dict[str, SequenceGroup] = {}
@@ -110,12 +120,11 @@ class LLMEngine:
         return cls(parts.model, parts.backend, args, tokenizer=parts.tokenizer,
                    generation_defaults=parts.generation_defaults)
 
-    def default_sampling_params(self, **overrides: Any) -> SamplingParams:
-        """SamplingParams with the model's generation_config defaults, then ``overrides``."""
-        kwargs = {k: v for k, v in self.generation_defaults.items()
-                  if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
-        kwargs.update(overrides)
-        return SamplingParams(**kwargs)
+    def default_sampling_params(self, mode: str | None = None, **overrides: Any) -> SamplingParams:
+        """SamplingParams with the model's generation_config defaults, the preset of ``mode``
+        (:mod:`~atlas_core.engine.sampling_presets`), then ``overrides``."""
+        d = self.generation_defaults
+        return SamplingParams(**{**defaults_for(d, d["presets"], mode), **overrides})
 
     # Requests
 
@@ -150,24 +159,9 @@ class LLMEngine:
 
     def validate_request(self, prompt: list[int], params: SamplingParams) -> None:
         """Raise ``ValueError`` (one line, how to fix it) when the request cannot be served."""
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("the prompt is empty; give at least one token")
-        vocab = self.model.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad[:3]}")
-        params.validate_vocab(vocab)
-        self.guided.check(params)
-        if params.stop and self.stop_checker.detokenizer_factory is None:
-            raise ValueError("stop strings need a tokenizer; this engine has none (use stop_token_ids)")
-        limit = self.max_seq_len
-        want = len(prompt) + (params.max_tokens or 1)
-        if want > limit:
-            raise ValueError(
-                f"this engine's maximum context length is {limit} tokens, but the request needs "
-                f"{want} ({len(prompt)} in the prompt, {params.max_tokens or 1} to generate); "
-                "shorten the prompt or lower max_tokens")
+        check_request([int(t) for t in prompt], params, vocab_size=self.model.vocab_size,
+                      guided=self.guided, max_seq_len=self.max_seq_len,
+                      has_detokenizer=self.stop_checker.detokenizer_factory is not None)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its KV blocks; returns its final output (None if unknown)."""
@@ -363,11 +357,14 @@ class LLMEngine:
         self.stop_checker.append(seq, token_id)
         if seq.finish_reason is None and self.guided.accept(seq, token_id):
             self.stop_checker.finish(seq)
+        if seq.finish_reason is None and seq.params.agent_guards is not None:
+            self.agent_guards.apply(seq, self.stop_checker)
         self._stats.num_generation_tokens += 1
         if seq.finish_reason is not None:
             self.scheduler.finish(seq)
             self.thinking.forget(seq)
             self.guided.forget(seq)
+            self.agent_guards.forget(seq)
 
     def _release_pending(self, sched: SchedulerOutput) -> None:
         # Siblings of an n > 1 request start once the first has cached the prompt's blocks.

@@ -24,7 +24,7 @@ from atlas_core.engine.sampler import LogitsRow, Sampler
 from atlas_core.engine.scheduler import SchedulerOutput
 from atlas_core.interfaces.gpu_backend import HostRead
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
-from atlas_core.model.metadata import StepMetadata
+from atlas_core.interfaces.metadata import StepMetadata
 from atlas_core.ops._dtypes import as_dtype
 
 _I32_FIELDS = ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "seq_lens",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from atlas_core.engine.agent_guards import AgentGuardParams
 from atlas_core.guided.params import GuidedDecodingParams
 
 #: The most top logprobs a request may ask for per token.
@@ -78,6 +79,8 @@ class SamplingParams:
             but the least likely is removed.
         top_n_sigma: keep tokens within ``n`` standard deviations of the top logit (``0`` or
             ``-1`` is off).
+        agent_guards: loop guards of a tool-using request
+            (:class:`~atlas_core.engine.agent_guards.AgentGuardParams`; the server sets them).
         priority: scheduling priority under ``--scheduling-policy slo`` (vLLM's field: lower
             values are served first; default 0).
         guided: constrain the output to a JSON schema, regex, grammar or tool call
@@ -119,6 +122,7 @@ class SamplingParams:
     xtc_probability: float = 0.0
     top_n_sigma: float = 0.0
     priority: int = 0
+    agent_guards: AgentGuardParams | None = None
     guided: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:

@@ -115,8 +115,8 @@ class Scheduler:
         budget = self.policy.prefill_budget(self.max_prefill_tokens, self.running, now)
         budget = self._schedule_running(out, budget, now)
         if not out.preempted:
-            if len(self.waiting) > 1:
-                ordered = self.policy.order_waiting(self.waiting, now)
+            ordered = self.policy.order_waiting(self.waiting, now) if len(self.waiting) > 1 else None
+            if ordered is not None:
                 self.waiting.clear()
                 self.waiting.extend(ordered)
             self._admit_waiting(out, budget)

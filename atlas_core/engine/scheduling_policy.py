@@ -24,10 +24,15 @@ from atlas_core.engine.sequence import Sequence
 POLICY_NAMES = {"fifo": "fifo", "slo": "slo", "slai": "slo"}
 #: Fewest prefill tokens an slo step computes, so long prompts always advance.
 MIN_PREFILL_CHUNK = 64
+#: Measured step times above this multiple of the predicted one are idle gaps, not costs.
+OUTLIER_FACTOR = 10.0
 
 
 class StepCostModel:
     """Seconds per step as ``base + per_token * num_tokens``, least squares over recent steps.
+
+    A step taking more than :data:`OUTLIER_FACTOR` times the prediction is not a step cost
+    (the engine sat idle between two steps) and is left out.
 
     Args:
         window: steps kept for the fit.
@@ -37,8 +42,12 @@ class StepCostModel:
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
 
     def observe(self, num_tokens: int, seconds: float) -> None:
-        if num_tokens > 0 and seconds >= 0:
-            self.samples.append((num_tokens, seconds))
+        if num_tokens <= 0 or seconds < 0:
+            return
+        coef = self.fit()
+        if coef is not None and seconds > OUTLIER_FACTOR * (coef[0] + coef[1] * num_tokens):
+            return
+        self.samples.append((num_tokens, seconds))
 
     def fit(self) -> tuple[float, float] | None:
         """``(base, per_token)`` seconds, or ``None`` before any step was measured."""
@@ -73,9 +82,9 @@ class SchedulingPolicy:
         """Running sequences in the order they are offered a batch row."""
         return order
 
-    def order_waiting(self, waiting: Iterable[Sequence], now: float) -> list[Sequence]:
-        """Waiting sequences in the order they are admitted."""
-        return list(waiting)
+    def order_waiting(self, waiting: Iterable[Sequence], now: float) -> list[Sequence] | None:
+        """Waiting sequences in the order they are admitted (``None``: keep the queue's)."""
+        return None
 
     def prefill_budget(self, budget: int, running: list[Sequence], now: float) -> int:
         """Prefill tokens this step may compute (``budget``: ``max_prefill_tokens``)."""
@@ -134,9 +143,11 @@ class SloPolicy(SchedulingPolicy):
 
         def key(seq: Sequence):
             age = now - self.arrival[seq.seq_id]
-            if seq.output_token_ids or age >= self.age_cap_s:
-                return 0, -age, 0, 0
-            return 1, seq.params.priority, len(seq), self.arrival[seq.seq_id]
+            if seq.output_token_ids:
+                return 0, 0, 0, 0
+            if age >= self.age_cap_s:
+                return 1, -age, 0, 0
+            return 2, seq.params.priority, len(seq), self.arrival[seq.seq_id]
         return sorted(seqs, key=key)
 
     def prefill_budget(self, budget, running, now):

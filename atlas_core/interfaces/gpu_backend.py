@@ -64,9 +64,9 @@ class GpuBackend(ABC):
     along the first axis (``a[i:j]``) returning a view. Host data enters with
     :meth:`from_host` / :meth:`copy_from_host` and leaves with :meth:`to_host`.
 
-    Ops live on ``self.ops``: an object with one method per op name in
-    :data:`atlas_core.ops.OP_NAMES`, with the signature and semantics of the NumPy reference of
-    the same name in :mod:`atlas_core.ops.reference`. Ops return newly produced arrays taken from
+    Ops live on ``self.ops``: the op table built from the registered op specs
+    (:mod:`atlas_core.ops.registry`), one method per op with the signature and semantics of its
+    NumPy reference. Ops return newly produced arrays taken from
     the backend's step workspace (see :meth:`reset_workspace`); ops documented as in-place write
     into the arrays passed to them.
 
@@ -75,6 +75,9 @@ class GpuBackend(ABC):
 
     name: str = "abstract"
     ops: Any
+    #: Optional. Quantized weight formats (:data:`atlas_core.ops.quant.FORMATS`) this backend
+    #: keeps on the device and computes with; the loader dequantizes any other at load.
+    quantized_weight_formats: frozenset = frozenset()
 
     @abstractmethod
     def device_info(self) -> DeviceInfo:

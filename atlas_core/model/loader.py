@@ -21,7 +21,9 @@ KNOWN_FAMILIES = {
                     "MistralForCausalLM"),
     "atlas-qwen35": ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                      "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"),
-    "atlas-gemma4": ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),
+    "atlas-gemma4": ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "Gemma3ForCausalLM",
+                     "Gemma3ForConditionalGeneration"),
+    "atlas-minimax": ("MiniMaxM2ForCausalLM",),
 }
 
 # Fields a multimodal wrapper keeps at the top level that the text model needs.

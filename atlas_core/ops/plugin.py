@@ -51,9 +51,12 @@ CORE_OPS = (
     _spec("topk", "sampling", cases=None),
     _spec("apply_penalties", "sampling", cases=None),
     _spec("sample", "sampling", cases=None),
-    _spec("apply_dry", "logits_filters", cases=None),
-    _spec("apply_xtc", "logits_filters", cases=None),
-    _spec("apply_top_n_sigma", "logits_filters", cases=None),
+    _spec("apply_dry", "logits_filters",
+          cases="atlas_core.testing.logits_filter_cases:apply_dry_cases"),
+    _spec("apply_xtc", "logits_filters",
+          cases="atlas_core.testing.logits_filter_cases:apply_xtc_cases"),
+    _spec("apply_top_n_sigma", "logits_filters",
+          cases="atlas_core.testing.logits_filter_cases:apply_top_n_sigma_cases"),
     _spec("apply_token_bitmask", "guided", cases=None),
 )
 

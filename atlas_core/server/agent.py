@@ -15,9 +15,10 @@ from typing import Any
 from atlas_core.guided import guided_from_openai, guided_from_vllm
 from atlas_core.guided.vllm import VLLM_FIELDS
 from atlas_core.parsers import prompt_opens_reasoning
+from atlas_core.server.agent_guards import attach_guards
 from atlas_core.server.errors import APIError
 from atlas_core.server.prompts import render_prompt
-from atlas_core.server.sampling import make_params
+from atlas_core.server.sampling import make_params, sampling_mode
 from atlas_core.server.shaping import ParsePlan
 from atlas_core.server.thinking import ThinkingRequest, budget_params, resolve_thinking
 from atlas_core.server.tools import ToolChoice
@@ -205,6 +206,8 @@ def plan_chat(state, req: ChatRequest) -> ChatPlan:
         fields["skip_special_tokens"] = False
     if guided is not None:
         fields["guided"] = guided
-    params = make_params(fields, state.generation_defaults, req.n)
-    parse = ParsePlan(tool_cls, offered, reasoning_cls, opens, req.parallel_tool_calls)
+    scrub = attach_guards(state, fields, tool_cls, offered, reasoning_cls, opens)
+    mode = sampling_mode(state, req, offered, reasoner, opens, guided)
+    params = make_params(fields, state.generation_defaults, req.n, mode)
+    parse = ParsePlan(tool_cls, offered, reasoning_cls, opens, req.parallel_tool_calls, scrub)
     return ChatPlan(text, ids, params, parse)

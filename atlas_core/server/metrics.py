@@ -12,6 +12,9 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from atlas_core.engine.agent_guards import GUARD_NAMES
+from atlas_core.parsers.markup_scrub import num_scrubbed
+
 CONTENT_TYPE = "text/plain; version=0.0.4"  # litestar appends "; charset=utf-8"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    120.0, 300.0)
@@ -110,6 +113,13 @@ def _kv_tier_metrics(tiers):
         yield family
 
 
+class _ScrubCollector:
+    def collect(self):
+        yield CounterMetricFamily("atlas_tool_markup_scrubbed",
+                                  "Tool-call markup fragments removed from content (process)",
+                                  value=num_scrubbed())
+
+
 class Metrics:
     """The metrics of one app. ``get_stats`` returns ``engine.stats()`` or ``None``."""
 
@@ -129,7 +139,13 @@ class Metrics:
                               buckets=TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("atlas_e2e_request_latency_seconds", "End-to-end request latency",
                              buckets=LATENCY_BUCKETS, registry=r)
+        self.guard_stops = Counter("atlas_agent_guard_stops",
+                                   "Generations stopped by an agent-loop guard", ["guard"],
+                                   registry=r)
+        for name in GUARD_NAMES:
+            self.guard_stops.labels(guard=name)
         r.register(_EngineCollector(get_stats))
+        r.register(_ScrubCollector())
 
     def on_first_token(self, stream, choice) -> None:
         self.ttft.observe(choice.first_token_time - stream.start_time)
@@ -139,6 +155,9 @@ class Metrics:
         self.e2e.observe(now - stream.start_time)
         self.prompt_tokens.inc(len(choice.prompt_ids))
         self.generation_tokens.inc(len(choice.token_ids))
+        reason = choice.stop_reason
+        if isinstance(reason, str) and reason.startswith("agent_guard:"):
+            self.guard_stops.labels(guard=reason.split(":", 1)[1]).inc()
         if choice.first_token_time is not None and len(choice.token_ids) > 1:
             self.tpot.observe((now - choice.first_token_time) / (len(choice.token_ids) - 1))
 

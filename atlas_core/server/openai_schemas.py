@@ -74,6 +74,10 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     xtc_probability: float | None = None
     top_n_sigma: float | None = None
     priority: int = 0
+    max_identical_tool_calls: int | None = None
+    max_tool_calls: int | None = None
+    reasoning_loop_guard: bool | None = None
+    scrub_tool_markup: bool | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -38,8 +38,11 @@ def json_response(payload: Any, status: int = 200) -> Response:
 
 
 def _model_card(state, name: str) -> dict[str, Any]:
+    defaults = dict(state.generation_defaults)
+    presets = defaults.pop("presets", None) or {}
     return {"id": name, "object": "model", "created": state.created, "owned_by": "atlas",
-            "root": state.config.model_name, "parent": None, "max_model_len": state.max_seq_len}
+            "root": state.config.model_name, "parent": None, "max_model_len": state.max_seq_len,
+            "sampling_defaults": defaults, "sampling_presets": presets}
 
 
 @get("/v1/models")

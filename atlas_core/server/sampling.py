@@ -8,7 +8,6 @@ from typing import Any
 from atlas_core.server.errors import APIError
 
 _FIELD = re.compile(r"^(\w+) must be")
-DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                    "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
                    "skip_special_tokens", "include_stop_str_in_output", "dry_multiplier",
@@ -38,8 +37,9 @@ def logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def sampling_kwargs(req: Any, **extra: Any) -> dict[str, Any]:
-    """Sampling fields a request set (unset fields keep the model's defaults)."""
-    kwargs = {name: getattr(req, name) for name in SAMPLING_FIELDS
+    """Sampling and agent-guard fields a request set (unset fields keep the model's defaults)."""
+    from atlas_core.server.agent_guards import GUARD_FIELDS
+    kwargs = {name: getattr(req, name) for name in SAMPLING_FIELDS + GUARD_FIELDS
               if getattr(req, name, None) is not None}
     return {**kwargs, **{k: v for k, v in extra.items() if v is not None}}
 
@@ -51,19 +51,40 @@ def invalid_param(exc: Exception, prefix: str = "") -> APIError:
     return APIError(400, f"{prefix}{exc}", param=match.group(1) if match else None)
 
 
-def make_params(kwargs: dict[str, Any], defaults: dict[str, Any] | None = None, n: int = 1):
+def make_params(kwargs: dict[str, Any], defaults: dict[str, Any] | None = None, n: int = 1,
+                mode: str | None = None):
     """An engine ``SamplingParams``; its ``ValueError`` becomes a 400 naming the field.
 
     Args:
         kwargs: fields the request set.
-        defaults: the model's generation defaults, for fields the request left unset.
+        defaults: the model's generation defaults (with their per-mode ``presets``), for
+            fields the request left unset.
         n: completions of the prompt (the engine gives each its own random stream).
+        mode: the request's preset mode (``thinking``, ``non_thinking``, ``tool_calls``).
     """
     from atlas_core.engine import SamplingParams
+    from atlas_core.engine.sampling_presets import defaults_for
+    from atlas_core.server.agent_guards import GUARD_FIELDS
 
-    defaults = {k: v for k, v in (defaults or {}).items() if k in DEFAULTABLE}
+    defaults = defaults_for(defaults or {}, (defaults or {}).get("presets") or {}, mode)
+    kwargs = {k: v for k, v in kwargs.items() if k not in GUARD_FIELDS}
     merged = {**defaults, **kwargs, "n": n}
     try:
         return SamplingParams(**merged)
     except (ValueError, TypeError) as exc:
         raise invalid_param(exc, "invalid sampling parameter: ") from None
+
+
+def sampling_mode(state: Any, req: Any, offered: Any, reasoner: Any, opens: bool,
+                  guided: Any) -> str:
+    """The preset mode of a chat request: ``tool_calls`` when tools are offered, ``thinking``
+    when its output starts in (or may open) a think block, else ``non_thinking``."""
+    from atlas_core.server.thinking import resolve_thinking
+    if offered:
+        return "tool_calls"
+    if opens:
+        return "thinking"
+    if reasoner is None or guided is not None:
+        return "non_thinking"
+    kwargs, _ = resolve_thinking(state.config, req.thinking, req.template_kwargs)
+    return "non_thinking" if kwargs.get("enable_thinking") is False else "thinking"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atlas_core.parsers import OutputParser, ParserEvents, ToolCall
+from atlas_core.parsers.markup_scrub import MarkupScrubber
 
 
 @dataclass
@@ -24,6 +25,8 @@ class ParsePlan:
         reasoning_parser: a ``ReasoningParser`` class, or None.
         in_reasoning: the prompt opened the think block (output starts inside it).
         parallel_tool_calls: keep every call; when false only the first is kept.
+        scrub_markup: remove leaked tool-call markup from the content
+            (:mod:`atlas_core.parsers.markup_scrub`).
     """
 
     tool_parser: type | None = None
@@ -31,6 +34,7 @@ class ParsePlan:
     reasoning_parser: type | None = None
     in_reasoning: bool = False
     parallel_tool_calls: bool = True
+    scrub_markup: bool = False
 
 
 @dataclass
@@ -54,6 +58,7 @@ class OutputShaper:
         tools = plan.tool_parser(plan.tools) if plan.tool_parser else None
         self._parser = OutputParser(reasoning, tools) if reasoning or tools else None
         self._calls: dict[int, ToolCall] = {}
+        self._scrubber = MarkupScrubber() if plan.scrub_markup else None
 
     def feed(self, text: str) -> ParserEvents:
         """The pieces of ``text`` that are certain now."""
@@ -63,9 +68,10 @@ class OutputShaper:
 
     def finish(self) -> ParserEvents:
         """End of output: whatever was held back (an unfinished call comes back as content)."""
-        if self._parser is None:
+        if self._parser is None and self._scrubber is None:
             return ParserEvents()
-        return self._keep(self._parser.finish())
+        events = self._parser.finish() if self._parser is not None else ParserEvents()
+        return self._keep(events, final=True)
 
     def feed_all(self, text: str) -> ParserEvents:
         """``feed(text)`` then ``finish()`` merged (a whole non-streamed output)."""
@@ -74,7 +80,10 @@ class OutputShaper:
         return ParserEvents(events.content + tail.content, events.reasoning + tail.reasoning,
                             events.tool_calls + tail.tool_calls)
 
-    def _keep(self, events: ParserEvents) -> ParserEvents:
+    def _keep(self, events: ParserEvents, final: bool = False) -> ParserEvents:
+        if self._scrubber is not None:
+            events.content = self._scrubber.feed(events.content) + (
+                self._scrubber.finish() if final else "")
         if not self.plan.parallel_tool_calls:
             events.tool_calls = [d for d in events.tool_calls if d.index == 0]
         self.reasoning += events.reasoning

@@ -11,7 +11,7 @@ import numpy as np
 
 from atlas_core.api import DeviceInfo, GpuBackend, Graph, HostRead, env
 from atlas_core.api import OpRegistry
-from atlas_core.ops.quant import FORMATS as QUANT_FORMATS
+from atlas_core.api import QUANT_FORMATS
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext
 from atlas_cuda.driver import DeviceAllocation, check, drv
@@ -83,8 +83,9 @@ class CudaBackend(GpuBackend):
     """
 
     name = "cuda"
-    #: Quantized weights stay in their format on the device (``atlas_cuda.ops_quant``).
-    quantized_weight_formats = frozenset(QUANT_FORMATS)
+    #: Quantized weight formats kept on the device (``atlas_cuda.ops_quant``): all of them with
+    #: the policy's ``quant_weights``, else none (the loader dequantizes at load).
+    quantized_weight_formats: frozenset = frozenset()
 
     def __init__(self, device_id: int = 0, workspace_bytes: int | None = None,
                  model: str | None = None, quant: str | None = None,
@@ -103,6 +104,8 @@ class CudaBackend(GpuBackend):
         self.target = pick_target(self.capability)
         self.kernels = self._library(model, quant)
         self.policy = policy or target_policy(self.target, model, quant)
+        self.quantized_weight_formats = (frozenset(QUANT_FORMATS) if self.policy.quant_weights
+                                         else frozenset())
         log.info("cuda kernel policy (%s target): %s", self.target.name, self.policy.summary())
         self.staging = StagingRing()
         # Step inputs: enough small slots that one step's uploads never wait for a slot whose
@@ -146,6 +149,8 @@ class CudaBackend(GpuBackend):
         """Replace the kernel policy (tests and A/B timing; see :meth:`OpContext.set_policy`)."""
         self.policy = policy
         self.ctx.set_policy(policy)
+        self.quantized_weight_formats = (frozenset(QUANT_FORMATS) if policy.quant_weights
+                                         else frozenset())
         log.info("cuda kernel policy now: %s", policy.summary())
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_core.api import float8_e4m3fn
-from atlas_core.ops.attention import compose_rope_cache_attention
+from atlas_core.api import compose_rope_cache_attention
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import COUNTERS, OpContext
 from atlas_cuda.kernels_loader import variant_of

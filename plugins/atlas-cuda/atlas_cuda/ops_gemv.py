@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_core.ops.norm import compose_rms_norm_linear
+from atlas_core.api import compose_rms_norm_linear
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_quant import QuantOps, QuantizedWeight

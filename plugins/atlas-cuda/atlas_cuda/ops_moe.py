@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 import math
-from atlas_core.ops.moe import compose_moe_block, compose_rms_norm_moe_block
+from atlas_core.api import compose_moe_block, compose_rms_norm_moe_block
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext, need_vec
 from atlas_cuda.kernels_loader import variant_of

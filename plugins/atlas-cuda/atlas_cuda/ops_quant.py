@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.ops.norm import compose_rms_norm_linear
-from atlas_core.ops.quant import QuantizedWeight
+from atlas_core.api import compose_rms_norm_linear
+from atlas_core.api import QuantizedWeight
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.memory import require_eager

@@ -51,6 +51,10 @@ KNOBS = (
          "gated_delta_rule_chunked kernels: auto, chunked or sequential"),
     Knob("gdn_decode", "ATLAS_CUDA_GDN_DECODE", ("auto", "split", "head"),
          "recurrent step kernel of the fused GDN decode: auto, split or head"),
+    Knob("quant_weights", "ATLAS_CUDA_QUANT_WEIGHTS", None,
+         "keep FP8 / NVFP4 checkpoint weights quantized on the device (W8A16 / W4A16 kernels, "
+         "atlas_cuda.ops_quant); off until they have run on a GPU: such checkpoints are "
+         "dequantized to the activation dtype at load"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 
@@ -73,6 +77,7 @@ class KernelPolicy:
     gdn_fused: bool = True
     gdn_prefill: str = "auto"
     gdn_decode: str = "auto"
+    quant_weights: bool = False
     origins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def describe(self) -> list[tuple[str, str, str, str]]:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.ops.moe import compose_moe_block, compose_rms_norm_moe_block
-from atlas_core.ops.quant import QuantizedWeight
+from atlas_core.api import compose_moe_block, compose_rms_norm_moe_block
+from atlas_core.api import QuantizedWeight
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_quant import ELEMS, QuantOps, fp8_scale_args, kernel_operands

@@ -47,7 +47,7 @@ def test_copy_many_batches_host_and_device_sources(cuda_backend, big):
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    from atlas_core.plugins import Registry
+    from atlas_core.api import Registry
     from atlas_core.testing.checkpoints import write_tiny_checkpoint
 
     registry = Registry()
@@ -60,8 +60,8 @@ def paths(tmp_path_factory):
 
 
 def _run(path, flag, threaded=False):
-    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-    from atlas_core.engine.fake_model import run_to_completion
+    from atlas_core.api import EngineArgs, LLMEngine, SamplingParams
+    from atlas_core.testing.fake_model import run_to_completion
 
     engine = LLMEngine.from_args(EngineArgs(model=str(path), backend="cuda", num_kv_blocks=64,
                                             max_num_seqs=4, block_size=8,

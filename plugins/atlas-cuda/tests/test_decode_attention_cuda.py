@@ -5,8 +5,8 @@ batch 1..8, GQA groups 1..8, bf16 and fp8 KV, CUDA graph replay with changing co
 import numpy as np
 import pytest
 
-from atlas_core.ops import reference as ref
-from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
+from atlas_core.api import reference as ref
+from atlas_core.api import bfloat16, float8_e4m3fn
 
 from cuda_probe import HAS_GPU, device_rel_error
 
@@ -152,7 +152,7 @@ def rope_case(batch, h, kh, d, max_ctx, cache_dtype=bfloat16, rot=None, norm_dty
 def run_rope(be, args, kw, kv_scale=1.0, dev_caches=None, split=False):
     """``rope_cache_attention`` on the device; ``split``: its two-op composition (the rope
     prologue, then decode attention) instead of the fused decode kernel."""
-    from atlas_core.ops.attention import compose_rope_cache_attention
+    from atlas_core.api import compose_rope_cache_attention
 
     qkv, pos, cs, kc, vc, slots, bt, sl, cu = args
     dk, dv = dev_caches or (be.from_host(kc), be.from_host(vc))

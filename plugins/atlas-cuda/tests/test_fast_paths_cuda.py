@@ -4,8 +4,8 @@ vs the mma.sync GEMM (M > 8), the tensor-core flash attention vs the CUDA-core k
 import numpy as np
 import pytest
 
-from atlas_core.ops import reference as ref
-from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
+from atlas_core.api import reference as ref
+from atlas_core.api import bfloat16, float8_e4m3fn
 from cuda_probe import device_rel_error as rel
 
 pytestmark = pytest.mark.gpu

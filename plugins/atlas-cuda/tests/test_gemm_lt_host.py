@@ -56,7 +56,7 @@ def gemm(monkeypatch):
 
 def arr(ptr, shape):
     from atlas_cuda.array import DeviceArray
-    from atlas_core.ops._dtypes import bfloat16
+    from atlas_core.api import bfloat16
     return DeviceArray(ptr, shape, bfloat16)
 
 

@@ -5,8 +5,8 @@ The 8-load ``gemv_fused.cu`` variants measured slower and were removed (docs/ben
 import numpy as np
 import pytest
 
-from atlas_core.ops import reference as ref
-from atlas_core.ops._dtypes import bfloat16
+from atlas_core.api import reference as ref
+from atlas_core.api import bfloat16
 from cuda_probe import device_rel_error as rel
 
 pytestmark = pytest.mark.gpu

@@ -6,9 +6,9 @@ gated activation, on K that end mid-chunk."""
 import numpy as np
 import pytest
 
-from atlas_core.ops import reference as ref
-from atlas_core.ops._dtypes import bfloat16
-from atlas_core.ops.norm import compose_rms_norm_linear
+from atlas_core.api import reference as ref
+from atlas_core.api import bfloat16
+from atlas_core.api import compose_rms_norm_linear
 from cuda_probe import rel_error as rel
 
 pytestmark = pytest.mark.gpu

@@ -12,8 +12,8 @@ from cuda_probe import HAS_GPU
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from atlas_core.model import load_model  # noqa: E402
-from atlas_core.plugins import Registry, make_plugin_manager  # noqa: E402
+from atlas_core.api import load_model  # noqa: E402
+from atlas_core.api import Registry, make_plugin_manager  # noqa: E402
 from atlas_core.testing.checkpoints import write_tiny_checkpoint  # noqa: E402
 from atlas_core.testing.forward import ForwardRunner  # noqa: E402
 

@@ -6,8 +6,8 @@ import functools
 import numpy as np
 import pytest
 
-from atlas_core.ops import reference as ref
-from atlas_core.ops._dtypes import bfloat16
+from atlas_core.api import reference as ref
+from atlas_core.api import bfloat16
 
 pytestmark = pytest.mark.gpu
 
@@ -188,7 +188,7 @@ def test_fused_moe_block_replays_in_a_graph(cuda_backend, use_policy, t, inter):
     (12, 16, 2, 128, 48, 32, True, False)])
 def test_rms_norm_moe_block(cuda_backend, use_policy, path, t, e, k, hidden, inter, shared,
                             residual, zc):
-    from atlas_core.ops.moe import compose_rms_norm_moe_block
+    from atlas_core.api import compose_rms_norm_moe_block
 
     use_policy(moe_fused="1" if path == "1" else "auto")
     be = cuda_backend

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from atlas_core.ops import reference as ref
-from atlas_core.ops._dtypes import bfloat16
+from atlas_core.api import reference as ref
+from atlas_core.api import bfloat16
 
 pytestmark = pytest.mark.gpu
 rng = np.random.default_rng(0)

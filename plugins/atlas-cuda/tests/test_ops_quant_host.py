@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from atlas_core.api import OpRegistry, bfloat16, float8_e4m3fn
-from atlas_core.ops.quant import E2M1_LUT, QuantizedWeight, dequantize, layout, quantize
+from atlas_core.api import E2M1_LUT, QuantizedWeight, dequantize, quantize
+from atlas_core.api import quant_layout as layout
 from atlas_cuda.ops import build_op_table
 from atlas_cuda.ops_moe import MoeOps
 from atlas_cuda.ops_quant import fp8_scale_args, gemv_splits

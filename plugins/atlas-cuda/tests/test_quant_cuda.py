@@ -7,7 +7,7 @@ import pytest
 
 from atlas_core.api import bfloat16, float8_e4m3fn
 from atlas_core.api import reference as ref
-from atlas_core.ops.quant import QuantizedWeight, quantize
+from atlas_core.api import QuantizedWeight, quantize
 from cuda_probe import device_rel_error as rel
 
 pytestmark = pytest.mark.gpu

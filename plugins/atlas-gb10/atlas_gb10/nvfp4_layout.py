@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.ops.quant import E2M1_LUT
+from atlas_core.api import E2M1_LUT
 
 #: K elements of one MMA (a slab): 8 words per row, 4 group scales of 16.
 SLAB = 64
@@ -131,7 +131,7 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     [M, K/16] (row-major; swizzle for the MMA), row scales float32 [M])``: groups scaled to
     amax / 6 under the row's amax / (6 * 448); codes rounded to the nearest E2M1 value, ties
     to the larger magnitude (the kernel's comparisons)."""
-    from atlas_core.ops.quant import fp8_codes
+    from atlas_core.api import fp8_codes
     x = np.asarray(x, dtype=np.float32)
     m, k = x.shape
     amax = np.abs(x).max(axis=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_core.ops.quant import dequantize, quantize, unpack_e2m1
+from atlas_core.api import dequantize, quantize, unpack_e2m1
 from atlas_gb10 import nvfp4_layout as lay
 
 rng = np.random.default_rng(7)

@@ -1,1 +1,1 @@
-"""Atlas plugin: Gemma-4 text models (entry point ``gemma4`` in group ``atlas``)."""
+"""Atlas plugin: Gemma-4 and Gemma-3 text models (entry point ``gemma4`` in group ``atlas``)."""

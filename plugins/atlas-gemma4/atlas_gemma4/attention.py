@@ -13,19 +13,20 @@ from atlas_core.api import KVCacheSpec, Module, StepMetadata, TransformerLayer
 def gemma4_cos_sin_cache(head_dim: int, max_position: int, rope: dict[str, Any]) -> np.ndarray:
     """Rotary table ``[max_position, head_dim]`` (cos half, sin half) over the whole head.
 
-    ``default`` rope rotates every pair; ``proportional`` (full-attention layers) rotates the
+    ``default`` rope rotates every pair (``linear``: frequencies divided by ``factor``);
+    ``proportional`` (full-attention layers) rotates the
     first ``int(partial_rotary_factor * head_dim // 2)`` frequencies of the ``head_dim`` spectrum
     and leaves the other pairs unrotated (zero frequency), as HF's proportional rope does.
     """
     rope_type = rope.get("rope_type", "default")
     base = np.float32(rope.get("rope_theta", 10000.0))
-    if rope_type == "default":
+    if rope_type in ("default", "linear"):
         angles = head_dim // 2
     elif rope_type == "proportional":
         angles = int(float(rope.get("partial_rotary_factor", 1.0)) * head_dim // 2)
     else:
-        raise ValueError(f"Gemma-4 rope_type {rope_type!r} is not supported; supported: default, "
-                         "proportional")
+        raise ValueError(f"Gemma rope_type {rope_type!r} is not supported; supported: default, "
+                         "linear, proportional")
     inv_freq = np.zeros(head_dim // 2, dtype=np.float32)
     exponents = np.arange(0, 2 * angles, 2, dtype=np.float32) / np.float32(head_dim)
     inv_freq[:angles] = np.float32(1.0) / base ** exponents
@@ -52,11 +53,15 @@ class Gemma4Attention(Module, TransformerLayer):
         rms_norm_eps: epsilon of the q/k/v norms.
         sliding_window: window length of sliding layers; None for full attention.
         k_eq_v: no ``v_proj``; values are the key projection.
+        scale: softmax scale (Gemma-3: ``query_pre_attn_scalar ** -0.5``).
+        v_norm: RMS-normalise the values (Gemma-4; Gemma-3 has no value norm).
+        zero_centered: q/k norm weights are stored as ``w - 1`` (Gemma-3).
     """
 
     def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  rope: dict[str, Any], rms_norm_eps: float = 1e-6,
-                 sliding_window: int | None = None, k_eq_v: bool = False) -> None:
+                 sliding_window: int | None = None, k_eq_v: bool = False, scale: float = 1.0,
+                 v_norm: bool = True, zero_centered: bool = False) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of the "
@@ -64,9 +69,11 @@ class Gemma4Attention(Module, TransformerLayer):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope, self.eps = dict(rope), rms_norm_eps
         self.sliding_window, self.k_eq_v = sliding_window, k_eq_v
+        self.scale, self.has_v_norm, self.zero_centered = scale, v_norm, zero_centered
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         self.q_size, self.kv_size = q_size, kv_size
-        sources = [("q_proj.weight", (q_size, hidden_size)), ("k_proj.weight", (kv_size, hidden_size))]
+        sources = [("q_proj.weight", (q_size, hidden_size)),
+                   ("k_proj.weight", (kv_size, hidden_size))]
         if not k_eq_v:
             sources.append(("v_proj.weight", (kv_size, hidden_size)))
         rows = q_size + kv_size * (1 if k_eq_v else 2)
@@ -93,7 +100,8 @@ class Gemma4Attention(Module, TransformerLayer):
         return KVCacheSpec(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
 
     def bind_state(self, state: Any) -> None:
-        """Receive ``(k_cache, v_cache)``, each ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
+        """Receive ``(k_cache, v_cache)``, each
+        ``[num_blocks, block_size, num_kv_heads, head_dim]``."""
         self.state = state
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
@@ -107,18 +115,18 @@ class Gemma4Attention(Module, TransformerLayer):
                                                                        self.head_dim)
         v_raw = k_raw if self.k_eq_v else qkv[:, self.q_size + self.kv_size:].reshape(
             t, self.num_kv_heads, self.head_dim)
-        q = ops.rms_norm(q, p["q_norm.weight"], self.eps)
-        k = ops.rms_norm(k_raw, p["k_norm.weight"], self.eps)
-        v = ops.rms_norm(v_raw, self.v_norm, self.eps)
+        q = ops.rms_norm(q, p["q_norm.weight"], self.eps, zero_centered=self.zero_centered)
+        k = ops.rms_norm(k_raw, p["k_norm.weight"], self.eps, zero_centered=self.zero_centered)
+        v = ops.rms_norm(v_raw, self.v_norm, self.eps) if self.has_v_norm else v_raw
         q, k = ops.rotary_embedding(q, k, meta.positions, self.cos_sin_cache, self.head_dim, True)
         k_cache, v_cache = self.state
         ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         if self.sliding_window is None:
             out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                      meta.cu_seqlens_q, 1.0)
+                                      meta.cu_seqlens_q, self.scale)
         else:
             out = ops.sliding_window_attention(q, k_cache, v_cache, meta.block_tables,
-                                               meta.seq_lens, meta.cu_seqlens_q, 1.0,
+                                               meta.seq_lens, meta.cu_seqlens_q, self.scale,
                                                self.sliding_window)
         out = out.reshape(t, self.num_heads * self.head_dim)
         return ops.linear(out, p["o_proj.weight"]), residual

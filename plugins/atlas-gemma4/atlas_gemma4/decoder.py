@@ -59,7 +59,8 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
 
     ``ffn`` is ``mlp(pre_feedforward_layernorm(h))``; with a MoE it is
     ``post_feedforward_layernorm_1(that) + post_feedforward_layernorm_2(moe(h))`` where the experts
-    take ``pre_feedforward_layernorm_2(h)``. Norms are plain RMSNorms (weight stored as is).
+    take ``pre_feedforward_layernorm_2(h)``. Gemma-3 blocks (no ``layer_scalar``, zero-centred
+    norm weights) are the same block with two switches.
     The block returns the whole residual stream (no residual carried to the next block).
 
     Args:
@@ -68,14 +69,17 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
         experts: the routed experts (:class:`Gemma4Experts`) of a MoE block, or None.
         hidden_size: model width.
         rms_norm_eps: norm epsilon.
+        layer_scalar: the block has a ``layer_scalar`` (Gemma-4; not Gemma-3).
+        zero_centered: norm weights are stored as ``w - 1`` (Gemma-3).
     """
 
     def __init__(self, attention: TransformerLayer, mlp: TransformerLayer,
                  experts: Gemma4Experts | None = None, *, hidden_size: int,
-                 rms_norm_eps: float) -> None:
+                 rms_norm_eps: float, layer_scalar: bool = True,
+                 zero_centered: bool = False) -> None:
         super().__init__()
         self.attention, self.mlp, self.moe, self.eps = attention, mlp, experts, rms_norm_eps
-        self.hidden_size = hidden_size
+        self.hidden_size, self.zero_centered = hidden_size, zero_centered
         self.add("self_attn", attention)
         self.add("mlp", mlp)
         self.root_size: Any = None
@@ -87,7 +91,8 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
                       "post_feedforward_layernorm_2"]
         for name in norms:
             self.declare(f"{name}.weight", (hidden_size,))
-        self.declare("layer_scalar", (1,))
+        if layer_scalar:
+            self.declare("layer_scalar", (1,))
 
     def setup(self) -> None:
         if self.moe is not None:
@@ -95,21 +100,25 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
                 np.array([self.hidden_size ** -0.5], dtype=self.dtype))
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        ops, p, eps = self.ops, self.params, self.eps
+        ops, p = self.ops, self.params
         if residual is not None:
             hidden = ops.add(hidden, residual)
-        attn, _ = self.attention.forward(ops.rms_norm(hidden, p["input_layernorm.weight"], eps),
-                                         None, meta)
-        attn = ops.rms_norm(attn, p["post_attention_layernorm.weight"], eps)
-        x, hidden = ops.rms_norm(attn, p["pre_feedforward_layernorm.weight"], eps, hidden)
+        attn, _ = self.attention.forward(self._norm("input_layernorm", hidden), None, meta)
+        attn = self._norm("post_attention_layernorm", attn)
+        x, hidden = self._norm("pre_feedforward_layernorm", attn, hidden)
         ffn, _ = self.mlp.forward(x, None, meta)
         if self.moe is not None:
-            ffn = ops.rms_norm(ffn, p["post_feedforward_layernorm_1.weight"], eps)
-            experts_in = ops.rms_norm(hidden, p["pre_feedforward_layernorm_2.weight"], eps)
-            routed = self.moe(ops, p, hidden, experts_in, self.root_size, eps)
-            ffn = ops.add(ffn, ops.rms_norm(routed, p["post_feedforward_layernorm_2.weight"], eps))
-        ffn = ops.rms_norm(ffn, p["post_feedforward_layernorm.weight"], eps)
-        return ops.mul(ops.add(hidden, ffn), p["layer_scalar"]), None
+            ffn = self._norm("post_feedforward_layernorm_1", ffn)
+            experts_in = self._norm("pre_feedforward_layernorm_2", hidden)
+            routed = self.moe(ops, p, hidden, experts_in, self.root_size, self.eps)
+            ffn = ops.add(ffn, self._norm("post_feedforward_layernorm_2", routed))
+        hidden = ops.add(hidden, self._norm("post_feedforward_layernorm", ffn))
+        scalar = self.param("layer_scalar")
+        return (hidden if scalar is None else ops.mul(hidden, scalar)), None
+
+    def _norm(self, name: str, x: Any, residual: Any | None = None) -> Any:
+        return self.ops.rms_norm(x, self.params[f"{name}.weight"], self.eps, residual,
+                                 zero_centered=self.zero_centered)
 
     def state_spec(self) -> Any:
         return self.attention.state_spec()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from atlas_core.api import DecoderOnlyLoader
+from atlas_core.api import DecoderOnlyLoader, checkpoint_tensors
 
 from atlas_gemma4.decoder import Gemma4Experts
 from atlas_gemma4.model import Gemma4CausalLM
@@ -101,16 +101,29 @@ class Gemma4Loader(DecoderOnlyLoader):
             kv_heads = config["num_global_key_value_heads"]
         return kind, config.get("global_head_dim") or head_dim, kv_heads
 
+    has_v_norm = True
+    has_layer_scalar = True
+
+    def attention_scale(self, config: dict[str, Any]) -> float:
+        """Softmax scale: 1 (Gemma-4's q/k norms set the scale)."""
+        return 1.0
+
+    def rope(self, config: dict[str, Any], kind: str) -> dict[str, Any]:
+        """Rope parameters of layer type ``kind``."""
+        return {**DEFAULT_ROPE, **(config.get("rope_parameters") or {})}[kind]
+
     def build_layer(self, config: dict[str, Any], layer_idx: int) -> Any:
         kind, head_dim, kv_heads = self.layer_shape(config, layer_idx)
         sliding = kind == "sliding_attention"
-        rope = {**DEFAULT_ROPE, **(config.get("rope_parameters") or {})}[kind]
+        rope = self.rope(config, kind)
         attention = self.layer_factory("gemma4_attention")(
             hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
             num_kv_heads=kv_heads, head_dim=head_dim, rope=rope,
             rms_norm_eps=config["rms_norm_eps"],
             sliding_window=int(config["sliding_window"]) if sliding else None,
-            k_eq_v=bool(config.get("attention_k_eq_v")) and not sliding)
+            k_eq_v=bool(config.get("attention_k_eq_v")) and not sliding,
+            scale=self.attention_scale(config), v_norm=self.has_v_norm,
+            zero_centered=self.zero_centered_norm)
         act = config["hidden_activation"]
         mlp = self.layer_factory("mlp")(hidden_size=config["hidden_size"],
                                         intermediate_size=config["intermediate_size"],
@@ -124,7 +137,9 @@ class Gemma4Loader(DecoderOnlyLoader):
                                     hidden_act=act)
         return self.layer_factory("gemma4_decoder")(attention, mlp, experts,
                                                     hidden_size=config["hidden_size"],
-                                                    rms_norm_eps=config["rms_norm_eps"])
+                                                    rms_norm_eps=config["rms_norm_eps"],
+                                                    layer_scalar=self.has_layer_scalar,
+                                                    zero_centered=self.zero_centered_norm)
 
     def build(self, config: dict[str, Any]) -> Gemma4CausalLM:
         config = self.resolve_config(config)
@@ -134,6 +149,7 @@ class Gemma4Loader(DecoderOnlyLoader):
                               vocab_size=config["vocab_size"], rms_norm_eps=config["rms_norm_eps"],
                               tie_word_embeddings=bool(config["tie_word_embeddings"]),
                               max_position_embeddings=self.max_position_embeddings(config),
+                              zero_centered_norm=self.zero_centered_norm,
                               final_logit_softcapping=config.get("final_logit_softcapping"))
 
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
@@ -146,6 +162,15 @@ class Gemma4Loader(DecoderOnlyLoader):
                              "does not implement (atlas-gemma4 ships them for the numpy backend "
                              "only so far); run it with the numpy backend")
         return super().load(config, checkpoint, backend, dtype=dtype)
+
+    def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """Tensor names and shapes; a multimodal wrapper's (``text_config``) under
+        ``model.language_model.``."""
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            return checkpoint_tensors(self.build(config))
+        return {("model.language_model." + n[len("model."):] if n.startswith("model.") else n): s
+                for n, s in checkpoint_tensors(self.build(text)).items()}
 
     def tiny_config(self) -> dict[str, Any]:
         return {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
@@ -161,12 +186,18 @@ class Gemma4Loader(DecoderOnlyLoader):
                 "tie_word_embeddings": True, "initializer_range": 0.02}
 
 
+def wrapper_config(text: dict[str, Any], architecture: str, model_type: str) -> dict[str, Any]:
+    """A multimodal wrapper config around a tiny text config (no vision or audio tower)."""
+    text = {k: v for k, v in text.items() if k != "architectures"}
+    return {"architectures": [architecture], "model_type": model_type, "text_config": text,
+            "vocab_size": text["vocab_size"], "tie_word_embeddings": True,
+            "max_position_embeddings": text["max_position_embeddings"]}
+
+
 class Gemma4VLLoader(Gemma4Loader):
     """``Gemma4ForConditionalGeneration``: the text model (``text_config``,
     ``model.language_model.*``); the vision and audio towers are skipped."""
 
     def tiny_config(self) -> dict[str, Any]:
-        text = {**super().tiny_config(), "model_type": "gemma4_text"}
-        text.pop("architectures")
-        return {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
-                "text_config": text, "tie_word_embeddings": True}
+        return wrapper_config(super().tiny_config(), "Gemma4ForConditionalGeneration", "gemma4")
+

@@ -49,7 +49,8 @@ class Gemma4CausalLM(CausalLM):
         residual = None
         for layer in self.layers:
             hidden, residual = layer.forward(hidden, residual, meta)
-        return ops.rms_norm(hidden, self.params["model.norm.weight"], self.eps)
+        return ops.rms_norm(hidden, self.params["model.norm.weight"], self.eps,
+                            zero_centered=self.zero_centered_norm)
 
     def compute_logits(self, hidden: Any, logits_indices: Any) -> Any:
         """As :meth:`CausalLM.compute_logits`, then the soft cap (float32)."""

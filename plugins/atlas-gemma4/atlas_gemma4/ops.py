@@ -6,8 +6,8 @@
 - ``sliding_window_attention``: :func:`paged_attention` where query position ``p`` sees only
   keys ``p - window + 1 .. p`` (HF ``sliding_window`` semantics).
 
-None has an unfused definition over core ops; a backend without its own implementation
-(cuda today) raises a clear error naming the op the first time a Gemma-4 model runs on it.
+None has an unfused definition over core ops; the loaders refuse a backend without its own
+implementation (cuda today), naming the missing ops, before anything is allocated.
 """
 
 from __future__ import annotations

@@ -11,12 +11,14 @@ LAYERS = {
 LOADERS = {
     "Gemma4ForCausalLM": "atlas_gemma4.loaders:Gemma4Loader",
     "Gemma4ForConditionalGeneration": "atlas_gemma4.loaders:Gemma4VLLoader",
+    "Gemma3ForCausalLM": "atlas_gemma4.gemma3_loaders:Gemma3Loader",
+    "Gemma3ForConditionalGeneration": "atlas_gemma4.gemma3_loaders:Gemma3VLLoader",
 }
 
 _REF = "atlas_gemma4.ops"
 
 #: The ops Gemma-4 adds; the numpy backend runs their references. No cuda implementation yet:
-#: on cuda a Gemma-4 model fails at its first step with an error naming the missing op.
+#: the loaders refuse a backend without them, naming the missing ops.
 OPS = tuple(OpSpec(name, f"{_REF}:{name}", cases=f"atlas_gemma4.gemma4_cases:{name}_cases")
             for name in ("mul", "softcap", "sliding_window_attention"))
 

@@ -6,16 +6,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from atlas_gemma4.gemma3_loaders import Gemma3Loader
 from atlas_gemma4.loaders import Gemma4Loader
 
 MOE = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}
 
 
-def hf_text_config(transformers: Any, **overrides: Any) -> Any:
-    """A ``Gemma4TextConfig`` from the loader's tiny config plus ``overrides``."""
-    fields = {k: v for k, v in Gemma4Loader().tiny_config().items()
+def hf_text_config(transformers: Any, gemma3: bool = False, **overrides: Any) -> Any:
+    """A ``Gemma4TextConfig`` (``Gemma3TextConfig``) from the loader's tiny config plus
+    ``overrides``."""
+    loader = Gemma3Loader() if gemma3 else Gemma4Loader()
+    fields = {k: v for k, v in loader.tiny_config().items()
               if k not in ("architectures", "model_type")}
-    return transformers.Gemma4TextConfig(**{**fields, **overrides})
+    cls = transformers.Gemma3TextConfig if gemma3 else transformers.Gemma4TextConfig
+    return cls(**{**fields, **overrides})
 
 
 def randomize(torch: Any, model: Any, seed: int) -> None:
@@ -35,10 +39,11 @@ def randomize(torch: Any, model: Any, seed: int) -> None:
 
 
 def save_hf_checkpoint(torch: Any, transformers: Any, path: Path, *, seed: int = 0,
-                       dtype: str = "float32", **overrides: Any) -> Any:
-    """``Gemma4ForCausalLM(config).save_pretrained(path)`` with random weights; returns the HF
-    model (eval mode, ``dtype``)."""
-    model = transformers.Gemma4ForCausalLM(hf_text_config(transformers, **overrides)).eval()
+                       dtype: str = "float32", gemma3: bool = False, **overrides: Any) -> Any:
+    """``Gemma4ForCausalLM(config).save_pretrained(path)`` (``Gemma3ForCausalLM`` with
+    ``gemma3``) with random weights; returns the HF model (eval mode, ``dtype``)."""
+    cls = transformers.Gemma3ForCausalLM if gemma3 else transformers.Gemma4ForCausalLM
+    model = cls(hf_text_config(transformers, gemma3, **overrides)).eval()
     randomize(torch, model, seed)
     model = model.to(getattr(torch, dtype))
     model.save_pretrained(path)

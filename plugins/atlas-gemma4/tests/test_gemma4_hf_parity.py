@@ -1,7 +1,9 @@
 """Gemma-4 logits against HF transformers on tiny checkpoints that transformers saved itself.
 
 Tiny model: 4 blocks (2 sliding with window 8, 2 full with their own head size 32, one KV head
-and keys reused as values), final logit soft-cap 30. Tolerances (logits are O(5)):
+and keys reused as values), final logit soft-cap 30; variants: the 26B-A4B MoE block, no k=v /
+cap / tying, and ``Gemma3ForCausalLM`` (zero-centred norms, linear rope scaling on full layers).
+Tolerances (logits are O(5)):
 - float32: max |atlas - HF| < 1e-4 over every position of every prompt;
 - greedy decoding: 32 tokens identical to ``model.generate`` (float32), prompts longer than the
   sliding window;
@@ -28,7 +30,8 @@ FP32_ATOL = 1e-4
 BF16_MEAN_ATOL, BF16_MAX_ATOL = 0.08, 1.0
 VARIANTS = {"dense": {}, "moe": MOE,
             "plain": {"attention_k_eq_v": False, "final_logit_softcapping": None,
-                      "tie_word_embeddings": False}}
+                      "tie_word_embeddings": False},
+            "gemma3": {"gemma3": True}}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def test_fp32_logits_match_hf(pair, variant):
         np.testing.assert_allclose(got, _hf_logits(hf, ids), rtol=0, atol=FP32_ATOL)
 
 
-@pytest.mark.parametrize("variant", ["dense", "moe"])
+@pytest.mark.parametrize("variant", ["dense", "moe", "gemma3"])
 def test_greedy_matches_hf_generate_past_the_window(pair, variant):
     model, hf, _ = pair(variant)
     prompt = _prompt(13, seed=7)

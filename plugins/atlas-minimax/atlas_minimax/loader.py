@@ -38,9 +38,11 @@ class MiniMaxM2Loader(DecoderOnlyLoader):
     def validate_config(self, config: dict[str, Any]) -> None:
         super().validate_config(config)
         config = self.resolve_config(config)
-        for name in ("num_experts", "num_experts_per_tok", "intermediate_size"):
+        for name, shown in (("num_experts", "num_local_experts"),
+                            ("num_experts_per_tok", "num_experts_per_tok"),
+                            ("intermediate_size", "intermediate_size")):
             if not isinstance(config.get(name), int) or config[name] <= 0:
-                raise ValueError(f"config.json field {name!r} must be a positive integer for "
+                raise ValueError(f"config.json field {shown!r} must be a positive integer for "
                                  f"MiniMaxM2ForCausalLM, got {config.get(name)!r}")
         if config.get("scoring_func", "sigmoid") != "sigmoid":
             raise ValueError(f"config.json 'scoring_func': {config['scoring_func']!r} is not "
@@ -63,7 +65,14 @@ class MiniMaxM2Loader(DecoderOnlyLoader):
         return params
 
     def attention_kwargs(self, config: dict[str, Any], layer_idx: int) -> dict[str, Any]:
-        return dict(super().attention_kwargs(config, layer_idx), rope=self.rope(config))
+        if config.get("attention_bias"):
+            raise ValueError("config.json 'attention_bias': true is not supported for "
+                             "MiniMaxM2ForCausalLM; set it to false (M2 has no attention biases)")
+        return dict(hidden_size=config["hidden_size"], num_heads=config["num_attention_heads"],
+                    num_kv_heads=config["num_key_value_heads"], head_dim=self.head_dim(config),
+                    rope=self.rope(config),
+                    max_position_embeddings=self.max_position_embeddings(config),
+                    rms_norm_eps=config.get("rms_norm_eps", 1e-6))
 
     def moe_kwargs(self, config: dict[str, Any], layer_idx: int) -> dict[str, Any]:
         return dict(hidden_size=config["hidden_size"], num_experts=config["num_experts"],

@@ -53,8 +53,8 @@ class MiniMaxM2SparseMoE(Module, TransformerLayer):
         if "moe_route_biased" not in self.ops:
             raise RuntimeError(
                 "MiniMax-M2 needs the op 'moe_route_biased' (sigmoid routing with a correction "
-                f"bias), which the {type(self.backend).__name__} backend does not implement "
-                "yet; run this model on the numpy backend (--backend numpy)")
+                f"bias), which this {type(self.backend).__name__} has no implementation of; "
+                "on cuda install atlas-minimax[cuda], or run on the numpy backend")
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         p = self.params

@@ -1,5 +1,6 @@
-"""Registers this family's layer kinds, weight loader and routing op. Lazy strings: importing
-this imports nothing heavy."""
+"""Registers this family's layer kinds, weight loader, routing op (spec and CUDA implementation)
+and CUDA sources. Lazy strings: importing this imports nothing heavy; the CUDA part
+(``atlas-minimax[cuda]``) is imported only when the cuda backend builds its op table."""
 
 from atlas_core.api import OpSpec, hookimpl
 
@@ -10,11 +11,12 @@ LAYERS = {
 
 LOADERS = {"MiniMaxM2ForCausalLM": "atlas_minimax.loader:MiniMaxM2Loader"}
 
-#: Sigmoid routing with a selection-only bias. The numpy backend runs the reference; no other
-#: backend implements it yet, so :class:`~atlas_minimax.moe.MiniMaxM2SparseMoE` refuses to load
-#: there with an error naming the op.
+#: Sigmoid routing with a selection-only bias: the numpy backend runs the reference, the cuda
+#: backend ``moe_route_biased.cu`` (``atlas-minimax[cuda]``); on a backend with neither,
+#: :class:`~atlas_minimax.moe.MiniMaxM2SparseMoE` refuses to load with an error naming the op.
 MOE_ROUTE_BIASED = OpSpec("moe_route_biased", "atlas_minimax.routing:moe_route_biased",
                           cases="atlas_minimax.routing_cases:moe_route_biased_cases")
+CUDA_OPS = "atlas_minimax.cuda.routing_ops:MiniMaxCudaOps"
 
 
 @hookimpl
@@ -32,3 +34,9 @@ def register_weight_loaders(register):
 @hookimpl
 def register_ops(register):
     register(MOE_ROUTE_BIASED.name, MOE_ROUTE_BIASED)
+    register(MOE_ROUTE_BIASED.name, f"{CUDA_OPS}.moe_route_biased", backend="cuda")
+
+
+@hookimpl
+def register_kernel_sources(register):
+    register("minimax", "atlas_minimax.cuda:kernel_dir")
