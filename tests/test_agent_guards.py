@@ -153,3 +153,47 @@ def test_metrics_count_guard_stops_and_scrubs():
     assert 'atlas_agent_guard_stops_total{guard="repeated_tool_call"} 1.0' in text
     assert 'atlas_agent_guard_stops_total{guard="reasoning_loop"} 0.0' in text
     assert "atlas_tool_markup_scrubbed_total" in text
+
+
+LOOP_REPLIES = {"loop": (CALL * 6).strip(), "leak": "Done.<parameter=city>Paris</parameter> ok"}
+
+
+def _loop_reply(prompt):
+    from test_agent_support import qwen3_tokenizer
+    text = qwen3_tokenizer().decode(prompt, skip_special_tokens=False)
+    return next(r for k, r in LOOP_REPLIES.items() if f"[{k}]" in text)
+
+
+@pytest.fixture(scope="module")
+def agent():
+    from test_agent_support import agent_server
+    with agent_server(_loop_reply) as srv:
+        yield srv
+
+
+def _chat(agent, kind, **kw):
+    import httpx
+
+    from test_agent_support import WEATHER_TOOL
+    body = {"model": "agent", "messages": [{"role": "user", "content": f"[{kind}] weather?"}],
+            "tools": [WEATHER_TOOL], "max_tokens": 400, **kw}
+    r = httpx.post(f"{agent.url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_http_loop_is_stopped_and_counted(agent):
+    import httpx
+    choice = _chat(agent, "loop")
+    assert choice["stop_reason"] == "agent_guard:repeated_tool_call"
+    assert len(choice["message"]["tool_calls"]) == 3
+    off = _chat(agent, "loop", max_identical_tool_calls=0)
+    assert off["stop_reason"] is None and len(off["message"]["tool_calls"]) == 6
+    metrics = httpx.get(f"{agent.url}/metrics").text
+    assert 'atlas_agent_guard_stops_total{guard="repeated_tool_call"} 1.0' in metrics
+
+
+def test_http_leaked_markup_is_scrubbed_unless_switched_off(agent):
+    assert _chat(agent, "leak")["message"]["content"] == "Done.Paris ok"
+    raw = _chat(agent, "leak", scrub_tool_markup=False)["message"]["content"]
+    assert raw == LOOP_REPLIES["leak"]

@@ -102,3 +102,16 @@ def test_chat_accepts_sampler_fields_and_priority(server):
            "top_n_sigma": 1.0, "min_p": 0.05}
     r = httpx.post(f"{server.url}/v1/messages", json=msg, timeout=60)
     assert r.status_code == 200, r.text
+
+
+def test_weight_loader_class_declares_presets(monkeypatch):
+    class Loader:
+        sampling_presets = {"tool_calls": {"temperature": 0.3}}
+
+    from atlas_core import plugins
+    monkeypatch.setattr(plugins.Registry, "get", lambda self, kind, name: Loader)
+    model = SimpleNamespace(config={"architectures": ["SomeForCausalLM"]}, path=None)
+    assert model_presets(model) == {"tool_calls": {"temperature": 0.3}}
+    Loader.sampling_presets = {"tool_calls": {"temperature": -2}}
+    with pytest.raises(ValueError, match="in the model plugin, mode tool_calls: temperature"):
+        model_presets(model)

@@ -46,6 +46,8 @@ def test_cost_model_fits_base_and_per_token():
     base, per_token = cost.fit()
     assert base == pytest.approx(0.004) and per_token == pytest.approx(2e-5)
     assert cost.tokens_within(0.014) == pytest.approx(500, abs=1)
+    cost.observe(100, 5.0)  # the engine sat idle between two steps: not a step cost
+    assert cost.fit()[1] == pytest.approx(2e-5)
 
 
 def test_decode_rows_nearest_their_deadline_go_first():
@@ -81,6 +83,7 @@ def test_admission_shortest_first_with_priority_and_an_age_cap():
     assert policy.order_waiting([long, short, urgent, later], 1.5) == [long, short, urgent, later]
     resumed = decoding("resumed", 3000)
     assert policy.order_waiting([short, resumed], 1.5)[0] is resumed
+    assert SchedulingPolicy().order_waiting([long, short], 0.0) is None
 
 
 def test_create_policy_names_and_errors():
@@ -135,3 +138,37 @@ def test_mixed_load_slo_keeps_chats_under_target_and_long_prompts_progress():
     assert slo_tbt <= 0.0155
     assert slo_tbt < fifo_tbt / 2
     assert slo_ttft < 4 * fifo_ttft
+
+
+def test_slo_engine_outputs_match_fifo_and_the_reference():
+    from atlas_core.testing.fake_model import make_fake_engine, run_to_completion
+
+    prompts = {f"r{i}": [(i * 7 + j * 3) % 60 + 1 for j in range(5 + 40 * (i % 3))] for i in range(6)}
+    outs = {}
+    for policy in ("fifo", "slo"):
+        engine = make_fake_engine(scheduling_policy=policy, tbt_deadline_ms=0.001,
+                                  max_prefill_tokens=70, num_kv_blocks=128)
+        for i, (rid, p) in enumerate(prompts.items()):
+            engine.add_request(rid, p, SamplingParams(temperature=0, max_tokens=6, priority=-i))
+        outs[policy] = {r: o.outputs[0].token_ids for r, o in run_to_completion(engine).items()}
+        assert engine.scheduler.policy.name == policy
+    assert outs["slo"] == outs["fifo"]
+    assert outs["slo"]["r5"] == engine.model.greedy(prompts["r5"], 6)
+
+
+def test_serve_flags_reach_engine_args(tmp_path):
+    import argparse
+
+    from atlas_core.cli import UserError
+    from atlas_core.cli.serve import add_parser, engine_args
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "m", "--scheduling-policy", "slai", "--tbt-deadline-ms",
+                              "25", "--max-tool-calls", "0", "--no-scrub-tool-markup"])
+    eargs = engine_args(args)
+    assert (eargs.scheduling_policy, eargs.tbt_deadline_ms) == ("slai", 25.0)
+    assert eargs.max_tool_calls == 0 and eargs.scrub_tool_markup is False
+    bad = parser.parse_args(["serve", "m", "--sampling-presets", str(tmp_path / "none.json")])
+    with pytest.raises(UserError, match="cannot read sampling presets file"):
+        engine_args(bad)

@@ -101,7 +101,8 @@ class Sampler:
     def needs_eager(rows: list[LogitsRow]) -> bool:
         """Whether some row needs penalties, biases, logits filters or logprobs (ops outside a
         decode graph)."""
-        return any(r.seq.params.has_penalties or r.seq.params.has_logits_filters or r.seq.params.logit_bias or r.stop_ids
+        return any(r.seq.params.has_penalties or r.seq.params.has_logits_filters
+                   or r.seq.params.logit_bias or r.stop_ids
                    or r.seq.params.logprobs is not None or r.target is not None
                    or r.matcher is not None for r in rows)
 

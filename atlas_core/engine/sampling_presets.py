@@ -81,7 +81,7 @@ def _plugin_presets(model: Any) -> Any:
     from atlas_core.plugins import Registry
     try:
         loader = Registry().get("weight_loaders", archs[0])
-    except Exception:  # noqa: BLE001 - an unregistered architecture declares no presets
+    except (KeyError, ImportError):
         return None
     return getattr(loader, "sampling_presets", None)
 

@@ -115,7 +115,7 @@ class Scheduler:
         budget = self.policy.prefill_budget(self.max_prefill_tokens, self.running, now)
         budget = self._schedule_running(out, budget, now)
         if not out.preempted:
-            ordered = self.policy.order_waiting(self.waiting, now) if len(self.waiting) > 1 else None
+            ordered = self.policy.order_waiting(self.waiting, now) if self.waiting else None
             if ordered is not None:
                 self.waiting.clear()
                 self.waiting.extend(ordered)

@@ -183,7 +183,8 @@ def create_scheduling_policy(name: str, tbt_deadline_ms: float, age_cap_ms: floa
     """
     policy = POLICY_NAMES.get(str(name).lower())
     if policy is None:
-        raise ValueError(f"scheduling_policy must be one of {', '.join(POLICY_NAMES)}, got {name!r}")
+        raise ValueError(f"scheduling_policy must be one of {', '.join(POLICY_NAMES)}, "
+                         f"got {name!r}")
     if policy == "fifo":
         return SchedulingPolicy()
     if not tbt_deadline_ms > 0 or not age_cap_ms > 0:

@@ -79,7 +79,8 @@ def apply_dry(logits: np.ndarray, token_ids: np.ndarray, multiplier: np.ndarray,
         lengths = _dry_match_lengths(ctx.astype(np.int64), stops[stops >= 0], vocab)
         hit = lengths >= int(allowed_length[b])
         if hit.any():
-            power = np.power(float(base[b]), (lengths[hit] - int(allowed_length[b])).astype(np.float64))
+            excess = (lengths[hit] - int(allowed_length[b])).astype(np.float64)
+            power = np.power(float(base[b]), excess)
             penalty = np.minimum(float(multiplier[b]) * power, MAX_DRY_PENALTY)
             out[b, hit] -= penalty.astype(np.float32)
     return out

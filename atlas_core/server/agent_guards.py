@@ -25,7 +25,8 @@ def _checked(fields: dict[str, Any]) -> dict[str, Any]:
     given = {name: fields.pop(name) for name in GUARD_FIELDS if fields.get(name) is not None}
     for name in ("max_identical_tool_calls", "max_tool_calls"):
         value = given.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
             raise APIError(400, f"{name} must be an integer >= 0 (0: off), got {value!r}",
                            param=name)
     for name in ("reasoning_loop_guard", "scrub_tool_markup"):
@@ -50,7 +51,8 @@ def attach_guards(state: Any, fields: dict[str, Any], tool_cls: type | None, off
     if tool_cls is not None:
         fields["agent_guards"] = AgentGuardParams(
             tool_parser=tool_cls, tools=offered, reasoning_parser=reasoning_cls,
-            in_reasoning=in_reasoning, max_identical_tool_calls=given.get("max_identical_tool_calls"),
+            in_reasoning=in_reasoning,
+            max_identical_tool_calls=given.get("max_identical_tool_calls"),
             max_tool_calls=given.get("max_tool_calls"),
             reasoning_loop=given.get("reasoning_loop_guard"))
     return bool(scrub)
