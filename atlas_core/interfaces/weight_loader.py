@@ -29,6 +29,11 @@ class ModelWeightLoader(ABC):
             a fresh one with every installed plugin, built on first use.
     """
 
+    #: Optional. Sampling defaults per mode the model card recommends, e.g.
+    #: ``{"thinking": {"temperature": 0.6, "top_p": 0.95}, "tool_calls": {...}}`` (modes and
+    #: fields: :mod:`atlas_core.engine.sampling_presets`); None: only generation_config.json.
+    sampling_presets: dict | None = None
+
     def __init__(self, registry: "Registry | None" = None) -> None:
         self._registry = registry
 
