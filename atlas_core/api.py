@@ -59,6 +59,8 @@ _EXPORTS = {
     "RecurrentStateSpec": "atlas_core.interfaces:RecurrentStateSpec",
     "StepMetadata": "atlas_core.interfaces:StepMetadata",
     "StorageBackend": "atlas_core.interfaces:StorageBackend",
+    "BlockDirectory": "atlas_core.storage.posix:BlockDirectory",
+    "temp_name": "atlas_core.storage.posix:temp_name",
     "TransformerLayer": "atlas_core.interfaces:TransformerLayer",
     "Module": "atlas_core.model.params:Module",
     "ParamSpec": "atlas_core.model.params:ParamSpec",

@@ -9,22 +9,13 @@ converted to the types the tool's JSON schema declares when the tools are known 
 
 from __future__ import annotations
 
-import json
-
 from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, through_close_tag
 from atlas_core.parsers.json_calls import skip_space
-from atlas_core.parsers.qwen3_coder import convert_value
+from atlas_core.parsers.qwen3_coder import XmlParameters
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE, END_INVOKE = "<invoke name=", "</invoke>"
 PARAMETER, END_PARAMETER = "<parameter name=", "</parameter>"
-_VALUE_ENDS = (END_PARAMETER, PARAMETER, END_INVOKE, CLOSE)
-_MARKUP = (PARAMETER, END_INVOKE, CLOSE)
-
-
-def _trim(value: str) -> str:
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
 
 
 def _attribute(raw: str) -> str:
@@ -35,55 +26,15 @@ def _attribute(raw: str) -> str:
     return raw
 
 
-class InvokeParameters:
+class InvokeParameters(XmlParameters):
     """The arguments of one ``<invoke>``: a JSON object written out one parameter at a time,
     as each ``<parameter name="KEY">VALUE</parameter>`` completes; values typed by
     ``properties`` (the tool's schema)."""
 
-    def __init__(self, properties: dict) -> None:
-        self.properties, self.count = properties, 0
+    parameter, end_parameter, end_call, close = PARAMETER, END_PARAMETER, END_INVOKE, CLOSE
 
-    def _member(self, key: str, value: str) -> str:
-        value = convert_value(_trim(value), self.properties.get(key))
-        piece = ("{" if self.count == 0 else ", ") + json.dumps(key, ensure_ascii=False)
-        self.count += 1
-        return f"{piece}: {json.dumps(value, ensure_ascii=False)}"
-
-    def _parameter(self, text: str, pos: int, final: bool) -> tuple[str, int] | None:
-        """``(member JSON or "", end)`` of the parameter at ``pos``; None when it needs more."""
-        gt = text.find(">", pos)
-        if gt < 0:
-            return ("", len(text)) if final else None
-        key = _attribute(text[pos + len(PARAMETER):gt])
-        if not key or "\n" in key:
-            return "", pos + len(PARAMETER)
-        ends = [(i, len(t) if t == END_PARAMETER else 0) for t in _VALUE_ENDS
-                if (i := text.find(t, gt + 1)) >= 0]
-        if not ends:
-            return (self._member(key, text[gt + 1:]), len(text)) if final else None
-        stop, skip = min(ends)
-        return self._member(key, text[gt + 1:stop]), stop + skip
-
-    def advance(self, text: str, pos: int, final: bool) -> tuple[str, int, bool]:
-        """Consume ``text[pos:]``: ``(arguments piece, new pos, whether the invoke ended)``."""
-        out = ""
-        while True:
-            pos = skip_space(text, pos)
-            if text.startswith(PARAMETER, pos):
-                member = self._parameter(text, pos, final)
-                if member is None:
-                    return out, pos, False
-                out, pos = out + member[0], member[1]
-                continue
-            if text.startswith(END_INVOKE, pos):
-                pos += len(END_INVOKE)
-            elif not text.startswith(CLOSE, pos) and not (final and pos == len(text)):
-                if pos == len(text) or not final and any(t.startswith(text[pos:]) for t in _MARKUP):
-                    return out, pos, False
-                nxt = text.find("<", pos + 1)
-                pos = len(text) if nxt < 0 else nxt
-                continue
-            return out + ("}" if self.count else "{}"), pos, True
+    def _key(self, raw: str) -> str:
+        return _attribute(raw)
 
 
 class MiniMaxM2ToolParser(ToolParser):

@@ -16,8 +16,6 @@ from atlas_core.parsers.json_calls import skip_space
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, END_FUNCTION = "<function=", "</function>"
 PARAMETER, END_PARAMETER = "<parameter=", "</parameter>"
-_VALUE_ENDS = (END_PARAMETER, PARAMETER, END_FUNCTION, CLOSE)
-_MARKUP = (PARAMETER, END_FUNCTION, CLOSE)
 _NAME = re.compile(r"[^>\n]*")
 
 
@@ -66,10 +64,22 @@ def convert_value(value: str, schema: dict | None) -> Any:
 class XmlParameters:
     """The arguments of one ``<function=...>``: a JSON object written out one parameter at a
     time, as each ``<parameter=KEY>VALUE</parameter>`` completes (``{"city": "Paris"``,
-    ``, "days": 3``, ... ``}``); values typed by ``properties`` (the tool's schema)."""
+    ``, "days": 3``, ... ``}``); values typed by ``properties`` (the tool's schema).
+
+    Other XML call formats subclass it with their own tags (:attr:`parameter`,
+    :attr:`end_parameter`, :attr:`end_call`, :attr:`close`) and parameter-name syntax
+    (:meth:`_key`)."""
+
+    parameter, end_parameter, end_call, close = PARAMETER, END_PARAMETER, END_FUNCTION, CLOSE
 
     def __init__(self, properties: dict) -> None:
         self.properties, self.count = properties, 0
+        self._value_ends = (self.end_parameter, self.parameter, self.end_call, self.close)
+        self._markup = (self.parameter, self.end_call, self.close)
+
+    def _key(self, raw: str) -> str:
+        """The parameter name written between the parameter tag and its ``>``."""
+        return raw.strip()
 
     def _member(self, key: str, value: str) -> str:
         value = convert_value(_trim(value), self.properties.get(key))
@@ -82,10 +92,10 @@ class XmlParameters:
         gt = text.find(">", pos)
         if gt < 0:
             return ("", len(text)) if final else None
-        key = text[pos + len(PARAMETER):gt].strip()
+        key = self._key(text[pos + len(self.parameter):gt])
         if not key or "\n" in key:
-            return "", pos + len(PARAMETER)
-        ends = [(i, len(t) if t == END_PARAMETER else 0) for t in _VALUE_ENDS
+            return "", pos + len(self.parameter)
+        ends = [(i, len(t) if t == self.end_parameter else 0) for t in self._value_ends
                 if (i := text.find(t, gt + 1)) >= 0]
         if not ends:
             return (self._member(key, text[gt + 1:]), len(text)) if final else None
@@ -93,20 +103,21 @@ class XmlParameters:
         return self._member(key, text[gt + 1:stop]), stop + skip
 
     def advance(self, text: str, pos: int, final: bool) -> tuple[str, int, bool]:
-        """Consume ``text[pos:]``: ``(arguments piece, new pos, whether the function ended)``."""
+        """Consume ``text[pos:]``: ``(arguments piece, new pos, whether the call ended)``."""
         out = ""
         while True:
             pos = skip_space(text, pos)
-            if text.startswith(PARAMETER, pos):
+            if text.startswith(self.parameter, pos):
                 member = self._parameter(text, pos, final)
                 if member is None:
                     return out, pos, False
                 out, pos = out + member[0], member[1]
                 continue
-            if text.startswith(END_FUNCTION, pos):
-                pos += len(END_FUNCTION)
-            elif not text.startswith(CLOSE, pos) and not (final and pos == len(text)):
-                if pos == len(text) or not final and any(t.startswith(text[pos:]) for t in _MARKUP):
+            if text.startswith(self.end_call, pos):
+                pos += len(self.end_call)
+            elif not text.startswith(self.close, pos) and not (final and pos == len(text)):
+                if pos == len(text) or not final and any(
+                        t.startswith(text[pos:]) for t in self._markup):
                     return out, pos, False
                 nxt = text.find("<", pos + 1)
                 pos = len(text) if nxt < 0 else nxt

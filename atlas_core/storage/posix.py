@@ -74,7 +74,39 @@ def _is_alive(pid: int) -> bool:
     return True
 
 
-class PosixStorage(StorageBackend):
+class BlockDirectory(StorageBackend):
+    """A directory of one file per block (names from :func:`key_to_filename`): lookup,
+    listing, deletion and the clean-up of writes that died; subclasses do the reads and
+    writes (``posix`` through the page cache, ``io_uring`` through a ring), always through a
+    temporary file (:func:`temp_name`) renamed over the block's name.
+
+    Args:
+        root: directory to keep blocks in (created if missing).
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.num_torn_writes = remove_dead_temp_files(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key_to_filename(key)
+
+    async def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def contains(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def keys(self) -> list[str]:
+        return sorted(filename_to_key(p.name) for p in self.root.iterdir()
+                      if not p.name.startswith("."))
+
+    def used_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.root.iterdir() if not p.name.startswith("."))
+
+
+class PosixStorage(BlockDirectory):
     """Blocks as files under ``root``; writes are atomic (temporary file, then rename).
 
     Args:
@@ -84,12 +116,7 @@ class PosixStorage(StorageBackend):
     """
 
     def __init__(self, root: str | os.PathLike | None = None, **options: Any) -> None:
-        self.root = Path(root) if root is not None else env.cache_dir() / "kv-blocks"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.num_torn_writes = remove_dead_temp_files(self.root)
-
-    def _path(self, key: str) -> Path:
-        return self.root / key_to_filename(key)
+        super().__init__(root if root is not None else env.cache_dir() / "kv-blocks")
 
     def _write(self, key: str, data: bytes) -> None:
         path = self._path(key)
@@ -113,16 +140,3 @@ class PosixStorage(StorageBackend):
 
     async def read(self, key: str) -> bytes:
         return await asyncio.to_thread(self._read, key)
-
-    async def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
-
-    def contains(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def keys(self) -> list[str]:
-        return sorted(filename_to_key(p.name) for p in self.root.iterdir()
-                      if not p.name.startswith("."))
-
-    def used_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.iterdir() if not p.name.startswith("."))

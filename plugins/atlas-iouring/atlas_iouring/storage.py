@@ -17,40 +17,20 @@ import errno
 import logging
 import os
 import queue
-import re
 import threading
-import uuid
 from collections import deque
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from atlas_core.api import StorageBackend
+from atlas_core.api import BlockDirectory, temp_name
 
 from atlas_iouring.ring import (IORING_OP_READ, IORING_OP_WRITE, IoUringUnavailable, Ring,
                                 aligned_buffer)
 
 log = logging.getLogger(__name__)
 
-_SAFE = re.compile(r"[a-z0-9_-]")
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-def key_to_filename(key: str) -> str:
-    """``[a-z0-9_-]`` kept, every other UTF-8 byte ``%XX`` (the posix backend's names)."""
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"storage keys must be non-empty strings, got {key!r}")
-    name = "".join(c if _SAFE.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode())
-                   for c in key)
-    if len(name) > 240:
-        raise ValueError(f"storage key {key[:40]!r}... is too long; use shorter keys")
-    return name
-
-
-def filename_to_key(name: str) -> str:
-    """Inverse of :func:`key_to_filename`."""
-    return bytes(re.sub(rb"%([0-9A-F]{2})", lambda m: bytes([int(m.group(1), 16)]),
-                        name.encode())).decode()
 
 
 def _open(path: Path, flags: int) -> int:
@@ -60,29 +40,6 @@ def _open(path: Path, flags: int) -> int:
         if exc.errno != errno.EINVAL or not _O_DIRECT:
             raise
         return os.open(path, flags, 0o644)
-
-
-def remove_dead_temp_files(root: Path) -> int:
-    """Delete ``.<name>.<pid>.<id>.tmp`` files of writers that died mid-write; returns how
-    many (files of live processes stay)."""
-    removed = 0
-    for path in root.glob(".*.tmp"):
-        parts = path.name.rsplit(".", 3)
-        if len(parts) == 4 and parts[1].isdigit() and _is_alive(int(parts[1])):
-            continue
-        path.unlink(missing_ok=True)
-        removed += 1
-    return removed
-
-
-def _is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Request:
@@ -102,7 +59,7 @@ class _Request:
             self.size = os.fstat(self.fd).st_size
             self.buf, addr = aligned_buffer(self.size)
             return IORING_OP_READ, self.fd, addr, len(self.buf)
-        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        self.tmp = self.path.with_name(temp_name(self.path.name))
         self.fd = _open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self.size = len(self.data)
         self.buf, addr = aligned_buffer(self.size)
@@ -146,7 +103,7 @@ class _Request:
             self.buf = None
 
 
-class IoUringStorage(StorageBackend):
+class IoUringStorage(BlockDirectory):
     """Blocks as files under ``root``, moved by io_uring.
 
     Args:
@@ -160,18 +117,13 @@ class IoUringStorage(StorageBackend):
     """
 
     def __init__(self, root: str | os.PathLike, entries: int = 128, **options: Any) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
         self.ring = Ring(entries)
-        self.num_torn_writes = remove_dead_temp_files(self.root)
+        super().__init__(root)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.num_submit_calls = 0
         self.max_in_flight = 0
         self._thread = threading.Thread(target=self._run, name="atlas-io-uring", daemon=True)
         self._thread.start()
-
-    def _path(self, key: str) -> Path:
-        return self.root / key_to_filename(key)
 
     def _run(self) -> None:
         ring, waiting, active = self.ring, deque(), {}
@@ -225,19 +177,6 @@ class IoUringStorage(StorageBackend):
             return await self._do(_Request("read", self._path(key)))
         except KeyError:
             raise KeyError(f"no stored block under key {key!r} in {self.root}") from None
-
-    async def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
-
-    def contains(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def keys(self) -> list[str]:
-        return sorted(filename_to_key(p.name) for p in self.root.iterdir()
-                      if not p.name.startswith("."))
-
-    def used_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.iterdir() if not p.name.startswith("."))
 
     def close(self) -> None:
         if self._thread.is_alive():
