@@ -7,6 +7,8 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from atlas_core.server.openai_schemas import AgentFields
+
 
 class ContentBlock(msgspec.Struct, kw_only=True):
     """One content block. ``text`` blocks carry ``text``; ``tool_use`` blocks ``id``/``name``/
@@ -30,7 +32,7 @@ class Message(msgspec.Struct, kw_only=True):
     content: str | list[ContentBlock]
 
 
-class MessagesRequest(msgspec.Struct, kw_only=True):
+class MessagesRequest(AgentFields, kw_only=True):
     """A Messages request. Fields Atlas does not use (``context_management``, ``metadata``,
     ``service_tier``, beta fields…) are accepted and ignored; ``messages`` may hold
     ``system`` entries (folded into the system prompt, see :mod:`atlas_core.server.prompts`)."""
@@ -45,18 +47,6 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     top_k: Annotated[int, Meta(ge=0)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_sequence_breakers: list[str] | None = None
-    xtc_threshold: float | None = None
-    xtc_probability: float | None = None
-    top_n_sigma: float | None = None
-    priority: int = 0
-    max_identical_tool_calls: int | None = None
-    max_tool_calls: int | None = None
-    reasoning_loop_guard: bool | None = None
-    scrub_tool_markup: bool | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None

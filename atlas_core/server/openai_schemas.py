@@ -35,7 +35,26 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
-class SamplingFields(msgspec.Struct, kw_only=True):
+class AgentFields(msgspec.Struct, kw_only=True):
+    """Fields every generation API takes beyond its own: the DRY / XTC / top-n-sigma samplers
+    (llama.cpp and text-generation-webui names), vLLM's ``priority`` and the agent-loop guards
+    (docs/serving.md)."""
+
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float | None = None
+    xtc_probability: float | None = None
+    top_n_sigma: float | None = None
+    priority: int = 0
+    max_identical_tool_calls: int | None = None
+    max_tool_calls: int | None = None
+    reasoning_loop_guard: bool | None = None
+    scrub_tool_markup: bool | None = None
+
+
+class SamplingFields(AgentFields, kw_only=True):
     """Sampling fields shared by chat and text completions (vLLM-style extras included:
     ``guided_*`` and ``structured_outputs`` constrain the output, see
     :func:`atlas_core.guided.guided_from_vllm`)."""
@@ -66,18 +85,6 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
-    dry_multiplier: float | None = None
-    dry_base: float | None = None
-    dry_allowed_length: int | None = None
-    dry_sequence_breakers: list[str] | None = None
-    xtc_threshold: float | None = None
-    xtc_probability: float | None = None
-    top_n_sigma: float | None = None
-    priority: int = 0
-    max_identical_tool_calls: int | None = None
-    max_tool_calls: int | None = None
-    reasoning_loop_guard: bool | None = None
-    scrub_tool_markup: bool | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
