@@ -35,6 +35,7 @@ SKIPPED = [
     (r"^\. \.venv/bin/activate$", "activates the venv this test already runs in"),
     (r"^pip install ", "installs the workspace this test already runs in"),
     (r"^pytest( |$)", "the test suite itself"),
+    (r"^scripts/run_tests\.sh( |$)", "the test suite itself"),
     (r"--backend cuda\b", "needs an NVIDIA GPU and the atlas-cuda plugin"),
 ]
 
