@@ -9,9 +9,9 @@ converted to the types the tool's JSON schema declares when the tools are known 
 
 from __future__ import annotations
 
-from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, through_close_tag
+from atlas_core.parsers.base import CallHead
 from atlas_core.parsers.json_calls import skip_space
-from atlas_core.parsers.qwen3_coder import XmlParameters
+from atlas_core.parsers.qwen3_coder import XmlParameters, XmlToolParser
 
 OPEN, CLOSE = "<minimax:tool_call>", "</minimax:tool_call>"
 INVOKE, END_INVOKE = "<invoke name=", "</invoke>"
@@ -37,11 +37,12 @@ class InvokeParameters(XmlParameters):
         return _attribute(raw)
 
 
-class MiniMaxM2ToolParser(ToolParser):
+class MiniMaxM2ToolParser(XmlToolParser):
     """XML-style calls of MiniMax-M2 / M2.5 / M2.7 (parameters typed by the schema)."""
 
     name = "minimax_m2"
     markers = (OPEN,)
+    open_tag, close_tag, call_tag = OPEN, CLOSE, INVOKE
 
     def match_head(self, text: str, start: int, final: bool, continued: bool = False) -> CallHead:
         pos = skip_space(text, start if continued else start + len(OPEN))
@@ -56,17 +57,3 @@ class MiniMaxM2ToolParser(ToolParser):
             return CallHead("none")
         spec = self.tools.get(name, {})
         return CallHead("stream", name, None, gt + 1, InvokeParameters(spec.get("properties") or {}))
-
-    def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
-        pos = skip_space(text, pos)
-        if text.startswith(CLOSE, pos):
-            return CallMatch("complete", pos + len(CLOSE))
-        if text.startswith(INVOKE, pos):
-            return CallMatch("complete", pos, more=True)
-        return through_close_tag(text, pos, CLOSE, final)
-
-    def match_call(self, text: str, start: int, final: bool) -> CallMatch:
-        close = text.find(CLOSE, start + len(OPEN))
-        if close < 0:
-            return CallMatch("invalid", len(text)) if final else CallMatch("incomplete")
-        return CallMatch("invalid", close + len(CLOSE))

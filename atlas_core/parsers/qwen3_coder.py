@@ -125,7 +125,28 @@ class XmlParameters:
             return out + ("}" if self.count else "{}"), pos, True
 
 
-class Qwen3CoderToolParser(ToolParser):
+class XmlToolParser(ToolParser):
+    """Calls wrapped in :attr:`open_tag` ... :attr:`close_tag` holding one or more calls that each
+    start with :attr:`call_tag` (subclasses give the tags and :meth:`match_head`)."""
+
+    open_tag, close_tag, call_tag = OPEN, CLOSE, FUNCTION
+
+    def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
+        pos = skip_space(text, pos)
+        if text.startswith(self.close_tag, pos):
+            return CallMatch("complete", pos + len(self.close_tag))
+        if text.startswith(self.call_tag, pos):
+            return CallMatch("complete", pos, more=True)
+        return through_close_tag(text, pos, self.close_tag, final)
+
+    def match_call(self, text: str, start: int, final: bool) -> CallMatch:
+        close = text.find(self.close_tag, start + len(self.open_tag))
+        if close < 0:
+            return CallMatch("invalid", len(text)) if final else CallMatch("incomplete")
+        return CallMatch("invalid", close + len(self.close_tag))
+
+
+class Qwen3CoderToolParser(XmlToolParser):
     """XML-style calls of Qwen3-Coder, Qwen3.5 and Nemotron-3 (parameters typed by the schema)."""
 
     name = "qwen3_coder"
@@ -144,17 +165,3 @@ class Qwen3CoderToolParser(ToolParser):
         spec = self.tools.get(name.group().strip(), {})
         return CallHead("stream", name.group().strip(), None, name.end() + 1,
                         XmlParameters(spec.get("properties") or {}))
-
-    def match_tail(self, text: str, pos: int, final: bool, head: CallHead) -> CallMatch:
-        pos = skip_space(text, pos)
-        if text.startswith(CLOSE, pos):
-            return CallMatch("complete", pos + len(CLOSE))
-        if text.startswith(FUNCTION, pos):
-            return CallMatch("complete", pos, more=True)
-        return through_close_tag(text, pos, CLOSE, final)
-
-    def match_call(self, text: str, start: int, final: bool) -> CallMatch:
-        close = text.find(CLOSE, start + len(OPEN))
-        if close < 0:
-            return CallMatch("invalid", len(text)) if final else CallMatch("incomplete")
-        return CallMatch("invalid", close + len(CLOSE))
