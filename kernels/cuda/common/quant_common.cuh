@@ -54,8 +54,7 @@ template <> struct QChunk<0> {
   static constexpr int ELEMS = 16, BYTES_PER_ROW_DIV = 1;
   __device__ __forceinline__ static void scales(const QScale& q, int n, int k, int K, float g,
                                                 float* s) {
-    s[0] = reinterpret_cast<const float*>(q.scale)[(n / q.bn) * q.s_row + k / q.bk] *
-           0.00390625f;
+    s[0] = reinterpret_cast<const float*>(q.scale)[(n / q.bn) * q.s_row + k / q.bk] * 256.f;
   }
   __device__ __forceinline__ static void decode(const uint4& raw, float* f) {
     fp8x16_to_float(raw, f);

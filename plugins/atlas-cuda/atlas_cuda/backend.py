@@ -116,6 +116,7 @@ class CudaBackend(GpuBackend):
         self.l2_bytes = self.device.properties.l2_cache_size
         self._capturing = False
         self._copy_buffer: DeviceAllocation | None = None  # copy_many's device staging
+        self._bound: tuple[str, str | None] | None = None
         self.ctx = OpContext(self, self.kernels,
                              Workspace(workspace_bytes or DEFAULT_WORKSPACE_BYTES), self.policy)
         from atlas_cuda.ops import build_op_table
@@ -128,19 +129,19 @@ class CudaBackend(GpuBackend):
 
     def bind_model(self, model: str | None, quant: str | None = None) -> None:
         """Choose kernels for model family ``model`` (its ``kernels/<hw>/<model>/[<quant>/]``
-        sources and MODEL.toml ``[policy]``, then the environment) before the first kernel
-        loads.
+        sources and MODEL.toml ``[policy]``, then the environment).
 
-        Raises:
-            RuntimeError: kernels were already loaded (bind the model right after creating
-                the backend).
+        Binding again to the same family and format is a no-op. Binding another one after
+        kernels were loaded (one backend serving several models in a process, as the test
+        suites do) starts a fresh kernel library for it: kernels already launched or captured
+        in graphs keep their modules; every later launch uses the new family's sources.
         """
         model = self.target.model_folder(model)
-        if model is None:
+        if model is None or (model, quant) == self._bound:
             return
         if self.kernels.modules:
-            raise RuntimeError("bind_model: this cuda backend already loaded kernels; bind the "
-                               "model right after creating the backend")
+            log.info("cuda backend: rebinding kernels from %s to %s/%s", self._bound, model, quant)
+        self._bound = (model, quant)
         self.kernels = self._library(model, quant)
         self.ctx.kernels, self.ctx.launch = self.kernels, self.kernels.launch
         self.set_policy(target_policy(self.target, model, quant))

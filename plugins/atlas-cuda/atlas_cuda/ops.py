@@ -9,7 +9,7 @@ from atlas_core.api import OpRegistry, OpTable
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext, need_vec
 from atlas_cuda.kernels_loader import variant_of
-from atlas_cuda.ops_gemv import GEMV_MAX_M, GemvOps
+from atlas_cuda.ops_gemv import GemvOps, gemv_rows
 from atlas_cuda.ops_quant import QuantOps, QuantizedWeight
 
 #: (max M, BM, BN, threads, stages) of the tensor-core GEMM tiles, smallest first.
@@ -72,7 +72,7 @@ class DenseOps:
             self.ctx.launch(self.ctx.kernel("linear", x.dtype, "linear_scalar"),
                             -(-M * N // 8), 256, y, x, weight, bias, M, N, K)
             return y
-        if M <= GEMV_MAX_M or v == "f32":
+        if M <= gemv_rows(self.ctx.policy) or v == "f32":
             self.gemv.gemv(y, x, weight, bias, M, N, K)
             return y
         lt = self.ctx.cublaslt()

@@ -28,6 +28,12 @@ _WIDE_N = 16384
 _SMALL_NORM_GEMV = 12 << 20
 
 
+def gemv_rows(policy: Any) -> int:
+    """The most rows of ``x`` a linear serves with the GEMV kernels (dense and quantized):
+    the policy's ``gemv_rows`` (``ATLAS_CUDA_GEMV_ROWS``), ``auto`` :data:`GEMV_MAX_M`."""
+    return policy.gemv_rows or GEMV_MAX_M
+
+
 def _row_tiles(M: int):
     """``(m0, rows kernel variant)`` for each tile of at most :data:`GEMV_MAX_M` rows."""
     for m0 in range(0, M, GEMV_MAX_M):
@@ -132,7 +138,7 @@ class GemvOps:
         """Whether ``gemv_norm.cu``'s fused norm GEMV serves these operands."""
         K = x.shape[-1]
         M = x.size // K if K else 0
-        return (0 < M <= GEMV_MAX_M and K % 8 == 0
+        return (0 < M <= gemv_rows(self.ctx.policy) and K % 8 == 0
                 and next(_row_tiles(M))[1] * K * x.dtype.itemsize <= NORM_GEMV_SHMEM
                 and weight.dtype == x.dtype and norm_weight.dtype == x.dtype
                 and all(a is None or a.ptr % 16 == 0 for a in (x, residual, norm_weight, weight)))

@@ -33,7 +33,8 @@ from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.memory import require_eager
 from atlas_cuda.quant_fp4_mma import Fp4Mma, fp4_mma_enabled, fp4_mma_servable
 
-#: Largest M the quantized GEMVs serve.
+#: Largest M the quantized GEMVs serve (``auto`` of the policy's ``gemv_rows``; fewer rows
+#: when it says so, the rest going to the skinny GEMM).
 QGEMV_MAX_M = 8
 #: Largest M the skinny quantized GEMM serves; above it the weight is dequantized for the GEMM.
 QGEMM_MAX_M = 64
@@ -122,12 +123,13 @@ class QuantOps:
         M = x.size // K if K else 0
         servable = gemv_servable(x, weight)
         mma = x.dtype.itemsize == 2
+        rows = self.ctx.policy.gemv_rows or QGEMV_MAX_M
         if M > QGEMM_MAX_M and fp4_mma_enabled(self.ctx) and fp4_mma_servable(x, weight):
             return self.ctx.bind(Fp4Mma).linear(x, weight, bias)
-        if not servable or M > (QGEMM_MAX_M if mma else QGEMV_MAX_M):
+        if not servable or M > (QGEMM_MAX_M if mma else rows):
             return self.ctx.ops.linear(x, self.dequantize(weight, x.dtype, slot=0), bias)
         y = self.ctx.out((*x.shape[:-1], N), x.dtype)
-        if M > QGEMV_MAX_M:
+        if M > rows:
             self.gemm(y, x, weight, bias, M, N, K)
         elif M:
             self.gemv(y, x, weight, bias, M, N, K)

@@ -45,6 +45,10 @@ KNOBS = (
          "expert), 1 (always) or 0 (never)"),
     Knob("gemv_tile", "ATLAS_CUDA_GEMV_TILE", None,
          "decode GEMV tile: auto (per shape) or g<1|2|4>s<1|2|4|8> (columns per warp, K splits)"),
+    Knob("gemv_rows", "ATLAS_CUDA_GEMV_ROWS", None,
+         "rows up to which a linear takes the decode GEMV kernels (dense and quantized): auto "
+         "(measured per target) or 1-8; more rows take the tensor-core path (cuBLASLt / mma, "
+         "the quantized skinny GEMM)"),
     Knob("gdn_fused", "ATLAS_CUDA_GDN_FUSED", None,
          "gated_delta_rule_decode as two fused kernels (0: the four separate ops)"),
     Knob("gdn_prefill", "ATLAS_CUDA_GDN_PREFILL", ("auto", "chunked", "sequential"),
@@ -65,6 +69,7 @@ class KernelPolicy:
 
     Attributes:
         gemv_tile: ``None`` for ``auto``, else the forced ``(columns per warp, K splits)``.
+        gemv_rows: ``None`` for ``auto``, else the most rows a linear serves with a GEMV.
         origins: ``(field, where its value came from)`` for every field not at its default.
     """
 
@@ -74,6 +79,7 @@ class KernelPolicy:
     moe: str = "auto"
     moe_fused: str = "auto"
     gemv_tile: tuple[int, int] | None = None
+    gemv_rows: int | None = None
     gdn_fused: bool = True
     gdn_prefill: str = "auto"
     gdn_decode: str = "auto"
@@ -96,6 +102,8 @@ def format_value(name: str, value: Any) -> str:
     """A field's value as its environment variable would spell it."""
     if name == "gemv_tile":
         return "auto" if value is None else f"g{value[0]}s{value[1]}"
+    if name == "gemv_rows":
+        return "auto" if value is None else str(value)
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
@@ -125,6 +133,12 @@ def parse_value(name: str, raw: Any, where: str) -> Any:
             return int(text[1]), int(text[3])
         raise ValueError(f"{where}={raw!r} is not valid; use auto or g<1|2|4>s<1|2|4|8> "
                          "(e.g. g2s1)")
+    if name == "gemv_rows":
+        if text == "auto":
+            return None
+        if text.isdigit() and 1 <= int(text) <= 8:
+            return int(text)
+        raise ValueError(f"{where}={raw!r} is not valid; use auto or a row count from 1 to 8")
     if text in _TRUE:
         return True
     if text in _FALSE:

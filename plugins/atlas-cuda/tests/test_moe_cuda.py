@@ -104,7 +104,7 @@ def test_backend_steps_from_another_thread(cuda_backend):
 @functools.lru_cache(maxsize=4)
 def _block_case(seed, t, e, k, hidden, inter, shared, dtype):
     """Inputs of one moe_block case (cached: every path of a case gets the same arrays)."""
-    from atlas_core.testing.contracts_ops import separated_router
+    from atlas_core.testing.contracts_core_cases import separated_router
     rng = np.random.default_rng(seed)
     x, router = separated_router(rng, "float32", t, hidden, e, k)
     arrays = {"x": x, "router_weight": router,

@@ -252,3 +252,18 @@ def test_the_fp4_mma_stays_off_where_the_target_says_so():
     ctx.kernels.target = target()
     table.linear(Dev((100, 512), bfloat16), _weight("nvfp4", 256, 512))
     assert ctx.kernels.launches[0][0] == "qdequant_nvfp4_bf16"
+
+
+@pytest.mark.parametrize("rows,m,want", [(8, 4, "qgemv_fp8_bf16_m4"), (2, 2, "qgemv_fp8_bf16_m2"),
+                                         (2, 3, "qgemm_fp8_bf16_m1_n2"),
+                                         (1, 2, "qgemm_fp8_bf16_m1_n2")])
+def test_policy_gemv_rows_moves_the_crossover_to_the_skinny_gemm(rows, m, want):
+    """``gemv_rows`` (``ATLAS_CUDA_GEMV_ROWS``): rows above it take the tensor-core GEMM, for
+    quantized weights as for dense ones (the dense linear's cuBLASLt / mma path)."""
+    ctx, table = _table()
+    ctx.set_policy(KernelPolicy(gemm="mma", gemv_rows=rows))
+    table.linear(Dev((m, 4096), bfloat16), _weight("fp8_block", 4096, 4096))
+    table.linear(Dev((m, 4096), bfloat16), Dev((4096, 4096), bfloat16))
+    (quant, *_), (dense, *_) = ctx.kernels.launches
+    assert quant == want
+    assert dense.startswith("gemvn_" if m <= rows else "gemm_bf16_")

@@ -35,12 +35,16 @@ def test_explicit_policy_and_pdl(monkeypatch):
     assert be.ctx.pdl == (tuple(be.capability) >= (9, 0))
 
 
-def test_bind_model_only_before_the_first_kernel():
+def test_bind_model_again_is_a_noop_and_another_family_rebinds():
     from atlas_cuda.backend import CudaBackend
     be = CudaBackend(workspace_bytes=1 << 20)
     be.bind_model("qwen3", "bf16")
     assert be.ctx.kernels is be.kernels and be.ctx.launch == be.kernels.launch
     a = be.from_host(np.ones(8, np.float32))
     np.testing.assert_array_equal(be.to_host(be.ops.add(a, a)), 2 * np.ones(8, np.float32))
-    with pytest.raises(RuntimeError, match="already loaded kernels"):
-        be.bind_model("qwen3")
+    library = be.kernels
+    be.bind_model("qwen3_moe", "bf16")      # same target folder, same format: nothing changes
+    assert be.kernels is library
+    be.bind_model("qwen3", None)            # another format after kernels loaded: a new library
+    assert be.kernels is not library and be.ctx.launch == be.kernels.launch
+    np.testing.assert_array_equal(be.to_host(be.ops.add(a, a)), 2 * np.ones(8, np.float32))

@@ -45,6 +45,8 @@ def test_policy_is_frozen():
     ({"ATLAS_CUDA_PDL": "maybe"}, r"ATLAS_CUDA_PDL='maybe' is not valid; use 1 or 0"),
     ({"ATLAS_CUDA_GEMV_TILE": "g3s1"}, r"ATLAS_CUDA_GEMV_TILE='g3s1' is not valid; use auto or g"),
     ({"ATLAS_CUDA_GEMV_TILE": "old"}, r"ATLAS_CUDA_GEMV_TILE='old' is not valid"),
+    ({"ATLAS_CUDA_GEMV_ROWS": "9"}, r"ATLAS_CUDA_GEMV_ROWS='9' is not valid; use auto or a row"),
+    ({"ATLAS_CUDA_GEMV_ROWS": "0"}, r"ATLAS_CUDA_GEMV_ROWS='0' is not valid"),
 ])
 def test_invalid_environment_values_name_the_variable(env, match):
     with pytest.raises(ValueError, match=match):
@@ -108,3 +110,9 @@ def test_shipped_targets_keep_the_default_policy():
     for hw in ("hopper", "gb10"):
         target = Target.from_dir(root / hw)
         assert target_policy(target, "qwen3", "bf16", {}) == KernelPolicy()
+
+
+def test_gemv_rows_parses_auto_and_counts():
+    assert resolve({}, {}, {"ATLAS_CUDA_GEMV_ROWS": "auto"}).gemv_rows is None
+    assert resolve({"gemv_rows": 2}, {}, {}).gemv_rows == 2
+    assert "gemv_rows=1 (ATLAS_CUDA_GEMV_ROWS)" in resolve({}, {}, {"ATLAS_CUDA_GEMV_ROWS": "1"}).summary()

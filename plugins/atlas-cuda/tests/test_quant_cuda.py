@@ -19,7 +19,7 @@ TOL = 1e-2
 
 def upload(be, q: QuantizedWeight) -> QuantizedWeight:
     """The device copy of a host quantized weight, as the loader makes it."""
-    dev = {k: None if a is None else be.from_host(np.ascontiguousarray(a))
+    dev = {k: None if a is None else be.from_host(np.asarray(a, order="C"))
            for k, a in (("data", q.data), ("scale", np.asarray(q.scale)),
                         ("global_scale", q.global_scale))}
     return q.replace(**dev)
