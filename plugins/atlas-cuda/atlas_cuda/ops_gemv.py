@@ -10,8 +10,13 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_quant import QuantOps, QuantizedWeight
 
-#: Largest M served by the GEMV kernels; above it bf16/f16 go to the tensor-core GEMM.
+#: Largest M per launch of the GEMV kernels (row tiles of 1, 2, 4, 8; f32 tiles any M).
 GEMV_MAX_M = 8
+#: Rows up to which a bf16/f16 linear takes the GEMV (policy ``gemv_rows`` ``auto``); more take
+#: cuBLASLt / the mma GEMM. Measured, H200 qwen3-8b at 512 tokens of context (scripts/
+#: sweep_knob.sh, 2026-11-27): the GEMV's step time grows with each row (1/2/4/8 rows: 4.25,
+#: 6.58, 10.16, 17.64 ms) while the tensor-core path stays flat (2 rows 5.03 ms, 4 rows 5.21).
+DENSE_GEMV_ROWS = 1
 #: Dynamic shared memory of the fused norm GEMV (the normed rows, ``rows * K`` elements).
 NORM_GEMV_SHMEM = 64 << 10
 #: Blocks ``auto`` aims for at least (about one per SM of an H200), splitting K below it.
@@ -29,9 +34,9 @@ _SMALL_NORM_GEMV = 12 << 20
 
 
 def gemv_rows(policy: Any) -> int:
-    """The most rows of ``x`` a linear serves with the GEMV kernels (dense and quantized):
-    the policy's ``gemv_rows`` (``ATLAS_CUDA_GEMV_ROWS``), ``auto`` :data:`GEMV_MAX_M`."""
-    return policy.gemv_rows or GEMV_MAX_M
+    """The most rows of ``x`` a dense linear serves with the GEMV kernels: the policy's
+    ``gemv_rows`` (``ATLAS_CUDA_GEMV_ROWS``), ``auto`` :data:`DENSE_GEMV_ROWS`."""
+    return policy.gemv_rows or DENSE_GEMV_ROWS
 
 
 def _row_tiles(M: int):

@@ -1,8 +1,9 @@
 """Quantized linears of the cuda backend (``kernels/cuda/common/quant_*.cu``): the weight ops
 given a :class:`~atlas_core.ops.quant.QuantizedWeight` instead of an array.
 
-* At most :data:`QGEMV_MAX_M` rows (decode): W8A16 / W4A16 GEMVs that stream each weight byte
-  once with 16-byte loads and dequantize in registers (``quant_linear.cu``).
+* At most :data:`QUANT_GEMV_ROWS` rows (policy ``gemv_rows``): W8A16 / W4A16 GEMVs that
+  stream each weight byte once with 16-byte loads and dequantize in registers
+  (``quant_linear.cu``).
 * Up to :data:`QGEMM_MAX_M` rows (bf16 / f16): the skinny tensor-core GEMM of
   ``quant_gemm.cu``, weights dequantized in registers into ``mma.sync`` fragments, each weight
   byte read once per 64 rows.
@@ -33,9 +34,13 @@ from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.memory import require_eager
 from atlas_cuda.quant_fp4_mma import Fp4Mma, fp4_mma_enabled, fp4_mma_servable
 
-#: Largest M the quantized GEMVs serve (``auto`` of the policy's ``gemv_rows``; fewer rows
-#: when it says so, the rest going to the skinny GEMM).
+#: Largest M per launch of the quantized GEMVs.
 QGEMV_MAX_M = 8
+#: Rows up to which a quantized linear takes the GEMV (policy ``gemv_rows`` ``auto``); more take
+#: the skinny GEMM. Measured, H200 qwen3-8b-fp8 / -nvfp4 at 512 tokens (scripts/sweep_knob.sh,
+#: 2026-11-27): 2 rows GEMV 6.23 / 6.80 ms against the GEMM's 6.66 / 8.78; 4 rows GEMM 7.03 /
+#: 8.98 against 9.24 / 10.48.
+QUANT_GEMV_ROWS = 2
 #: Largest M the skinny quantized GEMM serves; above it the weight is dequantized for the GEMM.
 QGEMM_MAX_M = 64
 _ROW_TILES = (1, 2, 4, 8)
@@ -123,7 +128,7 @@ class QuantOps:
         M = x.size // K if K else 0
         servable = gemv_servable(x, weight)
         mma = x.dtype.itemsize == 2
-        rows = self.ctx.policy.gemv_rows or QGEMV_MAX_M
+        rows = self.ctx.policy.gemv_rows or QUANT_GEMV_ROWS
         if M > QGEMM_MAX_M and fp4_mma_enabled(self.ctx) and fp4_mma_servable(x, weight):
             return self.ctx.bind(Fp4Mma).linear(x, weight, bias)
         if not servable or M > (QGEMM_MAX_M if mma else rows):
