@@ -53,9 +53,9 @@ def test_decode_is_timed_at_the_cells_context(monkeypatch):
     calls = []
     real_run = runner._run
 
-    def spy(engine, prompts, max_tokens):
-        calls.append((len(prompts), {len(p) for p in prompts}, max_tokens))
-        return real_run(engine, prompts, max_tokens)
+    def spy(engine, prompts, max_tokens, full_steps=None):
+        calls.append((len(prompts), {len(p) for p in prompts}, full_steps))
+        return real_run(engine, prompts, max_tokens, full_steps)
 
     decode_contexts = []
     real_complete = engine.decode_timer.on_complete
@@ -79,6 +79,20 @@ def test_decode_is_timed_at_the_cells_context(monkeypatch):
         assert c["ttft_s"] > 0 and c["tok_s"] > 0 and c["prefill_tok_s"] > 0
         assert c["floor_ms"] == pytest.approx(c["step_gb"] / 10.0 * 1e3)
         assert c["pct_floor"] == pytest.approx(100 * c["floor_ms"] / c["step_ms"])
+
+
+def test_decode_is_timed_only_while_the_whole_batch_decodes():
+    # A 64 x 8,192 cell on the H200 printed 116.9% "of floor": the first sequences had finished
+    # their decode tokens before the last ones left prefill, so the timed steps ran half the
+    # batch. Now the first ones keep decoding until the last starts, and only steps that decode
+    # every sequence count.
+    engine = _engine(max_prefill_tokens=64)
+    cell, = runner.measure(engine, batches=[4], contexts=[96], decode_tokens=5,
+                           bandwidth_gbs=10.0, log=lambda msg: None)
+    assert cell["status"] == "ok"
+    assert cell["tok_s"] * cell["step_ms"] / 1e3 == pytest.approx(4, rel=1e-6)
+    assert not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 def test_cells_that_cannot_fit_are_skipped_not_run():

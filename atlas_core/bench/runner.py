@@ -1,7 +1,9 @@
 """The measurements of ``atlas bench``: a matrix of batch sizes x context lengths.
 
 Each cell prefills ``batch`` distinct prompts of ``context`` tokens at once (the batched TTFT
-and prefill rate), then times the decode steps that follow, AT that context. The floor of a
+and prefill rate), then times the decode steps that follow, AT that context: only steps that
+decode every sequence of the batch (the first sequences keep decoding while the last ones
+prefill, and the cell ends after ``decode_tokens`` whole-batch steps). The floor of a
 cell is :class:`~atlas_core.bench.floor.StepBytes` at the mean context of the timed steps over
 the device bandwidth. A cell whose KV cache cannot fit is reported as skipped, not run.
 """
@@ -38,9 +40,12 @@ class BenchResult:
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _run(engine: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[tuple]]:
+def _run(engine: Any, prompts: list[list[int]], max_tokens: int,
+         full_steps: int | None = None) -> tuple[float, list[tuple]]:
     """Submit ``prompts`` together; return (seconds until every one has its first token,
-    ``(end time, tokens, all started)`` of each step that produced tokens)."""
+    ``(end time, tokens, all started)`` of each step that produced tokens). With
+    ``full_steps``: once that many steps after the last first token produced a token for every
+    prompt, the rest are aborted (the decode phase of a matrix cell)."""
     from atlas_core.engine import SamplingParams
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [f"bench-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
@@ -48,7 +53,7 @@ def _run(engine: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float,
         engine.add_request(rid, p, params)
     start = time.perf_counter()
     started: set[str] = set()
-    first, stamps = 0.0, []
+    first, stamps, full = 0.0, [], 0
     while engine.has_unfinished_requests():
         outs = engine.step()
         now = time.perf_counter()
@@ -59,7 +64,18 @@ def _run(engine: Any, prompts: list[list[int]], max_tokens: int) -> tuple[float,
         if not was_full and len(started) == len(ids):
             first = now - start
         stamps.append((now, len(outs), was_full))
+        full += was_full and len(outs) == len(ids)
+        if full_steps is not None and full > full_steps:
+            for rid in ids:
+                engine.abort_request(rid)
     return first, stamps
+
+
+def _lead_tokens(engine: Any, batch: int, context: int) -> int:
+    """Tokens the first sequences of a cell may decode while the last ones still prefill (one a
+    prefill step, the prefill taking about ``batch * context / max_prefill_tokens`` steps):
+    their budget, so that every sequence is still running when the last one starts."""
+    return -(-batch * context // max(int(engine.args.max_prefill_tokens), 1)) + 2
 
 
 def kv_need(engine: Any, batch: int, tokens: int) -> tuple[int, int]:
@@ -70,13 +86,18 @@ def kv_need(engine: Any, batch: int, tokens: int) -> tuple[int, int]:
 
 def skip_reason(engine: Any, batch: int, context: int, decode_tokens: int) -> str | None:
     """Why a cell cannot run on this engine (``None``: it can)."""
-    tokens = context + decode_tokens + 1
+    tokens = context + decode_tokens + _lead_tokens(engine, batch, context) + 1
     model_max = int(engine.model.max_position_embeddings)
     if tokens > model_max:
         return (f"skipped: context {context} + {decode_tokens} decode tokens exceeds the "
                 f"model's max_position_embeddings {model_max}")
     if batch > engine.args.max_num_seqs:
         return f"skipped: batch {batch} exceeds max_num_seqs {engine.args.max_num_seqs}"
+    pool, bs = getattr(engine.kv_config, "window_pool", None), engine.kv_config.block_size
+    if pool is not None and batch * min(-(-tokens // bs),
+                                        -(-pool.window // bs) + 2) > pool.num_blocks:
+        return (f"skipped: {batch} sliding windows of {pool.window} tokens need more than the "
+                f"{pool.num_blocks} blocks of the window pool (raise --gpu-memory-utilization)")
     need, have = kv_need(engine, batch, tokens)
     if need > have or tokens > engine.max_seq_len:
         per = engine.kv_config.bytes_per_block
@@ -96,10 +117,11 @@ def measure_cell(engine: Any, step_bytes: StepBytes, batch: int, context: int,
         return cell
     vocab = engine.model.vocab_size
     prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
-    ttft, stamps = _run(engine, prompts, decode_tokens)
-    decode = [s for s in stamps if s[2]]
+    ttft, stamps = _run(engine, prompts, decode_tokens + _lead_tokens(engine, batch, context),
+                        full_steps=decode_tokens)
+    decode = [s for s in stamps if s[2] and s[1] == batch]
     if len(decode) < 3:
-        cell["status"] = f"skipped: {len(decode)} decode steps timed; raise --decode-tokens"
+        cell["status"] = f"skipped: {len(decode)} decode steps of the whole batch timed; raise --decode-tokens"
         return cell
     steps, elapsed = len(decode) - 1, decode[-1][0] - decode[0][0]
     tokens = sum(n for _, n, _ in decode[1:])
