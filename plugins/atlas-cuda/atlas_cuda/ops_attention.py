@@ -27,6 +27,23 @@ FLASH_BM = FLASH_BN = 64
 COMBINE_FLOATS = 8192
 #: Resident decode-attention blocks per SM (128 threads, ~210 registers).
 BLOCKS_PER_SM = 2
+#: Most floats of split partials under the ``shared`` plan (long contexts: more splits of the
+#: blocks that hold every head of a KV head).
+COMBINE_FLOATS_SHARED = 32768
+
+
+def shared_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
+                       num_sms: int) -> tuple[int, int]:
+    """``(heads per block, splits)`` that read each KV head's cache once: every query head of a
+    GQA group (up to 4) in one block, the context split across enough blocks for a wave."""
+    group, target = h // kh, BLOCKS_PER_SM * num_sms
+    per_round = {16: 256, 32: 128, 64: 64, 128: 32, 256: 16}[d]
+    hb = next(x for x in (4, 2, 1) if group % x == 0)
+    base = t * kh * (group // hb)
+    if base > COUNTERS:
+        return hb, 1
+    return hb, max(1, min(target // base, COMBINE_FLOATS_SHARED // (hb * d),
+                          -(-max_ctx // per_round)))
 
 
 def decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int, num_sms: int) -> tuple[int, int]:
@@ -208,8 +225,10 @@ class AttentionOps:
                 self.ctx.out((t * h * splits * 2,), np.float32))
 
     def _decode_plan(self, t: int, h: int, kh: int, d: int, max_ctx: int) -> tuple[int, int]:
-        """``(heads per block, splits)`` of the decode kernel; see :func:`decode_plan`."""
-        return decode_plan(t, h, kh, d, max_ctx, self.ctx.num_sms)
+        """``(heads per block, splits)`` of the decode kernel: :func:`decode_plan`, or
+        :func:`shared_decode_plan` under the policy's ``decode_plan = shared``."""
+        plan = shared_decode_plan if self.ctx.policy.decode_plan == "shared" else decode_plan
+        return plan(t, h, kh, d, max_ctx, self.ctx.num_sms)
 
     def _use_flash(self, q: DeviceArray, k: DeviceArray, num_seqs: int) -> bool:
         """Tensor-core kernel for multi-token batches (>= 4 query tokens per sequence on

@@ -35,6 +35,9 @@ KNOBS = (
          "own mma.sync kernel), cublaslt (required) or mma"),
     Knob("attention", "ATLAS_CUDA_ATTENTION", ("auto", "flash", "simt"),
          "multi-token attention: auto/flash (tensor-core flash kernel where it applies) or simt"),
+    Knob("decode_plan", "ATLAS_CUDA_DECODE_PLAN", ("auto", "shared"),
+         "split decode attention: auto (fewer heads a block where that fills the GPU) or shared "
+         "(every query head of a KV head in one block, so K/V are read once, and more splits)"),
     Knob("pdl", "ATLAS_CUDA_PDL", None,
          "programmatic dependent launch of the decode kernels on sm_90+"),
     Knob("moe", "ATLAS_CUDA_MOE", ("auto", "grouped", "gemv"),
@@ -75,6 +78,7 @@ class KernelPolicy:
 
     gemm: str = "auto"
     attention: str = "auto"
+    decode_plan: str = "auto"
     pdl: bool = True
     moe: str = "auto"
     moe_fused: str = "auto"

@@ -26,3 +26,15 @@ def test_decode_plan_limits(t, h, kh, d):
     assert splits * hb * d <= COMBINE_FLOATS or splits == 1
     blocks = t * kh * (h // kh // hb) * splits
     assert splits == 1 or blocks <= BLOCKS_PER_SM * 132
+
+
+@pytest.mark.parametrize("t,h,kh,d,ctx,want", [
+    (1, 32, 8, 128, 40960, (4, 33)),    # qwen3-8b batch 1: one block per KV head and split
+    (8, 32, 8, 128, 40960, (4, 4)),
+    (1, 32, 4, 128, 40960, (4, 33)),    # qwen3-30b-a3b (group 8): two blocks a KV head
+    (1, 32, 8, 128, 100, (4, 4)),       # a short cache: a split per round of keys
+    (1, 14, 2, 64, 40960, (1, 18)),     # group 7: one head a block
+])
+def test_shared_plan_reads_each_kv_head_once(t, h, kh, d, ctx, want):
+    from atlas_cuda.ops_attention import shared_decode_plan
+    assert shared_decode_plan(t, h, kh, d, ctx, 132) == want
