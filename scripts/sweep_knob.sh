@@ -26,6 +26,6 @@ for model in "$@"; do
       --model "$model" --backend cuda --batch "${BATCH:-1,2,4,8,16}" --context "${CONTEXT:-512}" \
       --decode-tokens "${DECODE:-32}" --copy-mb 1024 --baseline none \
       --gpu-memory-utilization "$util" --json "$OUT/$model-$var-$value.json" >"$log" 2>&1
-    echo "== $model $var=$value"; grep -E '^ +[0-9]+ \| +[0-9]+ \| +[0-9.]+ \| +[0-9.]+ \| +[0-9.]+ \| +[0-9.]+%' "$log" || tail -3 "$log"
+    echo "== $model $var=$value"; grep -E '^ +[0-9]+ \| +[0-9]+ \| +[0-9.]+ \| +[0-9.,]+ \| +[0-9.]+ \| +[0-9.]+%' "$log" || tail -3 "$log"
   done
 done
