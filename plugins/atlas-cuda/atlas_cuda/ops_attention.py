@@ -30,6 +30,12 @@ BLOCKS_PER_SM = 2
 #: Most floats of split partials under the ``shared`` plan (long contexts: more splits of the
 #: blocks that hold every head of a KV head).
 COMBINE_FLOATS_SHARED = 32768
+#: Cache length (tokens a sequence, the block table's width) above which ``auto`` takes the
+#: shared plan. H200, batch 1 / 4 / 8 step ms, split -> shared (session 13): qwen3-8b at 32,768
+#: tokens 12.09 -> 6.50 / 26.70 -> 13.91 / -, at 8,192 6.11 -> 4.85 / 10.41 -> 7.28 / 15.99 ->
+#: 9.69; qwen3-30b-a3b at 8,192 4.95 -> 3.31 / - / 24.43 -> 15.98; at 512 tokens the split plan
+#: keeps batch 1 (8b 4.23 against 4.26, 30b 2.52 against 2.60, 0.6b 0.78 against 0.83 ms).
+LONG_DECODE_CTX = 4096
 
 
 def shared_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
@@ -225,9 +231,13 @@ class AttentionOps:
                 self.ctx.out((t * h * splits * 2,), np.float32))
 
     def _decode_plan(self, t: int, h: int, kh: int, d: int, max_ctx: int) -> tuple[int, int]:
-        """``(heads per block, splits)`` of the decode kernel: :func:`decode_plan`, or
-        :func:`shared_decode_plan` under the policy's ``decode_plan = shared``."""
-        plan = shared_decode_plan if self.ctx.policy.decode_plan == "shared" else decode_plan
+        """``(heads per block, splits)`` of the decode kernel: :func:`shared_decode_plan` or
+        :func:`decode_plan` by the policy's ``decode_plan`` (``auto``: shared above
+        :data:`LONG_DECODE_CTX` tokens of cache a sequence)."""
+        choice = self.ctx.policy.decode_plan
+        if choice == "auto":
+            choice = "shared" if max_ctx > LONG_DECODE_CTX else "split"
+        plan = shared_decode_plan if choice == "shared" else decode_plan
         return plan(t, h, kh, d, max_ctx, self.ctx.num_sms)
 
     def _use_flash(self, q: DeviceArray, k: DeviceArray, num_seqs: int) -> bool:

@@ -38,3 +38,13 @@ def test_decode_plan_limits(t, h, kh, d):
 def test_shared_plan_reads_each_kv_head_once(t, h, kh, d, ctx, want):
     from atlas_cuda.ops_attention import shared_decode_plan
     assert shared_decode_plan(t, h, kh, d, ctx, 132) == want
+
+
+@pytest.mark.parametrize("choice,ctx,want", [("auto", 4096, (1, 8)), ("auto", 4097, (4, 33)),
+                                             ("split", 40960, (1, 8)), ("shared", 512, (4, 16))])
+def test_policy_picks_the_plan_by_cache_length(choice, ctx, want):
+    from atlas_cuda.ops_attention import AttentionOps
+    from atlas_cuda.policy import KernelPolicy
+    from fake_context import fake_context
+    ops = AttentionOps(fake_context(KernelPolicy(decode_plan=choice)))
+    assert ops._decode_plan(1, 32, 8, 128, ctx) == want
