@@ -32,10 +32,7 @@ def main() -> None:
     args += [f"-D{d}" for d in a.defines]
     _, prog = nvrtc.nvrtcCreateProgram(sources.text(a.module + ".cu").encode(), b"k.cu", 0, [], [])
     err, = nvrtc.nvrtcCompileProgram(prog, len(args), [s.encode() for s in args])
-    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    text = log.decode(errors="replace")
+    text = compiler.nvrtc_program_text(prog, "log")
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         sys.exit(text)
     name = None

@@ -4,6 +4,8 @@ off, greedy and seeded sampling), on tiny bf16 Qwen3 and hybrid Qwen3.5-MoE chec
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -53,10 +55,13 @@ def completion(out) -> tuple:
     return c.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in c.logprobs]
 
 
-def run_alone(model_dir, caching, seeded) -> list[tuple]:
+@functools.cache
+def run_alone(model_dir, seeded) -> list[tuple]:
+    """Each prompt alone in a fresh engine (no prefix caching: the batched runs with and
+    without it must both reproduce these bits)."""
     results = []
     for i, p in enumerate(prompts()):
-        engine = make_engine(model_dir, caching)
+        engine = make_engine(model_dir, caching=False)
         engine.add_request("a", p, params(i, seeded))
         results.append(completion(run_to_completion(engine)["a"]))
     return results
@@ -83,7 +88,7 @@ def run_batched(model_dir, caching, seeded, arrivals, num_kv_blocks=128):
 @pytest.mark.parametrize("caching", [False, True], ids=["no-cache", "prefix-cache"])
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
 def test_alone_equals_batched_bitwise(model_dir, caching, seeded):
-    alone = run_alone(model_dir, caching, seeded)
+    alone = run_alone(model_dir, seeded)
     together, _ = run_batched(model_dir, caching, seeded, [0] * len(alone))
     staggered, stats = run_batched(model_dir, caching, seeded, [0, 0, 1, 3, 3, 7, 9, 12])
     # the last prompt reuses the shared prefix of the one before
@@ -96,7 +101,7 @@ def test_alone_equals_batched_bitwise(model_dir, caching, seeded):
 
 @pytest.mark.parametrize("caching", [False, True], ids=["no-cache", "prefix-cache"])
 def test_preempted_requests_recompute_the_same_bits(model_dir, caching):
-    alone = run_alone(model_dir, caching, seeded=True)
+    alone = run_alone(model_dir, True)
     squeezed, stats = run_batched(model_dir, caching, True, [0] * len(alone), num_kv_blocks=24)
     assert stats.num_preemptions > 0
     assert squeezed == alone

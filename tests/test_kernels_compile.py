@@ -46,10 +46,8 @@ def _build(job):
     _, prog = nvrtc.nvrtcCreateProgram(sources.text(module + ".cu").encode(), b"k.cu", 0, [], [])
     err, = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise AssertionError(f"{module}.cu {variant} {hw}: {log.decode(errors='replace')}")
+        raise AssertionError(f"{module}.cu {variant} {hw}: "
+                             f"{compiler.nvrtc_program_text(prog, 'log')}")
     return 0
 
 

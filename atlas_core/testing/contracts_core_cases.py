@@ -7,6 +7,8 @@ Every case draws fresh random inputs seeded from the case, so failures reproduce
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from atlas_core.ops import reference as ref
@@ -225,14 +227,34 @@ def moe_block_weights(rng, dtype, num_experts, hidden, inter, shared):
                          shared_gate=randn(rng, (1, hidden), dtype, hidden ** -0.5))
 
 
+#: Random redraws before a router is moved onto a separated one (draws with given inputs
+#: found one only after ~10^5 tries, 15 s per call).
+_REDRAWS = 500
+
+
 def separated_router(rng, dtype, tokens, hidden, num_experts, top_k, x=None):
     """Inputs and router whose top-k choice does not hinge on rounding (the k-th and (k+1)-th
     logits of every token at least 0.05 apart); ``x``: keep these inputs, draw only routers."""
     given = x
-    while True:
+    for attempt in itertools.count(1):
         x = randn(rng, (tokens, hidden), dtype) if given is None else given
         router = randn(rng, (num_experts, hidden), dtype, hidden ** -0.5)
-        logits = -np.sort(-(x.astype(np.float64) @ router.astype(np.float64).T), axis=-1)
-        gap = logits[:, top_k - 1] - logits[:, top_k] if top_k < num_experts else 1.0
-        if np.min(gap) > 0.05:
+        if attempt >= _REDRAWS:
+            router = _lift_top_k(x, router, top_k)
+        if _top_k_gap(x, router, top_k) > 0.05:
             return x, router
+
+
+def _top_k_gap(x, router, top_k) -> float:
+    logits = -np.sort(-(x.astype(np.float64) @ router.astype(np.float64).T), axis=-1)
+    return float(np.min(logits[:, top_k - 1] - logits[:, top_k])) if top_k < len(router) else 1.0
+
+
+def _lift_top_k(x, router, top_k):
+    """``router`` plus the least-norm change that raises each token's top-k logits by 0.1
+    (exact when the tokens' inputs are linearly independent)."""
+    x64, r64 = x.astype(np.float64), router.astype(np.float64)
+    logits = x64 @ r64.T
+    lift = np.zeros_like(logits)
+    np.put_along_axis(lift, np.argsort(-logits, axis=-1)[:, :top_k], 0.1, axis=-1)
+    return (r64 + (np.linalg.pinv(x64) @ lift).T).astype(router.dtype)

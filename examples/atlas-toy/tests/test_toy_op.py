@@ -6,6 +6,8 @@ contract cases come from its spec, the CUDA source folder from its ``register_ke
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -23,8 +25,9 @@ def ops():
     return OpRegistry(Registry())
 
 
+@functools.cache
 def _cases(ops):
-    return [case for name, case in registered_cases(ops) if name == OP]
+    return tuple(case for name, case in registered_cases(ops) if name == OP)
 
 
 def test_the_plugin_registers_the_op_its_implementations_and_its_kernels(ops):

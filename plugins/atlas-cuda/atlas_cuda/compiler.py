@@ -37,6 +37,24 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+def nvrtc_program_text(prog, what: str = "log") -> str:
+    """The compile log (``what="log"``) or PTX (``"ptx"``) of an ``nvrtcProgram`` made with
+    ``cuda.bindings.nvrtc``.
+
+    NVRTC writes into the buffer it is given, so the buffer is a fresh ``bytearray``: the
+    idiom ``b" " * size`` returns CPython's shared one-byte ``b" "`` when ``size`` is 1 (an
+    empty log is one NUL byte), and NVRTC then turns every ``b" "`` of the process into
+    ``b"\\x00"`` (which broke every safetensors header padded after it).
+    """
+    from cuda.bindings import nvrtc
+    get_size, get = {"log": (nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog),
+                     "ptx": (nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)}[what]
+    _, size = get_size(prog)
+    buf = bytearray(size)
+    get(prog, buf)
+    return buf.rstrip(b"\0").decode(errors="replace")
+
+
 class KernelSources:
     """Finds and inlines kernel sources through an override path (most specific dir first)."""
 

@@ -27,16 +27,10 @@ def _ptx(arch: str) -> str:
     opts = [f"-arch={arch}", "-std=c++17", "-DATLAS_T=bf16", "-DATLAS_S=bf16", "-DATLAS_MMA=1"]
     _, prog = nvrtc.nvrtcCreateProgram(src, b"nvfp4_mma.cu", 0, [], [])
     err, = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    log = b" " * size
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, compiler.nvrtc_program_text(prog, "log")
     _, size = nvrtc.nvrtcGetCUBINSize(prog)
     assert size > 0, f"no cubin for {arch}"
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    ptx = b" " * size
-    nvrtc.nvrtcGetPTX(prog, ptx)
-    return ptx.decode()
+    return compiler.nvrtc_program_text(prog, "ptx")
 
 
 def test_compiles_for_sm_121a_with_the_block_scaled_fp4_mma():
