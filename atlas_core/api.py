@@ -15,13 +15,13 @@ Groups:
 - Contracts (ABCs of :mod:`atlas_core.interfaces`): :class:`GpuBackend`,
   :class:`ModelWeightLoader`, :class:`TransformerLayer`, :class:`CommBackend`,
   :class:`StorageBackend`, and what they exchange (:class:`StepMetadata`, :class:`KVCacheSpec`,
-  :class:`RecurrentStateSpec`, :class:`DeviceInfo`, :class:`Graph`, :class:`EagerGraph`,
-  :class:`HostRead`).
+  :class:`LatentCacheSpec`, :class:`SlidingWindowCacheSpec`, :class:`RecurrentStateSpec`,
+  :class:`DeviceInfo`, :class:`Graph`, :class:`EagerGraph`, :class:`HostRead`).
 - Model building blocks: :class:`Module` with :class:`ParamSpec` / :class:`Source`,
   :class:`CausalLM`, :class:`DecoderOnlyLoader`, the built-in layers (:class:`DecoderLayer`,
-  :class:`Attention`, :class:`GatedMLP`, :class:`SparseMoE`), :func:`checkpoint_tensors`,
+  :class:`Attention`, :class:`GatedMLP`, :class:`SparseMoE`, :class:`MTPHead`), :func:`checkpoint_tensors`,
   :func:`model_dtype`, :func:`gated_activation`, :func:`rope_parameters`,
-  :func:`rope_cos_sin_cache`, :func:`load_model`, :func:`read_config`.
+  :func:`rope_cos_sin_cache`, :func:`rope_inv_freq`, :func:`load_model`, :func:`read_config`.
 - Ops and dtypes: :class:`OpSpec`, :class:`OpRegistry`, :class:`OpTable`, the NumPy
   references (``reference``, a module), the unfused compositions a backend falls back to
   (``compose_*``), the activations, quantized weights (:class:`QuantizedWeight`,
@@ -55,6 +55,8 @@ _EXPORTS = {
     "Graph": "atlas_core.interfaces:Graph",
     "HostRead": "atlas_core.interfaces:HostRead",
     "KVCacheSpec": "atlas_core.interfaces:KVCacheSpec",
+    "LatentCacheSpec": "atlas_core.interfaces:LatentCacheSpec",
+    "SlidingWindowCacheSpec": "atlas_core.interfaces:SlidingWindowCacheSpec",
     "ModelWeightLoader": "atlas_core.interfaces:ModelWeightLoader",
     "RecurrentStateSpec": "atlas_core.interfaces:RecurrentStateSpec",
     "StepMetadata": "atlas_core.interfaces:StepMetadata",
@@ -69,6 +71,7 @@ _EXPORTS = {
     "DecoderOnlyLoader": "atlas_core.model.decoder_loader:DecoderOnlyLoader",
     "model_dtype": "atlas_core.model.decoder_loader:model_dtype",
     "DecoderLayer": "atlas_core.model.layers.decoder:DecoderLayer",
+    "MTPHead": "atlas_core.model.layers.mtp:MTPHead",
     "Attention": "atlas_core.model.layers.attention:Attention",
     "GatedMLP": "atlas_core.model.layers.mlp:GatedMLP",
     "gated_activation": "atlas_core.model.layers.mlp:gated_activation",
@@ -80,6 +83,7 @@ _EXPORTS = {
     "read_config": "atlas_core.model.loader:read_config",
     "rope_parameters": "atlas_core.ops.rotary:rope_parameters",
     "rope_cos_sin_cache": "atlas_core.ops.rotary:rope_cos_sin_cache",
+    "rope_inv_freq": "atlas_core.ops.rotary:rope_inv_freq",
     "reference": "atlas_core.ops.reference",
     "OpSpec": "atlas_core.ops.spec:OpSpec",
     "OpRegistry": "atlas_core.ops.registry:OpRegistry",

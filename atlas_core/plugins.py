@@ -29,6 +29,7 @@ DEFAULT_PLUGINS = (
     "atlas_core.comm.plugin",
     "atlas_core.storage.plugin",
     "atlas_core.model.plugin",
+    "atlas_core.parallel.plugin",
 )
 
 # hook name -> the kind of thing it registers, used in messages and `atlas plugins`.

@@ -129,10 +129,9 @@ def test_responses_items_to_messages():
     assert turn["content"] == "Checking." and turn["reasoning_content"] == "think"
     assert [c["id"] for c in turn["tool_calls"]] == ["c1", "c2"]
     assert turn["tool_calls"][0]["function"]["arguments"] == {"q": 1}
-    with pytest.raises(APIError) as info:
-        input_messages([{"role": "user", "content": [{"type": "input_image"}]}])
-    assert info.value.param == "input[0].content[0].type"
-    assert info.value.message.startswith("image inputs are not supported")
+    image = input_messages([{"role": "user", "content": [{"type": "input_image"}]}])
+    assert image[0]["content"][0]["type"] == "image"
+    assert image[0]["content"][0]["image"].param == "input[0].content[0]"
 
 
 def test_response_store_is_lru():

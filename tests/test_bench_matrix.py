@@ -245,3 +245,14 @@ def test_serve_states_the_floor_and_metrics_time_decode_steps(tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) in (0, 130)
         proc.stdout.close()
+
+
+def test_bench_sizes_the_engine_for_the_tokens_decoded_while_a_batch_prefills(tmp_path):
+    # The H200's nemotron batch-32 cell was skipped as "needs 1.69 GiB of KV cache, 67 GiB
+    # fit": max_seq_len had no room for the first sequences' tokens during the batch's prefill.
+    out = tmp_path / "b.json"
+    assert main(["bench", "--model", "tiny", "--backend", "numpy", "--batch", "4",
+                 "--context", "64", "--decode-tokens", "4", "--max-prefill-tokens", "16",
+                 "--copy-mb", "1", "--bandwidth", "50", "--json", str(out)]) == 0
+    cell, = json.loads(out.read_text())["cells"]
+    assert cell["status"] == "ok"

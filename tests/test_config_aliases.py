@@ -174,9 +174,9 @@ def test_install_hints_name_only_existing_distributions(registry):
             assert arch in KNOWN_FAMILIES.get(info.dist, ()), (arch, info.dist)
 
 
-@pytest.mark.parametrize("arch", ["NemotronHForCausalLM", "Gemma3nForConditionalGeneration",
-                                  "Mistral3ForConditionalGeneration",
-                                  "Qwen3VLForConditionalGeneration"])
+@pytest.mark.parametrize("arch", ["Gemma3nForConditionalGeneration",
+                                  "DeepseekV2ForCausalLM",
+                                  "Glm4vForConditionalGeneration"])
 def test_unsupported_architecture_names_no_made_up_plugin(arch):
     empty = Registry(make_plugin_manager(allow=[]))
     with pytest.raises(ModelConfigError) as exc:
@@ -190,5 +190,7 @@ def test_supported_architecture_names_its_plugin():
         create_loader(empty, "Qwen3_5MoeForConditionalGeneration")
     with pytest.raises(ModelConfigError, match="pip install atlas-minimax"):
         create_loader(empty, "MiniMaxM2ForCausalLM")
+    with pytest.raises(ModelConfigError, match="pip install atlas-nemotron-h"):
+        create_loader(empty, "NemotronHForCausalLM")
     with pytest.raises(ModelConfigError, match="pip install atlas-gemma4"):
         create_loader(empty, "Gemma4ForConditionalGeneration")

@@ -189,7 +189,7 @@ def test_config_errors(tmp_path, registry):
     with pytest.raises(ModelConfigError, match="no config.json"):
         _load(tmp_path, registry)
     for arch, hint in (("Qwen3_5ForConditionalGeneration", "pip install atlas-qwen35"),
-                       ("NemotronHForCausalLM", "no known plugin"),
+                       ("NemotronHForCausalLM", "pip install atlas-nemotron-h"),
                        ("FooForCausalLM", "no known plugin")):
         (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
         with pytest.raises(ModelConfigError, match=f"{arch!r}.*registered: Tiny.*{hint}"):

@@ -160,6 +160,7 @@ class _HostOnlyOps:
 class _Row:
     def __init__(self, params, tokens, seed=0):
         self.samples = True
+        self.draft_ids = ()
         self.seq = type("Seq", (), {"params": params, "token_ids": tokens, "seed": seed})()
 
 

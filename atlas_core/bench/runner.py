@@ -71,11 +71,15 @@ def _run(engine: Any, prompts: list[list[int]], max_tokens: int,
     return first, stamps
 
 
-def _lead_tokens(engine: Any, batch: int, context: int) -> int:
+def lead_tokens(max_prefill_tokens: int, batch: int, context: int) -> int:
     """Tokens the first sequences of a cell may decode while the last ones still prefill (one a
     prefill step, the prefill taking about ``batch * context / max_prefill_tokens`` steps):
     their budget, so that every sequence is still running when the last one starts."""
-    return -(-batch * context // max(int(engine.args.max_prefill_tokens), 1)) + 2
+    return -(-batch * context // max(int(max_prefill_tokens), 1)) + 2
+
+
+def _lead_tokens(engine: Any, batch: int, context: int) -> int:
+    return lead_tokens(engine.args.max_prefill_tokens, batch, context)
 
 
 def kv_need(engine: Any, batch: int, tokens: int) -> tuple[int, int]:
@@ -98,8 +102,12 @@ def skip_reason(engine: Any, batch: int, context: int, decode_tokens: int) -> st
                                         -(-pool.window // bs) + 2) > pool.num_blocks:
         return (f"skipped: {batch} sliding windows of {pool.window} tokens need more than the "
                 f"{pool.num_blocks} blocks of the window pool (raise --gpu-memory-utilization)")
+    if tokens > engine.max_seq_len:
+        return (f"skipped: context {context} + {decode_tokens} decode tokens (+ "
+                f"{tokens - context - decode_tokens} while the batch prefills) exceed the "
+                f"engine's max_seq_len {engine.max_seq_len}")
     need, have = kv_need(engine, batch, tokens)
-    if need > have or tokens > engine.max_seq_len:
+    if need > have:
         per = engine.kv_config.bytes_per_block
         state = batch * getattr(engine.kv_config, "state_bytes_per_slot", 0)
         return (f"skipped: needs {(need * per + state) / _GIB:.2f} GiB of KV cache, "

@@ -66,6 +66,35 @@ SHAPES["tiny-qwen3.5-moe"] = {
                         "partial_rotary_factor": 0.25, "mrope_interleaved": True,
                         "mrope_section": [2, 1, 1]}}
 
+#: Qwen3-VL-30B-A3B (atlas-qwen3vl): the Qwen3-30B-A3B text stack with interleaved MRoPE
+#: around a 27-block vision tower (DeepStack from blocks 8, 16, 24); ``atlas bench`` adds the
+#: encode time of one image and the TTFT of image + 100 tokens. ``tiny-qwen3-vl`` for CI.
+_VL_TOKENS = {"image_token_id": 151655, "video_token_id": 151656,
+              "vision_start_token_id": 151652, "vision_end_token_id": 151653}
+SHAPES["qwen3-vl-30b-a3b"] = {
+    "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+    **_VL_TOKENS, "tie_word_embeddings": False,
+    "text_config": {**SHAPES["qwen3-30b-a3b"], "model_type": "qwen3_vl_moe_text",
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                        "mrope_section": [24, 20, 20],
+                                        "mrope_interleaved": True}},
+    "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                      "num_heads": 16, "out_hidden_size": 2048, "patch_size": 16,
+                      "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+                      "num_position_embeddings": 2304, "hidden_act": "gelu_pytorch_tanh",
+                      "deepstack_visual_indexes": [8, 16, 24]}}
+SHAPES["tiny-qwen3-vl"] = {
+    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+    "image_token_id": 383, "video_token_id": 380, "vision_start_token_id": 381,
+    "vision_end_token_id": 382, "tie_word_embeddings": False,
+    "text_config": {**SHAPES["tiny"], "model_type": "qwen3_vl_text",
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                        "mrope_section": [4, 2, 2], "mrope_interleaved": True}},
+    "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                      "out_hidden_size": 64, "patch_size": 16, "spatial_merge_size": 2,
+                      "temporal_patch_size": 2, "in_channels": 3, "num_position_embeddings": 16,
+                      "hidden_act": "gelu_pytorch_tanh", "deepstack_visual_indexes": [0]}}
+
 #: Gemma-4 text models (atlas-gemma4): 5 sliding (window 1024, head 256) : 1 full (head 512,
 #: keys reused as values) layers, soft-capped logits, tied embeddings.
 _GEMMA4 = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
@@ -102,6 +131,60 @@ SHAPES["minimax-m2"] = {
     "num_experts_per_tok": 8, "moe_intermediate_size": 1536, "scoring_func": "sigmoid",
     "use_routing_bias": True, "tie_word_embeddings": False}
 
+#: Multi-head latent attention MoE models (atlas-deepseek, atlas-mistral), cut to what fits one
+#: 80 GB GPU in bf16. Their KV cache is the latent: kv_lora_rank + qk_rope_head_dim values a
+#: token a layer (DeepSeek-V3: 576, 1152 bytes; Mistral-Small-4: 320, 640 bytes).
+#: ``deepseek-v3``: 3 of 61 layers (one dense, then 2 MoE): 25.5B parameters (50.9 GB); a
+#: decode step at batch 1 reads 1.17 GB per MoE layer. ``mistral-small-4``: 8 of 36 layers:
+#: 27.3B parameters (54.5 GB), 0.31 GB per layer at batch 1. ``num_experts`` is for
+#: :func:`step_bytes` (HF reads ``n_routed_experts``).
+SHAPES["deepseek-v3"] = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_act": "silu",
+    "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 3, "num_attention_heads": 128,
+    "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "num_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8,
+    "topk_group": 4, "num_experts_per_tok": 8, "first_k_dense_replace": 1, "norm_topk_prob": True,
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6, "rope_interleave": True, "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+SHAPES["mistral-small-4"] = {
+    "architectures": ["Mistral4ForCausalLM"], "model_type": "mistral4", "hidden_act": "silu",
+    "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 12288,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "n_shared_experts": 1, "n_routed_experts": 128,
+    "num_experts": 128, "routed_scaling_factor": 1.0, "kv_lora_rank": 256, "q_lora_rank": 1024,
+    "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 64, "n_group": 1,
+    "topk_group": 1, "num_experts_per_tok": 4, "first_k_dense_replace": 0,
+    "norm_topk_prob": True, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-6,
+    "rope_interleave": True, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 128.0,
+                        "original_max_position_embeddings": 8192, "beta_fast": 32.0,
+                        "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0,
+                        "llama_4_scaling_beta": 0.1}}
+
+#: Nemotron-3 Nano 30B-A3B (atlas-nemotron-h): 23 Mamba-2, 23 MoE and 6 attention (no RoPE)
+#: blocks of width 2688; 128 squared-ReLU experts (top 6, scaled 2.5) plus a shared one.
+#: 31.3B parameters (62.5 GB bf16), 3.26B active a token; 6 KiB of KV a token and 2.1 MB of
+#: Mamba state a sequence per layer. :func:`step_bytes` does not model Mamba-2 blocks; the
+#: bench's floor counts the loaded model's own parameters (``StepBytes``).
+_NANO3_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+SHAPES["nemotron-3-nano-30b-a3b"] = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072,
+    "hidden_size": 2688, "hybrid_override_pattern": _NANO3_PATTERN,
+    "num_hidden_layers": len(_NANO3_PATTERN), "num_attention_heads": 32,
+    "num_key_value_heads": 2, "head_dim": 128, "intermediate_size": 1856,
+    "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8,
+    "conv_kernel": 4, "chunk_size": 128, "use_conv_bias": True, "mamba_hidden_act": "silu",
+    "n_routed_experts": 128, "num_experts": 128, "num_experts_per_tok": 6,
+    "moe_intermediate_size": 1856, "moe_shared_expert_intermediate_size": 3712, "n_group": 1,
+    "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
+    "mlp_hidden_act": "relu2", "layer_norm_epsilon": 1e-5, "max_position_embeddings": 262144,
+    "tie_word_embeddings": False}
+
 #: Checkpoint quantization of the quantized shapes (random codes filled on the device; the
 #: projections and expert stacks quantized, embeddings / lm_head / routers in bf16).
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -121,8 +204,19 @@ def shape_config(name: str) -> dict[str, Any]:
     return dict(SHAPES[name])
 
 
+def _mla_params(config: dict[str, Any]) -> tuple[int, int]:
+    """(parameters of one multi-head latent attention layer, latent elements per token)."""
+    h, heads, rank = config["hidden_size"], config["num_attention_heads"], config["kv_lora_rank"]
+    rope, nope, v = config["qk_rope_head_dim"], config["qk_nope_head_dim"], config["v_head_dim"]
+    q_lora = config.get("q_lora_rank")
+    q = h * heads * (nope + rope) if not q_lora else q_lora * (h + 1 + heads * (nope + rope))
+    return q + h * (rank + rope) + rank + rank * heads * (nope + v) + heads * v * h, rank + rope
+
+
 def _attention_params(config: dict[str, Any]) -> tuple[int, int]:
     """(parameters of one full-attention layer, KV elements per token of context)."""
+    if config.get("kv_lora_rank"):
+        return _mla_params(config)
     h, heads = config["hidden_size"], config["num_attention_heads"]
     kv_heads = config["num_key_value_heads"]
     d = config.get("head_dim") or h // heads
@@ -148,7 +242,8 @@ def _ffn_params(config: dict[str, Any], batch: int) -> int:
         return 3 * h * config["intermediate_size"]
     top_k = config.get("num_experts_per_tok") or config["top_k_experts"]
     used = min(config["num_experts"], batch * top_k)
-    shared = config.get("shared_expert_intermediate_size") or 0
+    shared = (config.get("shared_expert_intermediate_size")
+              or (config.get("n_shared_experts") or 0) * config["moe_intermediate_size"])
     dense = 3 * h * config["intermediate_size"] if config.get("enable_moe_block") else 0
     return (used * 3 * h * config["moe_intermediate_size"] + h * config["num_experts"]
             + (3 * h * shared + h if shared else 0) + dense)
@@ -169,6 +264,9 @@ def step_bytes(config: dict[str, Any], context: int, batch: int = 1, itemsize: i
     gdn, state = _gdn_params(config) if full < layers else (0, 0)
     mixers = full * attn + (layers - full) * gdn
     weights = mixers + layers * (_ffn_params(config, batch) + 2 * h) + config["vocab_size"] * h + h
+    if config.get("num_experts") and config.get("first_k_dense_replace"):
+        dense = min(layers, config["first_k_dense_replace"])
+        weights += dense * (3 * h * config["intermediate_size"] - _ffn_params(config, batch))
     if not config.get("tie_word_embeddings"):
         weights += batch * h
     kv = batch * context * full * kv_per_token

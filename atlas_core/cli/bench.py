@@ -72,8 +72,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--baseline-timeout", type=float, default=600.0,
                    help="seconds before a baseline is given up (recorded as an error; "
                         "default: %(default)s)")
+    p.add_argument("--image-size", type=int, default=1024, metavar="PIXELS",
+                   help="vision-language models: side of the square image whose encode time "
+                   "and image + 100-token TTFT are reported (default 1024)")
     p.add_argument("--json", metavar="FILE",
                    help="write the results as JSON to FILE ('-': stdout; default: text only)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="split the model over N GPUs (worker processes; named shapes are written "
+                   "to disk first, as --on-disk); the floor needs --bandwidth then (default 1)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="with -tp: whole experts per GPU (MoE models; default: a slice of every "
+                   "expert)")
     p.add_argument("--csv", metavar="FILE",
                    help="write one row per engine and cell as CSV to FILE ('-': stdout; "
                         "default: none)")
@@ -110,13 +119,22 @@ def _engine(args, path: str | None, config: dict):
     memory allows (the cells that do not fit are skipped, not run)."""
     from atlas_core.engine import EngineArgs, LLMEngine
     from atlas_core.engine.loading import create_backend, load_engine_parts
-    longest = max(args.context) + args.decode_tokens + 16
-    model_max = int(config.get("max_position_embeddings") or longest)
+    from atlas_core.bench.runner import lead_tokens
+    from atlas_core.bench.vision import image_prompt_len
     prefill = args.max_prefill_tokens or max(128, min(max(args.context), 16384))
+    lead = lead_tokens(prefill, max(args.batch), max(args.context))
+    longest = max(max(args.context) + args.decode_tokens + lead,
+                  image_prompt_len(config, args.image_size)) + 16
+    model_max = int(config.get("max_position_embeddings") or longest)
     fields = dict(model=path, backend=args.backend, max_num_seqs=max(args.batch),
                   max_prefill_tokens=prefill, enable_prefix_caching=False,
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   async_scheduling=args.async_scheduling)
+    if args.tensor_parallel_size > 1:
+        return LLMEngine.from_args(EngineArgs(
+            **fields, max_seq_len=min(longest, model_max),
+            tensor_parallel_size=args.tensor_parallel_size,
+            enable_expert_parallel=args.enable_expert_parallel))
     if path is not None:
         parts = load_engine_parts(EngineArgs(**fields))
         backend, model = parts.backend, parts.model
@@ -152,6 +170,8 @@ def _bandwidth(args, backend) -> tuple[float, str]:
     from atlas_core.bench.floor import copy_bandwidth
     if args.bandwidth:
         return args.bandwidth, "--bandwidth"
+    if args.tensor_parallel_size > 1:
+        return 0.0, "not measured with -tp (pass --bandwidth)"
     return copy_bandwidth(backend, args.copy_mb << 20), "measured copy, read + write"
 
 
@@ -168,7 +188,7 @@ def run(args) -> int:
         raise UserError(f"--decode-tokens {args.decode_tokens} is too few to time decode steps; "
                         "use 4 or more")
     _progress(f"preparing {args.model}")
-    path, config = _model(args.model, args.on_disk)
+    path, config = _model(args.model, args.on_disk or args.tensor_parallel_size > 1)
     baselines = _run_baselines(args, path, config)
     _progress(f"loading {path or 'random weights on the device'}")
     start = time.perf_counter()
@@ -182,6 +202,9 @@ def run(args) -> int:
     result = BenchResult(args.model, engine.backend.name, info.name, bw, source, cold,
                          args.decode_tokens, cells, baselines)
     print(report.to_text(result))
+    from atlas_core.bench.vision import measure_vision, takes_images
+    if takes_images(engine.model):
+        print(measure_vision(engine, args.image_size, log=_progress).to_text())
     _write(args.json, report.to_json(result))
     _write(args.csv, report.to_csv(result))
     return 0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from atlas_core.cli._arg_types import add_model_arguments
+from atlas_core.cli._speculative import add_speculative_arguments, speculative_config
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -54,6 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="fraction of device memory the engine may take (default: 0.9)")
     p.add_argument("--json", action="store_true",
                    help="print JSON: token ids, text, reasoning, logprobs (default: plain text)")
+    add_speculative_arguments(p)
     return p
 
 
@@ -156,7 +158,8 @@ def run(args) -> int:
     try:
         llm = LLM(args.model, backend=args.backend, dtype=args.dtype, max_seq_len=args.max_seq_len,
                   num_kv_blocks=args.num_kv_blocks,
-                  gpu_memory_utilization=args.gpu_memory_utilization)
+                  gpu_memory_utilization=args.gpu_memory_utilization,
+                  speculative_config=speculative_config(args, args.model))
         if llm.tokenizer is None:
             raise UserError(f"{args.model} has no tokenizer (tokenizer.json + "
                             "tokenizer_config.json); copy them from the original model")

@@ -14,7 +14,9 @@ from pathlib import Path
 from atlas_core import env
 from atlas_core.cli._arg_types import (add_model_arguments, non_negative_int, parse_json_object,
                                         parse_name, parse_port, parse_seconds, parse_size)
+from atlas_core.cli._parallel_args import add_parallel_arguments, is_worker_node, parallel_kwargs
 from atlas_core.cli._serve_policies import add_policy_arguments, policy_kwargs
+from atlas_core.cli._speculative import add_speculative_arguments, speculative_config
 
 DEMO_NAME = "atlas-demo"
 DEFAULT_HOST = "127.0.0.1"
@@ -104,8 +106,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "repeatable; `*` for any)")
     s.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
                    help="log one line per request on stderr (default on)")
+    s.add_argument("--allowed-media-domains", "--allow-image-urls", nargs="+", action="extend",
+                   default=[], metavar="DOMAIN", help="fetch http(s) image URLs from these "
+                   "domains and their subdomains (`*` for any; default: none, images come "
+                   "inline as data: URLs or base64)")
+    s.add_argument("--max-images-per-request", type=int, default=8, metavar="N",
+                   help="most images in one request (default 8)")
     add_agent_arguments(p)
     add_policy_arguments(p)
+    add_speculative_arguments(p)
+    add_parallel_arguments(p)
     return p
 
 
@@ -187,7 +197,9 @@ def engine_args(args):
             revision=args.revision, async_scheduling=args.async_scheduling,
             kv_host_gb=args.kv_host_gb, kv_offload_dir=args.kv_offload_dir,
             kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage,
-            dequantize_weights=args.dequantize_weights, **policy_kwargs(args))
+            dequantize_weights=args.dequantize_weights,
+            speculative_config=speculative_config(args, args.model), **policy_kwargs(args),
+            **parallel_kwargs(args))
         if eargs.kv_offload_dir:
             from atlas_core.engine.kv_tier_setup import check_offload_dir
             check_offload_dir(eargs.kv_offload_dir)
@@ -255,7 +267,9 @@ def server_config(args):
                         disable_thinking=args.disable_thinking,
                         reasoning_budget=args.reasoning_budget,
                         max_stored_responses=args.max_stored_responses,
-                        strict_max_tokens=args.strict_max_tokens)
+                        strict_max_tokens=args.strict_max_tokens,
+                        allowed_media_domains=args.allowed_media_domains,
+                        max_images_per_request=args.max_images_per_request)
 
 
 def listen_address(args) -> tuple[str, int]:
@@ -313,6 +327,9 @@ def run(args) -> int:
 
     check_model(args)
     eargs = engine_args(args)
+    if is_worker_node(eargs):
+        from atlas_core.parallel.launch import run_node_workers
+        return run_node_workers(eargs)
     config = server_config(args)
     template = chat_template_override(args.chat_template)
     host, port = listen_address(args)
@@ -338,17 +355,23 @@ def run(args) -> int:
             server.should_exit = True
             raise
         print(describe(engine, config.served_model_names), flush=True)
-        from atlas_core.model.quantized_loading import weights_line
-        print(weights_line(engine.model), flush=True)
-        from atlas_core.bench.floor import floor_line
-        print(floor_line(engine), flush=True)
+        if eargs.tensor_parallel_size == 1:
+            from atlas_core.model.quantized_loading import weights_line
+            print(weights_line(engine.model), flush=True)
+            from atlas_core.bench.floor import floor_line
+            print(floor_line(engine), flush=True)
         if engine.kv_tiers is not None:
             print(engine.kv_tiers.describe(), flush=True)
         loaded.append(engine)
-        return AsyncLLMEngine(engine)
+        aengine = AsyncLLMEngine(engine)
+        if hasattr(engine.runner, "set_failure_handler"):
+            engine.runner.set_failure_handler(aengine.fail)
+        return aengine
 
     app = create_app(None, config, loader=load)
     app.on_shutdown.append(lambda: close_tiers(loaded))
+    app.on_shutdown.append(lambda: [e.runner.shutdown() for e in loaded
+                                    if hasattr(e.runner, "set_failure_handler")])
     server = make_server(app, sock, log_level="warning")
     url = f"http://{host}:{sock.getsockname()[1]}"
     print(f"Atlas listening on {url}/v1 (OpenAI + Anthropic APIs); loading "

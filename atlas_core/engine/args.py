@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass
@@ -54,6 +55,15 @@ class EngineArgs:
             ``0`` / ``False`` switch one off).
         scrub_tool_markup: the server removes leaked tool-call markup from the content of
             tool-using requests (:mod:`atlas_core.parsers.markup_scrub`).
+        speculative_config: speculative decoding (``None``: off): a
+            :class:`~atlas_core.engine.spec.SpeculativeConfig`, or vLLM's dict / JSON form
+            ``{"method": "ngram" | "mtp", "num_speculative_tokens": K, ...}``.
+        tensor_parallel_size: GPUs (worker processes) the model is split over (docs/multi-gpu.md).
+        enable_expert_parallel: MoE layers hold whole experts per GPU instead of slices.
+        nnodes, node_rank, master_addr, master_port: placement of a run over several machines
+            (or the launcher's ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` environment).
+        distributed_executor_backend: ``mp`` (worker processes spawned here) or ``ray``.
+        distributed_timeout: seconds a rank waits for its peers before the run fails.
     """
 
     model: str | None = None
@@ -88,6 +98,15 @@ class EngineArgs:
     max_tool_calls: int = 64
     reasoning_loop_guard: bool = True
     scrub_tool_markup: bool = True
+    speculative_config: Any = None
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    distributed_executor_backend: str = "mp"
+    distributed_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")
@@ -112,6 +131,9 @@ class EngineArgs:
         for name in ("kv_host_gb", "kv_offload_gb"):
             if not float(getattr(self, name)) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.tensor_parallel_size > 1 or self.nnodes > 1:
+            from atlas_core.parallel.launch import parallel_config
+            parallel_config(self)
         if self.max_batch_size is None:
             self.max_batch_size = self.max_num_seqs
         from atlas_core.engine.scheduling_policy import create_scheduling_policy
@@ -120,6 +142,8 @@ class EngineArgs:
         if self.sampling_presets:
             from atlas_core.engine.sampling_presets import read_presets_file
             read_presets_file(self.sampling_presets)
+        from atlas_core.engine.spec.config import SpeculativeConfig
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -8,7 +8,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from atlas_core.engine.llm_engine import LLMEngine
 from atlas_core.engine.outputs import EngineStats, RequestOutput
@@ -109,8 +109,9 @@ class AsyncLLMEngine:
             self._thread.join(timeout)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs.
+                       params: SamplingParams,
+                       mm_inputs: Any = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs (``mm_inputs``: see ``LLMEngine.add_request``).
 
         Raises:
             ValueError: the request is invalid (before anything is queued).
@@ -132,7 +133,8 @@ class AsyncLLMEngine:
                 raise QueueFull(f"{waiting - params.n} sequences are already waiting for a slot "
                                 f"(max_waiting={self.max_waiting}); retry later")
             self._streams[request_id] = (asyncio.get_running_loop(), queue)
-            self._commands.append(("add", request_id, list(prompt_token_ids), params, time.time()))
+            self._commands.append(("add", request_id, list(prompt_token_ids), params, time.time(),
+                                   mm_inputs))
             self._cond.notify_all()
         self.start()
         finished = False
@@ -197,6 +199,11 @@ class AsyncLLMEngine:
         if not self._stopped:
             self._die(RuntimeError("the engine thread ended unexpectedly"))
 
+    def fail(self, exc: BaseException) -> None:
+        """Mark the engine dead from outside its loop (a worker of a parallel run was lost
+        while idle): waiting and later requests get :class:`EngineDeadError`."""
+        self._die(exc)
+
     def _die(self, exc: BaseException) -> None:
         with self._cond:
             self._error = exc
@@ -229,8 +236,9 @@ class AsyncLLMEngine:
                 continue
             try:
                 if cmd[0] == "add":
-                    _, request_id, prompt, params, arrival = cmd
-                    self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
+                    _, request_id, prompt, params, arrival, mm_inputs = cmd
+                    self.engine.add_request(request_id, prompt, params, arrival_time=arrival,
+                                            mm_inputs=mm_inputs)
                     continue
                 out = self.engine.abort_request(cmd[1])
             except ValueError as exc:

@@ -203,7 +203,10 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(seq.block_hashes), num_tokens // bs):
             parent = seq.block_hashes[i - 1] if i else None
-            seq.block_hashes.append(block_hash(parent, seq.tokens_range(i * bs, (i + 1) * bs)))
+            tokens = seq.tokens_range(i * bs, (i + 1) * bs)
+            if seq.mm is not None:
+                tokens = seq.mm.hash_tokens(i * bs, tokens)
+            seq.block_hashes.append(block_hash(parent, tokens))
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; unreferenced blocks become free (cached ones stay findable)."""

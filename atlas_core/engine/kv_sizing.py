@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.engine.window_blocks import WindowPool, is_windowed, plan_window_pool
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
 from atlas_core.ops._dtypes import as_dtype, bfloat16, float8_e4m3fn
 
@@ -36,6 +37,10 @@ class KVCacheConfig:
         num_state_slots: recurrent-state slots for running sequences (0: no recurrent layers).
         num_state_snapshots: recurrent-state rows for prefix snapshots.
         state_bytes_per_slot: bytes one slot (or snapshot) takes across every recurrent layer.
+        num_spec_state_rows: recurrent-state rows after the snapshots for speculative
+            verification (per-position state candidates, :mod:`atlas_core.engine.spec`).
+        window_pool: the sliding-window layers' own pool (:mod:`atlas_core.engine.window_blocks`;
+            ``bytes_per_block`` then counts the other layers only), or None.
     """
 
     num_blocks: int
@@ -46,11 +51,13 @@ class KVCacheConfig:
     num_state_slots: int = 0
     num_state_snapshots: int = 0
     state_bytes_per_slot: int = 0
+    num_spec_state_rows: int = 0
+    window_pool: WindowPool | None = None
 
     @property
     def num_state_rows(self) -> int:
-        """Rows of every recurrent-state pool: live slots, then snapshots."""
-        return self.num_state_slots + self.num_state_snapshots
+        """Rows of every recurrent-state pool: live slots, snapshots, then speculation rows."""
+        return self.num_state_slots + self.num_state_snapshots + self.num_spec_state_rows
 
 
 def kv_cache_dtype(name: str, model_dtype: Any) -> np.dtype:
@@ -75,8 +82,13 @@ def kv_specs(model: Any) -> list[KVCacheSpec | RecurrentStateSpec | None]:
 
 
 def bytes_per_block(specs: list, block_size: int, dtype: np.dtype) -> int:
-    per_token = sum(2 * s.num_kv_heads * s.head_dim for s in specs if isinstance(s, KVCacheSpec))
-    return max(1, per_token * block_size * np.dtype(dtype).itemsize)
+    return max(1, kv_bytes_per_token(specs, dtype) * block_size)
+
+
+def kv_bytes_per_token(specs: list, dtype: np.dtype) -> int:
+    """Paged-cache bytes one token takes across every layer (K and V, or an MLA latent)."""
+    return sum(s.num_pools * s.num_kv_heads * s.head_dim for s in specs
+               if isinstance(s, KVCacheSpec)) * np.dtype(dtype).itemsize
 
 
 def state_bytes_per_slot(specs: list) -> int:
@@ -118,6 +130,8 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     bs = args.block_size
     bpb = bytes_per_block(specs, bs, dtype)
     slots, snapshots, slot_bytes = _state_rows(specs, args)
+    spec = getattr(args, "speculative_config", None)
+    spec_rows = spec.state_rows if spec is not None and slot_bytes else 0
     free, total = backend.memory_info()
     used = max(total - free, int(getattr(model, "weights_nbytes", 0) or 0))
     reserve = _activation_reserve(model, args)
@@ -126,7 +140,11 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     want = min(args.max_seq_len or model_max, model_max)
     if backend.device_info().kind == "cpu":
         budget = min(budget, CPU_KV_LIMIT_BYTES)
-    budget = _take_state_bytes(budget, slots, snapshots, slot_bytes)
+    budget = _take_state_bytes(budget, slots, snapshots + spec_rows, slot_bytes)
+    window = plan_window_pool(specs, args, bs, dtype, want, budget)
+    if window is not None:
+        bpb = bytes_per_block([s for s in specs if not is_windowed(s)], bs, dtype)
+        budget -= window.num_blocks * window.bytes_per_block
     mem_blocks = max(0, budget // bpb)  # what memory allows; an explicit size is checked on this
     if backend.device_info().kind == "cpu" or not any(isinstance(s, KVCacheSpec) for s in specs):
         budget = min(budget, -(-want // bs) * args.max_num_seqs * bpb)
@@ -152,13 +170,18 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
             f"MiB with gpu_memory_utilization={args.gpu_memory_utilization}; use {util_for(16)} "
             "or a smaller model")
     max_seq_len = _max_seq_len(args, model_max, num_blocks, bs, bpb, util_for)
-    log.info("KV cache: %d blocks of %d tokens (%s, %.1f MiB), max_seq_len %d", num_blocks, bs,
-             np.dtype(dtype).name, num_blocks * bpb / _MIB, max_seq_len)
+    log.info("KV cache: %d blocks of %d tokens (%s, %.1f MiB, %d bytes per token), "
+             "max_seq_len %d", num_blocks, bs, np.dtype(dtype).name, num_blocks * bpb / _MIB,
+             bpb // bs, max_seq_len)
     if slot_bytes:
         log.info("recurrent state: %d slots + %d prefix snapshots of %.1f MiB (%.1f MiB)", slots,
                  snapshots, slot_bytes / _MIB, (slots + snapshots) * slot_bytes / _MIB)
+    if window is not None:
+        log.info("sliding-window KV pool: %d blocks (%.1f MiB) for a window of %d tokens",
+                 window.num_blocks, window.num_blocks * window.bytes_per_block / _MIB,
+                 window.window)
     return KVCacheConfig(num_blocks, bs, np.dtype(dtype), bpb, max_seq_len, slots, snapshots,
-                         slot_bytes)
+                         slot_bytes, spec_rows, window_pool=window)
 
 
 def _take_state_bytes(budget: int, slots: int, snapshots: int, slot_bytes: int) -> int:

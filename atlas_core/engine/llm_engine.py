@@ -10,6 +10,7 @@ from typing import Any, Callable
 from atlas_core.engine.agent_guards import AgentGuards
 from atlas_core.engine.args import EngineArgs
 from atlas_core.engine.block_manager import BlockManager
+from atlas_core.engine.fault_isolation import FaultIsolation
 from atlas_core.engine.kv_sizing import plan_kv_cache
 from atlas_core.engine.kv_tier_setup import create_kv_tiers, with_tier_stats
 from atlas_core.engine.model_runner import ModelRunner, PendingStep
@@ -22,10 +23,12 @@ from atlas_core.engine.sampling_presets import defaults_for, model_presets
 from atlas_core.engine.scheduler import Scheduler, SchedulerOutput
 from atlas_core.engine.scheduling_policy import create_scheduling_policy
 from atlas_core.engine.sequence import Sequence, SequenceGroup
+from atlas_core.engine.spec.setup import create_speculator, prepare_model
 from atlas_core.engine.state_cache import StateCache
 from atlas_core.engine.step_timing import DecodeStepTimer
 from atlas_core.engine.stop import StopChecker
 from atlas_core.engine.thinking import ThinkingBudgets
+from atlas_core.engine.window_blocks import WindowedBlockManager
 from atlas_core.guided.sequences import GuidedSequences
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,7 @@ def sibling_seed(seed: int, index: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) % (1 << 63)
 
 
-class LLMEngine:
+class LLMEngine(FaultIsolation):
     """Continuous-batching engine over one model.
 
     Not thread-safe: one thread calls ``add_request`` / ``abort_request`` / ``step`` (the
@@ -58,17 +61,26 @@ class LLMEngine:
             :class:`~atlas_core.tokenizer.IncrementalDetokenizer` over ``tokenizer``).
         generation_defaults: ``temperature`` / ``top_p`` / ``top_k`` / ``min_p`` /
             ``repetition_penalty`` from generation_config.json.
+        executor: runs the steps in place of a ModelRunner, with its own ``kv_config`` (the
+            workers of a tensor-parallel run, :mod:`atlas_core.parallel.executor`).
     """
 
     def __init__(self, model, backend, args: EngineArgs, *, tokenizer=None,
                  eos_token_ids: set[int] | None = None,
                  detokenizer_factory: Callable[[list[int], bool], Any] | None = None,
-                 generation_defaults: dict | None = None) -> None:
+                 generation_defaults: dict | None = None, executor: Any = None) -> None:
         self.model, self.backend, self.args, self.tokenizer = model, backend, args, tokenizer
-        self.kv_config = plan_kv_cache(backend, model, args)
+        prepare_model(model, args.speculative_config)
+        self.kv_config = (executor.kv_config if executor is not None
+                          else plan_kv_cache(backend, model, args))
         self.max_seq_len = self.kv_config.max_seq_len
-        self.block_manager = BlockManager(self.kv_config.num_blocks, args.block_size,
-                                          args.enable_prefix_caching)
+        if self.kv_config.window_pool is None:
+            self.block_manager = BlockManager(self.kv_config.num_blocks, args.block_size,
+                                              args.enable_prefix_caching)
+        else:
+            self.block_manager = WindowedBlockManager(self.kv_config.num_blocks, args.block_size,
+                                                      args.enable_prefix_caching,
+                                                      self.kv_config.window_pool)
         kv = self.kv_config
         self.state_cache = (StateCache(kv.num_state_slots, kv.num_state_snapshots)
                             if kv.num_state_slots else None)
@@ -76,8 +88,9 @@ class LLMEngine:
                                           args.admission_age_cap_ms)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_batch_size,
                                    args.max_prefill_tokens, self.state_cache, policy)
-        self.runner = ModelRunner(model, backend, self.kv_config, args.max_batch_size,
-                                  args.max_prefill_tokens, self.max_seq_len)
+        self.runner = executor if executor is not None else ModelRunner(
+            model, backend, self.kv_config, args.max_batch_size, args.max_prefill_tokens,
+            self.max_seq_len)
         self.kv_tiers = create_kv_tiers(args, model, self.runner, self.scheduler)
         if eos_token_ids is None:
             eos_token_ids = set(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -87,6 +100,10 @@ class LLMEngine:
             def detokenizer_factory(prompt_ids, skip):
                 return IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens=skip)
         self.stop_checker = StopChecker(eos_token_ids, self.max_seq_len, detokenizer_factory)
+        self.speculator = create_speculator(args.speculative_config, model, self.runner,
+                                            self.block_manager, self.max_seq_len,
+                                            self.stop_checker.masked_ids,
+                                            lambda seq: self.thinking.num_unforced(seq))
         self.generation_defaults = dict(generation_defaults or {})
         top_k = self.generation_defaults.get("top_k")
         if isinstance(top_k, int) and top_k > model.vocab_size:
@@ -101,7 +118,7 @@ class LLMEngine:
         self._rng = random.Random(args.seed)
         self._stats = EngineStats()
         self.async_scheduling = (backend.supports_graphs if args.async_scheduling is None
-                                 else bool(args.async_scheduling))
+                                 else bool(args.async_scheduling)) and self.speculator is None
         self.overlap = OverlapPolicy(self.scheduler, self.max_seq_len)
         self._inflight: PendingStep | None = None
         self._planned: list[SchedulerOutput] = []
@@ -115,6 +132,9 @@ class LLMEngine:
 
         ``backend`` (a GpuBackend instance or name) overrides ``args.backend``.
         """
+        if args.tensor_parallel_size > 1:
+            from atlas_core.parallel.launch import create_parallel_engine
+            return create_parallel_engine(cls, args)
         from atlas_core.engine.loading import load_engine_parts
         parts = load_engine_parts(args, backend)
         return cls(parts.model, parts.backend, args, tokenizer=parts.tokenizer,
@@ -129,8 +149,11 @@ class LLMEngine:
     # Requests
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, mm_inputs: Any = None) -> None:
         """Queue a request.
+
+        ``mm_inputs`` is the prompt's multimodal payload (``Sequence.mm``), built by the model
+        family's processor over the same, placeholder-expanded, ``prompt_token_ids``.
 
         Raises:
             ValueError: duplicate id, empty prompt, token ids out of range, or a prompt +
@@ -138,6 +161,9 @@ class LLMEngine:
         """
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already running; use a unique id")
+        if mm_inputs is not None and not isinstance(self.runner, ModelRunner):
+            raise ValueError("image inputs are not supported with tensor parallelism yet; serve "
+                             "vision-language models on one GPU (-tp 1)")
         prompt = [int(t) for t in prompt_token_ids]
         self.validate_request(prompt, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -146,6 +172,7 @@ class LLMEngine:
             group.prompt_logprobs = [None] * len(prompt)
         for i in range(params.n):
             seq = Sequence(request_id, i, prompt, params, sibling_seed(seed, i), group)
+            seq.mm = mm_inputs
             self.stop_checker.start(seq)
             self.guided.start(seq)
             group.seqs.append(seq)
@@ -204,7 +231,8 @@ class LLMEngine:
             outputs = self._step()
         except Exception as exc:
             self.num_consecutive_failures += 1
-            if self.num_consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+            if (self.num_consecutive_failures >= MAX_CONSECUTIVE_FAILURES
+                    or getattr(exc, "fatal", False)):
                 raise
             log.exception("engine step failed; failing the requests it was running")
             self._fail_step(exc)
@@ -222,6 +250,8 @@ class LLMEngine:
             return self._step_overlapped()
         sched = self.scheduler.schedule()
         self._planned.append(sched)
+        if self.speculator is not None:
+            self.speculator.plan(sched)
         if not sched.scheduled:
             for group in self.groups.values():
                 self._release(group)
@@ -229,7 +259,9 @@ class LLMEngine:
         rows_of, failed_slots = {}, set()
         for s in sched.scheduled:
             try:
-                rows_of[s.seq.seq_id] = self._rows(s.seq, s.start, s.num_tokens, s.samples)
+                rows = self._rows(s.seq, s.start, s.num_tokens, s.samples)
+                rows_of[s.seq.seq_id] = (rows + self.speculator.rows(s, rows[-1])
+                                         if s.draft_token_ids else rows)
             except Exception as exc:  # noqa: BLE001 - one request's fault fails it alone
                 failed_slots.add(s.seq.state_slot)
                 self._fail_seq(s.seq, exc)
@@ -243,8 +275,14 @@ class LLMEngine:
             self._inflight = self.runner.launch_decode(sched, rows)
             return self._step_overlapped()
         results = self.runner.execute(sched, rows_of)
+        if self.speculator is None:
+            self.scheduler.complete_step(sched)
+            return self._complete(sched, results)
+        results = self.speculator.select(sched, results)
         self.scheduler.complete_step(sched)
-        return self._complete(sched, results)
+        outputs = self._complete(sched, results)
+        self.speculator.settle()
+        return outputs
 
     def _step_overlapped(self) -> list[RequestOutput]:
         # Launch step N+1 (when it may run ahead), then read and finish step N meanwhile.
@@ -291,49 +329,6 @@ class LLMEngine:
         self._release_pending(sched)
         return [self._finish_step_output(g) for g in touched.values()
                 if g.request_id in self.groups]
-
-    def _drop_failed(self, sched: SchedulerOutput, slots: set[int]) -> None:
-        sched.scheduled = [s for s in sched.scheduled if not s.seq.is_finished]
-        if self.state_cache is not None:
-            self.state_cache.cancel([c for c in sched.snapshots if c[0] in slots])
-            sched.snapshots = [c for c in sched.snapshots if c[0] not in slots]
-
-    def _fail_step(self, exc: Exception) -> None:
-        seqs = [s.seq for sched in self._planned for s in sched.scheduled]
-        if self._inflight is not None:
-            seqs += [s.seq for s in self._inflight.sched.scheduled]
-            self._inflight = None
-        try:
-            self.backend.synchronize()
-        except Exception:  # noqa: BLE001 - the device may be what failed; nothing to wait for
-            log.debug("synchronize after a failed step failed too", exc_info=True)
-        if self.state_cache is not None:
-            self.state_cache.cancel()
-        if not seqs:
-            seqs = [seq for group in self.groups.values() for seq in group.seqs]
-        for group in {seq.group.request_id: seq.group for seq in seqs}.values():
-            self._fail(group, exc)
-
-    def _fail_seq(self, seq: Sequence, exc: Exception) -> None:
-        log.error("request %s failed; the engine goes on", seq.request_id, exc_info=exc)
-        self._fail(seq.group, exc)
-
-    def _fail(self, group: SequenceGroup, exc: Exception) -> None:
-        if self.groups.pop(group.request_id, None) is None:
-            return
-        for seq in group.seqs:
-            if not seq.is_finished:
-                self.scheduler.finish(seq)
-                self.stop_checker.abort(seq)
-                seq.finish_reason = "error"
-            self.thinking.forget(seq)
-            self.guided.forget(seq)
-        group.pending = []
-        group.metrics.finish_time = time.time()
-        self._stats.num_failed_requests += 1
-        out = group.output()
-        out.error = f"{type(exc).__name__}: {exc}"
-        self._failed.append(out)
 
     def _rows(self, seq: Sequence, start: int, num_tokens: int, samples: bool) -> list[LogitsRow]:
         rows = []
@@ -393,4 +388,6 @@ class LLMEngine:
         s.num_kv_blocks_used, s.num_kv_blocks_total = bm.num_used_blocks, bm.num_blocks
         s.prefix_cache_hits, s.prefix_cache_queries = bm.num_hit_tokens, bm.num_query_tokens
         s.num_preemptions = self.scheduler.num_preemptions
+        if self.speculator is not None:
+            s.speculative = self.speculator.snapshot()
         return with_tier_stats(self.decode_timer.annotate(EngineStats(**vars(s))), self.kv_tiers)

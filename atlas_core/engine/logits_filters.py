@@ -68,7 +68,8 @@ def apply_logits_filters(backend: Any, logits: Any, rows: list, steps: np.ndarra
     live = [p for p in params if p is not None]
     if any(p.dry_multiplier > 0 for p in live):
         on = [p is not None and p.dry_multiplier > 0 for p in params]
-        ctx = _padded([r.seq.token_ids if o else [] for r, o in zip(rows, on)])
+        ctx = _padded([r.seq.token_ids + list(r.draft_ids) if o else []
+                       for r, o in zip(rows, on)])
         stops = _padded([breaker_ids(p, encode) if o else [] for p, o in zip(params, on)])
         vec = [np.array([getattr(p, f) if o else d for p, o in zip(params, on)], t)
                for f, d, t in (("dry_multiplier", 0.0, np.float32), ("dry_base", 2.0, np.float32),

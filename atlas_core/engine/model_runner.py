@@ -22,6 +22,7 @@ from atlas_core.engine.kv_sizing import KVCacheConfig, kv_specs
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sampler import LogitsRow, Sampler
 from atlas_core.engine.scheduler import SchedulerOutput
+from atlas_core.engine.window_blocks import is_windowed
 from atlas_core.interfaces.gpu_backend import HostRead
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
 from atlas_core.interfaces.metadata import StepMetadata
@@ -94,6 +95,10 @@ class ModelRunner:
         rows = self.max_tokens
         self.host = {name: np.zeros(rows + 1, np.int32) for name in _I32_FIELDS}
         self.host["block_tables"] = np.zeros((max_batch_size, self.max_blocks_per_seq), np.int32)
+        self.windowed = kv.window_pool is not None
+        if self.windowed:
+            self.host["window_slot_mapping"] = np.zeros(rows + 1, np.int32)
+            self.host["window_block_tables"] = np.zeros_like(self.host["block_tables"])
         self.device = {name: backend.from_host(arr) for name, arr in self.host.items()}
         self._arange = np.arange(rows + 1, dtype=np.int32)
         self._table_owner: list[tuple | None] = [None] * max_batch_size
@@ -103,6 +108,8 @@ class ModelRunner:
         self.graphs: dict[int, tuple] = {}
         self.num_graph_replays = 0
         self.num_chained_steps = 0
+        self.last_hidden: Any = None
+        self.mm_chunks: list = []
 
     def _allocate_kv(self) -> list:
         caches = []
@@ -117,10 +124,13 @@ class ModelRunner:
                 self.state_pools.extend(pools.values())
                 caches.append(pools)
             elif isinstance(spec, KVCacheSpec):
-                shape = (self.kv.num_blocks, self.kv.block_size, spec.num_kv_heads, spec.head_dim)
+                blocks = self.kv.num_blocks
+                if self.kv.window_pool is not None and is_windowed(spec):
+                    blocks = self.kv.window_pool.num_blocks
+                shape = (blocks, self.kv.block_size, spec.num_kv_heads, spec.head_dim)
                 # Zeroed: kernels may read whole blocks past a sequence's end (masked, but NaN * 0).
-                caches.append((self.backend.zeros(shape, self.kv.dtype),
-                               self.backend.zeros(shape, self.kv.dtype)))
+                caches.append(tuple(self.backend.zeros(shape, self.kv.dtype)
+                                    for _ in range(spec.num_pools)))
             else:
                 caches.append(None)
         return caches
@@ -191,6 +201,7 @@ class ModelRunner:
     def _fill(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]],
               num_seqs: int) -> tuple[int, int]:
         """Write the step's inputs into the host buffers; returns ``(num_tokens, num_rows)``."""
+        self.mm_chunks = []
         if sched.is_decode_only and all(len(rows_of.get(s.seq.seq_id, ())) == 1
                                         for s in sched.scheduled):
             return self._fill_decode(sched, num_seqs)
@@ -201,9 +212,16 @@ class ModelRunner:
             seq, n = s.seq, s.num_tokens
             pos = np.arange(s.start, s.start + n, dtype=np.int64)
             table = np.asarray(seq.block_table, np.int64)
-            h["input_ids"][t:t + n] = seq.tokens_range(s.start, s.start + n)
+            drafts = s.draft_token_ids
+            h["input_ids"][t:t + n] = seq.tokens_range(s.start, s.start + n - len(drafts)) + drafts
             h["positions"][t:t + n] = pos
+            if seq.mm is not None:
+                h["positions"][t:t + n] = seq.mm.positions(s.start, n)
+                self.mm_chunks.append((t, s.start, n, seq.mm))
             h["slot_mapping"][t:t + n] = table[pos // bs] * bs + pos % bs
+            if self.windowed:
+                window = np.asarray(seq.window_block_table, np.int64)
+                h["window_slot_mapping"][t:t + n] = window[pos // bs] * bs + pos % bs
             h["seq_lens"][b] = s.start + n
             self._write_table(b, seq)
             seq_rows = rows_of.get(seq.seq_id, [])
@@ -222,8 +240,15 @@ class ModelRunner:
         starts = [s.start for s in sched.scheduled]
         h["input_ids"][:n] = 0 if chained else [s.seq.token_id_at(s.start) for s in sched.scheduled]
         h["positions"][:n] = starts
+        for b, s in enumerate(sched.scheduled):
+            if s.seq.mm is not None:
+                h["positions"][b] += s.seq.mm.position_offset
         h["slot_mapping"][:n] = [s.seq.block_table[p // bs] * bs + p % bs
                                  for s, p in zip(sched.scheduled, starts)]
+        if self.windowed:
+            h["window_slot_mapping"][:n] = [s.seq.window_block_table[p // bs] * bs + p % bs
+                                            for s, p in zip(sched.scheduled, starts)]
+            h["window_slot_mapping"][n:num_seqs] = -1
         h["seq_lens"][:n] = starts
         h["seq_lens"][:n] += 1
         for b, s in enumerate(sched.scheduled):
@@ -249,12 +274,17 @@ class ModelRunner:
             written = 0
         if written < len(table):
             self.host["block_tables"][b, written:len(table)] = table[written:]
+            if self.windowed:
+                self.host["window_block_tables"][b, written:len(table)] = \
+                    seq.window_block_table[written:]
         self._table_owner[b] = (seq.seq_id, seq.table_epoch, len(table))
 
     def _clear_table(self, b: int) -> None:
         owner = self._table_owner[b]
         if owner is not None:
             self.host["block_tables"][b, :owner[2]] = 0
+            if self.windowed:
+                self.host["window_block_tables"][b, :owner[2]] = 0
             self._table_owner[b] = None
 
     def _upload(self, num_tokens: int, num_seqs: int, num_rows: int,
@@ -265,6 +295,8 @@ class ModelRunner:
         sizes = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
                  "cu_seqlens_q": num_seqs + 1, "seq_lens": num_seqs, "block_tables": num_seqs,
                  "logits_indices": num_rows, "state_indices": num_seqs}
+        if self.windowed:
+            sizes.update(window_slot_mapping=num_tokens, window_block_tables=num_seqs)
         views = {name: self.device[name][:n] for name, n in sizes.items()}
         pairs = [(self.device[name][device_ids if name == "input_ids" else 0:n],
                   self.host[name][device_ids if name == "input_ids" else 0:n])
@@ -287,7 +319,8 @@ class ModelRunner:
             seq_lens=views["seq_lens"], block_tables=views["block_tables"],
             logits_indices=views["logits_indices"], state_indices=views["state_indices"],
             max_seqlen_q=max_seqlen_q, max_seq_len=max_seq_len, block_size=self.kv.block_size,
-            is_decode=is_decode, host=host)
+            is_decode=is_decode, host=host, window_block_tables=views.get("window_block_tables"),
+            window_slot_mapping=views.get("window_slot_mapping"))
 
     def _run_eager(self, sched: SchedulerOutput, rows_of, rows: list[LogitsRow]):
         num_seqs = len(sched.scheduled)
@@ -297,7 +330,11 @@ class ModelRunner:
                               max(s.num_tokens for s in sched.scheduled),
                               max(s.start + s.num_tokens for s in sched.scheduled),
                               sched.is_decode_only)
-        hidden = self.model.forward(views["input_ids"], meta)
+        if sched.spec_state_rows:
+            meta.spec_state_rows = [sched.spec_state_rows.get(s.seq.seq_id, [s.seq.state_slot])
+                                    for s in sched.scheduled]
+        meta.multimodal = self.mm_chunks or None
+        hidden = self.last_hidden = self.model.forward(views["input_ids"], meta)
         logits = self.model.compute_logits(hidden, views["logits_indices"])
         params = self.sampler.upload_params(rows, num_rows)
         return self.sampler.process(logits, rows, params), logits
@@ -329,6 +366,7 @@ class ModelRunner:
         graph, holder = self.graphs[bucket]
         graph.replay()
         self.num_graph_replays += 1
+        self.last_hidden = holder["hidden"]
         return holder["tokens"]
 
     def _capture(self, bucket: int) -> tuple:
@@ -338,7 +376,7 @@ class ModelRunner:
         holder: dict = {}
 
         def step():
-            hidden = self.model.forward(views["input_ids"], meta)
+            hidden = holder["hidden"] = self.model.forward(views["input_ids"], meta)
             logits = self.model.compute_logits(hidden, views["logits_indices"])
             holder["tokens"] = self.sampler.sample(logits, params)
 

@@ -148,6 +148,8 @@ class EngineStats:
     decode_steps: Any = None
     #: per-tier counters of the KV tiers (:meth:`~atlas_core.engine.kv_tiers.KVTiers.stats`)
     kv_tiers: dict = field(default_factory=dict)
+    #: speculative decoding counters (:class:`~atlas_core.engine.spec.SpecStats`), or None
+    speculative: Any = None
 
     @property
     def kv_cache_usage(self) -> float:

@@ -30,6 +30,9 @@ class LogitsRow:
         position: for a prompt-logprobs row, the position whose logits score ``target``.
         stop_ids: token ids masked out (``min_tokens`` not reached yet).
         matcher: the sequence's guided-decoding matcher (sampling rows of guided requests).
+        draft_ids: speculative decoding: the drafts this row's logits follow (the row samples
+            output token ``len(output) + len(draft_ids)``, as if they were already appended;
+            empty: the usual row).
     """
 
     seq: Sequence
@@ -38,6 +41,12 @@ class LogitsRow:
     position: int = -1
     stop_ids: tuple[int, ...] = ()
     matcher: Any = None
+    draft_ids: tuple[int, ...] = ()
+
+    @property
+    def draft_index(self) -> int:
+        """Drafts before this row (0: the sequence's usual sampling row)."""
+        return len(self.draft_ids)
 
 
 _PARAM_FIELDS = (("temperature", np.float32), ("top_k", np.int32), ("top_p", np.float32),
@@ -86,7 +95,7 @@ class Sampler:
             h["top_p"][i] = p.top_p
             h["min_p"][i] = p.min_p
             h["seeds"][i] = row.seq.seed
-            h["steps"][i] = len(row.seq.output_token_ids) + ahead
+            h["steps"][i] = len(row.seq.output_token_ids) + ahead + row.draft_index
         for i in range(len(rows), num_rows):
             h["top_p"][i] = 1.0
         views = {name: self.device[name][:num_rows] for name in h}
@@ -118,10 +127,11 @@ class Sampler:
         ops, be = self.backend.ops, self.backend
         n = len(rows)
         if any(r.matcher is not None for r in rows):
-            logits = self.token_bitmask.apply(logits, [r.matcher for r in rows])
+            logits = self.token_bitmask.apply(logits, [r.matcher for r in rows],
+                                              [r.draft_ids for r in rows])
         if any(r.seq.params.has_penalties for r in rows):
             prompt, output = _padded([r.seq.prompt_token_ids for r in rows]), _padded(
-                [r.seq.output_token_ids for r in rows])
+                [r.seq.output_token_ids + list(r.draft_ids) for r in rows])
             vec = [np.array([getattr(r.seq.params, f) for r in rows], np.float32)
                    for f in ("repetition_penalty", "presence_penalty", "frequency_penalty")]
             logits = ops.apply_penalties(logits, be.from_host(prompt), be.from_host(output),

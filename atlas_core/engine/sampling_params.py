@@ -86,6 +86,8 @@ class SamplingParams:
         guided: constrain the output to a JSON schema, regex, grammar or tool call
             (:class:`~atlas_core.guided.GuidedDecodingParams`); the sequence stops (``"stop"``)
             when the constraint is complete.
+        speculative: let the engine draft and verify tokens ahead for this request when
+            speculative decoding is on (``False`` opts out; the output is the same either way).
 
     Raises:
         ValueError: naming the field and its allowed range.
@@ -124,6 +126,7 @@ class SamplingParams:
     priority: int = 0
     agent_guards: AgentGuardParams | None = None
     guided: GuidedDecodingParams | None = None
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -189,6 +192,8 @@ class SamplingParams:
             v = getattr(self, name)
             _check(v is None or _is_int(v, 0, MAX_LOGPROBS), name,
                    f"an integer in [0, {MAX_LOGPROBS}] (or None)", v)
+        _check(isinstance(self.speculative, bool), "speculative", "true or false",
+               self.speculative)
 
     def _validate_filters(self) -> None:
         _check(_is_real(self.dry_multiplier, 0.0, 100.0), "dry_multiplier",

@@ -13,27 +13,31 @@ from atlas_core.engine.state_cache import StateCache
 
 @dataclass
 class ScheduledSeq:
-    """One sequence's share of a step: ``num_tokens`` query tokens from ``start``."""
+    """One sequence's share of a step: ``num_tokens`` query tokens from ``start``; the last
+    ``len(draft_token_ids)`` of them are speculative drafts (:mod:`atlas_core.engine.spec`)."""
 
     seq: Sequence
     start: int
     num_tokens: int
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """This chunk reaches the end of the stream, so a token is sampled from its last row."""
-        return self.start + self.num_tokens == len(self.seq)
+        return self.start + self.num_tokens - len(self.draft_token_ids) == len(self.seq)
 
 
 @dataclass
 class SchedulerOutput:
     """One step's plan. ``restores`` / ``snapshots``: recurrent-state row copies ``(src, dst)``
-    to issue before / after the forward (hybrid models)."""
+    to issue before / after the forward (hybrid models). ``spec_state_rows``: for sequences
+    with drafts on hybrid models, the state row each query position writes (seq_id -> rows)."""
 
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     restores: list[tuple[int, int]] = field(default_factory=list)
     snapshots: list[tuple[int, int]] = field(default_factory=list)
+    spec_state_rows: dict[int, list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -27,6 +27,12 @@ class Sequence:
     :attr:`block_table`; the scheduler advances it by prefill chunks and decode steps. After a
     preemption it drops to 0 and the whole stream (prompt + generated tokens) is recomputed.
     On hybrid models :attr:`state_slot` is its recurrent-state slot while running (else ``-1``).
+    With a sliding-window pool (:mod:`atlas_core.engine.window_blocks`),
+    :attr:`window_block_table` holds the window layers' blocks (``-1`` before the window).
+    :attr:`mm` is the request's multimodal payload (images), ``None`` for text: an object with
+    ``positions(start, num)`` (1D rotary positions of tokens ``start..``),
+    ``position_offset`` (position minus index after the prompt) and ``hash_tokens(start,
+    tokens)`` (ids for the prefix-cache hash, keyed by image content).
     """
 
     def __init__(self, request_id: str, index: int, prompt_token_ids: list[int],
@@ -42,6 +48,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.window_block_table: list[int] = []
         self.block_hashes: list[bytes] = []
         self.num_committed_blocks = 0
         self.table_epoch = 0
@@ -51,6 +58,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.stop_state: Any = None
+        self.mm: Any = None
 
     @property
     def token_ids(self) -> list[int]:

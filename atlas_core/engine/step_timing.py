@@ -48,12 +48,18 @@ class StepBytes:
                 self.dense += nbytes
         self.kv_per_token = kv_config.bytes_per_block // max(1, kv_config.block_size)
         self.state_per_seq = 2 * getattr(kv_config, "state_bytes_per_slot", 0)
+        pool = getattr(kv_config, "window_pool", None)
+        # sliding-window layers read at most their window of each sequence's context
+        self.window = pool.window if pool is not None else 0
+        self.window_per_token = (pool.bytes_per_block // max(1, kv_config.block_size)
+                                 if pool is not None else 0)
 
     def __call__(self, batch: int, context_tokens: int) -> int:
         """Bytes of one step over ``batch`` sequences holding ``context_tokens`` tokens in all."""
         experts = sum(nbytes * min(n, batch * k) // n for nbytes, n, k in self.experts)
+        window = batch * min(context_tokens // max(1, batch), self.window)
         return (self.dense + experts + batch * (self.embed_row + self.state_per_seq)
-                + context_tokens * self.kv_per_token)
+                + context_tokens * self.kv_per_token + window * self.window_per_token)
 
 
 @dataclass(frozen=True)

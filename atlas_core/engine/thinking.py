@@ -58,6 +58,17 @@ class ThinkingBudgets:
         state.is_done = sampled == end[0]
         return sampled, logprob
 
+    def num_unforced(self, seq) -> int | None:
+        """Tokens ``seq`` will still take as sampled before the budget forces the block's end
+        (``None``: no budget applies any more); speculative decoding drafts no further."""
+        p = seq.params
+        if p.thinking_budget is None:
+            return None
+        state = self._states.get(seq.seq_id)
+        if state is None or state.num_forced:
+            return 0
+        return None if state.is_done else p.thinking_budget - state.num_tokens
+
     def forget(self, seq) -> None:
         """Drop the state of a finished or aborted sequence."""
         self._states.pop(seq.seq_id, None)

@@ -10,7 +10,8 @@ class CommBackend(ABC):
     """Collectives over device arrays of one GpuBackend.
 
     Required: ``rank``, ``world_size``, :meth:`all_reduce`, :meth:`all_gather`.
-    Optional: :meth:`all_to_all`, :meth:`send`, :meth:`recv`, :meth:`barrier`, :meth:`close`.
+    Optional: :meth:`reduce_scatter`, :meth:`all_to_all`, :meth:`send`, :meth:`recv`,
+    :meth:`barrier`, :meth:`abort`, :meth:`close`.
     """
 
     rank: int
@@ -23,6 +24,10 @@ class CommBackend(ABC):
     @abstractmethod
     def all_gather(self, array: Any, axis: int = 0) -> Any:
         """Concatenate every rank's ``array`` along ``axis``."""
+
+    def reduce_scatter(self, array: Any, op: str = "sum") -> Any:
+        """Optional. Reduce ``array`` ``[world_size * n, ...]``; return this rank's ``n`` rows."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter")
 
     def all_to_all(self, arrays: list[Any]) -> list[Any]:
         """Optional. Send ``arrays[r]`` to rank r; return what each rank sent here."""
@@ -38,6 +43,11 @@ class CommBackend(ABC):
 
     def barrier(self) -> None:
         """Optional. Wait for every rank."""
+
+    def abort(self) -> None:
+        """Optional. End collectives in flight (a peer died); called from another thread.
+        The default closes the backend."""
+        self.close()
 
     def close(self) -> None:
         """Optional. Release resources."""

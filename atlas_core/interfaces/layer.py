@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from atlas_core.interfaces.metadata import StepMetadata
 
@@ -13,11 +13,51 @@ from atlas_core.interfaces.metadata import StepMetadata
 class KVCacheSpec:
     """Paged attention state a layer needs: one K and one V page pool.
 
-    Pools are shaped ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    Pools are shaped ``[num_blocks, block_size, num_kv_heads, head_dim]``; the layer is bound a
+    tuple of :attr:`num_pools` of them (K then V).
     """
 
     num_kv_heads: int
     head_dim: int
+    #: Page pools per layer, each ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    num_pools: ClassVar[int] = 2
+
+
+@dataclass(frozen=True)
+class LatentCacheSpec(KVCacheSpec):
+    """Multi-head latent attention (MLA) state: one page pool of compressed latents.
+
+    Each token keeps its normed latent (``kv_lora_rank`` features) followed by its rotated
+    decoupled rope key (``rope_dim``): one pool ``[num_blocks, block_size, 1, kv_lora_rank +
+    rope_dim]``, bound to the layer as a 1-tuple. KV sizing, prefix caching, preemption and the
+    KV tiers count these bytes (``kv_lora_rank + rope_dim`` values per token per layer).
+    Build it with :meth:`of`.
+    """
+
+    kv_lora_rank: int = 0
+    rope_dim: int = 0
+    num_pools: ClassVar[int] = 1
+
+    @classmethod
+    def of(cls, kv_lora_rank: int, rope_dim: int) -> "LatentCacheSpec":
+        """The spec of a latent of ``kv_lora_rank`` features plus a ``rope_dim`` rope key."""
+        return cls(num_kv_heads=1, head_dim=kv_lora_rank + rope_dim, kv_lora_rank=kv_lora_rank,
+                   rope_dim=rope_dim)
+
+
+@dataclass(frozen=True)
+class SlidingWindowCacheSpec(KVCacheSpec):
+    """Paged attention state of a layer whose queries read only the last ``sliding_window``
+    positions (their own included).
+
+    When a model also has full-attention layers, the engine keeps these layers' K/V in a pool
+    of their own and frees its blocks once they fall behind every query's window (block table
+    ``StepMetadata.window_block_tables``, slots ``window_slot_mapping``), so a long context costs
+    the full-attention layers only. Without full-attention layers, or with KV tiers, they share
+    the one pool and table like any :class:`KVCacheSpec`.
+    """
+
+    sliding_window: int = 0
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,18 @@ class StepMetadata:
         block_size: tokens per KV block.
         is_decode: every sequence has exactly one query row.
         host: host (NumPy) copies of the arrays above, by field name.
+        window_block_tables: ``[num_seqs, max_blocks_per_seq]`` int32 block ids of the
+            sliding-window layers' own pool (:class:`SlidingWindowCacheSpec`), entries before a
+            sequence's window unset; ``None`` when those layers share ``block_tables``.
+        window_slot_mapping: ``[num_tokens]`` int32 slots of that pool, or ``None``.
+        spec_state_rows: speculative verification on hybrid models, else ``None``: per
+            sequence, the recurrent-state row each of its query positions writes (position
+            ``j`` starts from the row of ``j - 1``, position 0 from ``state_indices[b]``), so
+            the engine keeps the state after the last accepted position.
+        multimodal: ``None``, or for a step feeding image placeholder tokens, one
+            ``(first row, first token, token count, payload)`` per prefill chunk of a sequence
+            carrying images (``Sequence.mm``: a model family's multimodal payload, read by
+            that family's model; ``positions`` already holds its 1D positions).
     """
 
     num_tokens: int
@@ -48,3 +60,7 @@ class StepMetadata:
     block_size: int = 16
     is_decode: bool = False
     host: dict[str, np.ndarray] = field(default_factory=dict)
+    spec_state_rows: list[list[int]] | None = None
+    multimodal: list[tuple[int, int, int, Any]] | None = None
+    window_block_tables: Any = None
+    window_slot_mapping: Any = None

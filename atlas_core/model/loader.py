@@ -24,10 +24,16 @@ KNOWN_FAMILIES = {
     "atlas-gemma4": ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration", "Gemma3ForCausalLM",
                      "Gemma3ForConditionalGeneration"),
     "atlas-minimax": ("MiniMaxM2ForCausalLM",),
+    "atlas-qwen3vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"),
+    "atlas-deepseek": ("DeepseekV3ForCausalLM",),
+    "atlas-mistral": ("Mistral4ForCausalLM", "Mistral3ForConditionalGeneration"),
+    "atlas-nemotron-h": ("NemotronHForCausalLM",),
 }
 
 # Fields a multimodal wrapper keeps at the top level that the text model needs.
-_INHERITED = ("architectures", "torch_dtype", "dtype", "tie_word_embeddings", "quantization_config")
+_INHERITED = ("architectures", "torch_dtype", "dtype", "tie_word_embeddings", "quantization_config",
+              "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
+              "vision_end_token_id")
 
 
 class ModelConfigError(ValueError):

@@ -26,6 +26,11 @@ class CausalLM(Module):
         tie_word_embeddings: the output head reuses the embedding table.
         max_position_embeddings: longest context the model supports.
         zero_centered_norm: the final norm weight is stored as ``w - 1``.
+
+    Attributes:
+        mtp: the multi-token-prediction head a family loader attached (``mtp.*`` weights, see
+            :mod:`atlas_core.engine.spec.mtp`), else ``None``; its attention layer gets a KV
+            pool (one more entry of :meth:`kv_cache_specs`) once :meth:`enable_mtp` ran.
     """
 
     def __init__(self, config: dict[str, Any], layers: Sequence[TransformerLayer], *, hidden_size: int,
@@ -45,6 +50,14 @@ class CausalLM(Module):
         if not tie_word_embeddings:
             self.declare("lm_head.weight", (vocab_size, hidden_size))
         self._zero_logits: Any = None
+        self.mtp: Any = None
+        self.mtp_enabled = False
+
+    def enable_mtp(self) -> bool:
+        """Give the MTP head a KV pool from now on (call before the KV cache is planned);
+        returns whether the model has a head."""
+        self.mtp_enabled = self.mtp is not None
+        return self.mtp_enabled
 
     @property
     def lm_head(self) -> Any:
@@ -55,13 +68,15 @@ class CausalLM(Module):
 
     def kv_cache_specs(self) -> list[KVCacheSpec | RecurrentStateSpec | None]:
         """The state each layer keeps between steps, one entry per layer."""
-        return [layer.state_spec() for layer in self.layers]
+        specs = [layer.state_spec() for layer in self.layers]
+        return specs + [self.mtp.state_spec()] if self.mtp_enabled else specs
 
     def bind_kv_caches(self, caches: Sequence[Any]) -> None:
         """Hand each layer its state (``(k_cache, v_cache)`` for attention, ``None`` if stateless)."""
-        if len(caches) != self.num_layers:
-            raise ValueError(f"got {len(caches)} caches for {self.num_layers} layers")
-        for layer, cache in zip(self.layers, caches):
+        num = self.num_layers + self.mtp_enabled
+        if len(caches) != num:
+            raise ValueError(f"got {len(caches)} caches for {num} layers")
+        for layer, cache in zip(self.layers + ([self.mtp] if self.mtp_enabled else []), caches):
             if cache is not None:
                 layer.bind_state(cache)
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from atlas_core.parsers.base import ToolParser
+from atlas_core.parsers.deepseek_v3 import DeepSeekV3ToolParser
 from atlas_core.parsers.gemma4 import Gemma4ReasoningParser, Gemma4ToolParser
 from atlas_core.parsers.hermes import HermesToolParser
 from atlas_core.parsers.llama3_json import Llama3JsonToolParser
 from atlas_core.parsers.minimax_m2 import MiniMaxM2ToolParser
 from atlas_core.parsers.mistral import MistralToolParser
+from atlas_core.parsers.nemotron_v2 import NemotronV2ToolParser
 from atlas_core.parsers.qwen3_coder import Qwen3CoderToolParser
 from atlas_core.parsers.reasoning import ReasoningParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     cls.name: cls for cls in (HermesToolParser, Qwen3CoderToolParser, MistralToolParser, Llama3JsonToolParser,
-                              Gemma4ToolParser, MiniMaxM2ToolParser)
+                              Gemma4ToolParser, MiniMaxM2ToolParser, DeepSeekV3ToolParser,
+                              NemotronV2ToolParser)
 }
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {"think": ReasoningParser,
                                                        "gemma4": Gemma4ReasoningParser}
@@ -23,7 +26,7 @@ _MODEL_TYPE_TOOL_PARSERS = {
     "qwen3_5": "qwen3_coder", "qwen3_5_moe": "qwen3_coder", "qwen3_next": "qwen3_coder",
     "nemotron_h": "qwen3_coder", "mistral": "mistral", "mistral3": "mistral", "ministral": "mistral",
     "llama": "llama3_json", "gemma4": "gemma4", "gemma4_text": "gemma4",
-    "minimax_m2": "minimax_m2",
+    "minimax_m2": "minimax_m2", "deepseek_v3": "deepseek_v3", "mistral4": "mistral",
 }
 
 
@@ -59,8 +62,12 @@ def default_tool_parser_for(model_type: str | None = None, chat_template: str | 
         return "gemma4"
     if "<minimax:tool_call>" in template:
         return "minimax_m2"
+    if "<｜tool▁calls▁begin｜>" in template:
+        return "deepseek_v3"
     if "<function=" in template and "<parameter=" in template:
         return "qwen3_coder"
+    if "<TOOLCALL>" in template:
+        return "nemotron_v2"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

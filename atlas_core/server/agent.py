@@ -17,6 +17,7 @@ from atlas_core.guided.vllm import VLLM_FIELDS
 from atlas_core.parsers import prompt_opens_reasoning
 from atlas_core.server.agent_guards import attach_guards
 from atlas_core.server.errors import APIError
+from atlas_core.server.media import attach_images
 from atlas_core.server.prompts import render_prompt
 from atlas_core.server.sampling import make_params, sampling_mode
 from atlas_core.server.shaping import ParsePlan
@@ -73,6 +74,7 @@ class ChatPlan:
     prompt_ids: list[int]
     params: Any
     parse: ParsePlan
+    mm: Any = None
 
 
 def _markers_are_special(tokenizer, texts) -> bool:
@@ -191,6 +193,7 @@ def plan_chat(state, req: ChatRequest) -> ChatPlan:
     tool_cls = state.tool_parser_cls if offered else None
     guided = guided_constraint(req, tool_cls.name if tool_cls else None)
     text, ids, budget = render_request(state, req, is_guided=guided is not None)
+    ids, mm = attach_images(state, req.messages, ids)
     max_tokens = resolve_max_tokens(state, len(ids), req.max_tokens, req.max_tokens_param)
     reasoning_cls = state.reasoning_parser_cls
     reasoner = reasoning_cls() if reasoning_cls else None
@@ -210,4 +213,4 @@ def plan_chat(state, req: ChatRequest) -> ChatPlan:
     mode = sampling_mode(state, req, offered, reasoner, opens, guided)
     params = make_params(fields, state.generation_defaults, req.n, mode)
     parse = ParsePlan(tool_cls, offered, reasoning_cls, opens, req.parallel_tool_calls, scrub)
-    return ChatPlan(text, ids, params, parse)
+    return ChatPlan(text, ids, params, parse, mm)

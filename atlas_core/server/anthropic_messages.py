@@ -16,6 +16,7 @@ from atlas_core.server.anthropic_schemas import (CountTokensRequest, MessagesReq
 from atlas_core.server.decode import read_model_request
 from atlas_core.server.errors import APIError
 from atlas_core.server.generation import IDLE, Choice, as_api_error
+from atlas_core.server.media import attach_images
 from atlas_core.server.prompts import anthropic_messages
 from atlas_core.server.sampling import sampling_kwargs, stop_list
 from atlas_core.server.sse import error_event, named_event, sse_response
@@ -89,7 +90,7 @@ async def messages(request: Request) -> Any:
     stops = checked_stops(stop_list(req.stop_sequences), "stop_sequences") or []
     plan = await asyncio.to_thread(plan_chat, state, chat_request(req, req.max_tokens, stops))
     rid = state.request_id("msg_")
-    choice = Choice(0, rid, plan.prompt_ids, plan.params)
+    choice = Choice(0, rid, plan.prompt_ids, plan.params, mm=plan.mm)
     shaper = state.make_chat_shaper(plan)
     if req.stream:
         stream = await state.stream([choice], idle_interval=state.config.ping_interval)
@@ -142,9 +143,15 @@ async def _message_events(model: str, rid: str, stream, stops: list[str], shaper
         yield error_event(as_api_error(exc), PATH)
 
 
+def _prompt_ids(state, req: ChatRequest) -> list[int]:
+    """The prompt ids a request would run with, images expanded to their tokens."""
+    ids = render_request(state, req)[1]
+    return attach_images(state, req.messages, ids)[0]
+
+
 @post(f"{PATH}/count_tokens", status_code=200)
 async def count_tokens(request: Request) -> Any:
     state, req, _ = await read_model_request(request, CountTokensRequest)
-    ids = (await asyncio.to_thread(render_request, state, chat_request(req)))[1]
+    ids = await asyncio.to_thread(_prompt_ids, state, chat_request(req))
     return Response(msgspec.json.encode({"input_tokens": len(ids)}),
                     media_type="application/json")

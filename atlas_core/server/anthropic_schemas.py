@@ -25,6 +25,7 @@ class ContentBlock(msgspec.Struct, kw_only=True):
     thinking: str | None = None
     signature: str | None = None
     is_error: bool | None = None
+    source: dict[str, Any] | None = None
 
 
 class Message(msgspec.Struct, kw_only=True):

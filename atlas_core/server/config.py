@@ -51,6 +51,12 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             dropped first); 0 stores none.
         strict_max_tokens: Answer a ``max_tokens`` larger than the room the context has left
             with a 400; by default it is lowered to that room (finish reason ``length``).
+        allowed_media_domains: Hosts whose ``http(s)`` image URLs the server fetches (their
+            subdomains too; ``*`` for any); empty (the default) fetches none: images come
+            inline as ``data:`` URLs or base64.
+        media_fetch_timeout: Seconds an image URL fetch may take.
+        max_image_bytes: Largest encoded image accepted (inline or fetched).
+        max_images_per_request: Most images in one request.
     """
 
     served_model_names: list[str]
@@ -75,6 +81,10 @@ class ServerConfig(msgspec.Struct, kw_only=True):
     reasoning_budget: int | None = None
     max_stored_responses: int = 1000
     strict_max_tokens: bool = False
+    allowed_media_domains: list[str] = msgspec.field(default_factory=list)
+    media_fetch_timeout: float = 10.0
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_images_per_request: int = 8
 
     def __post_init__(self) -> None:
         if not self.served_model_names:
@@ -91,6 +101,11 @@ class ServerConfig(msgspec.Struct, kw_only=True):
             raise ValueError("ServerConfig.reasoning_budget must be >= 0 (or None: no limit)")
         if self.max_stored_responses < 0:
             raise ValueError("ServerConfig.max_stored_responses must be >= 0")
+        if self.media_fetch_timeout <= 0 or self.max_image_bytes <= 0:
+            raise ValueError("ServerConfig.media_fetch_timeout and max_image_bytes must be "
+                             "positive")
+        if self.max_images_per_request < 0:
+            raise ValueError("ServerConfig.max_images_per_request must be >= 0 (0: no images)")
         from atlas_core.parsers import get_reasoning_parser, get_tool_parser
         if self.tool_call_parser not in (None, "auto"):
             get_tool_parser(self.tool_call_parser)

@@ -76,9 +76,9 @@ def unsupported_part(kind: object, param: str, supported: str) -> APIError:
     (the text path of vision-language checkpoints is served, their vision tower is not loaded)."""
     media = MEDIA_PARTS.get(kind) if isinstance(kind, str) else None
     if media:
-        return APIError(400, f"{media} inputs are not supported: Atlas serves models text-only (the "
-                        f"vision tower of vision-language checkpoints is not loaded); remove the "
-                        f"`{kind}` part or describe it in text", param=param,
+        return APIError(400, f"{media} inputs are not supported here: Atlas takes images in the "
+                        f"user and assistant turns of vision-language models, and no audio, video "
+                        f"or files; remove the `{kind}` part or describe it in text", param=param,
                         code="unsupported_modality")
     return APIError(400, f"content part type `{kind}` is not supported (this server takes "
                     f"{supported})", param=param)

@@ -56,6 +56,7 @@ class Choice:
     num_cached_tokens: int = 0
     prompt_logprobs: list | None = None
     first_token_time: float | None = None
+    mm: Any = None
 
 
 @dataclass
@@ -105,7 +106,9 @@ class GenerationStream:
         first = choices[0]
         started = False
         try:
-            async for out in self.engine.generate(request_id, first.prompt_ids, first.params):
+            extra = {"mm_inputs": first.mm} if first.mm is not None else {}
+            async for out in self.engine.generate(request_id, first.prompt_ids, first.params,
+                                                  **extra):
                 started = True
                 self._queue.put_nowait((request_id, out))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer to raise

@@ -72,6 +72,7 @@ class _EngineCollector:
                                   value=stat(stats, "num_failed_requests"))
         yield from _decode_metrics(getattr(stats, "decode_steps", None))
         yield from _kv_tier_metrics(getattr(stats, "kv_tiers", None))
+        yield from _spec_metrics(getattr(stats, "speculative", None))
 
 
 def _decode_metrics(steps):
@@ -87,6 +88,25 @@ def _decode_metrics(steps):
                                 "Decode floor time (bytes read per step / memory bandwidth) over "
                                 "measured step time, last 64 decode steps",
                                 value=steps.floor_fraction)
+
+
+def _spec_metrics(spec):
+    # Speculative decoding (engine/spec): drafts verified, and what they bought.
+    if spec is None:
+        return
+    drafted, accepted, steps = spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_drafts
+    yield CounterMetricFamily("atlas_spec_decode_draft_tokens", "Draft tokens verified",
+                              value=drafted)
+    yield CounterMetricFamily("atlas_spec_decode_accepted_tokens", "Draft tokens accepted",
+                              value=accepted)
+    yield CounterMetricFamily("atlas_spec_decode_drafts",
+                              "Sequence steps that verified drafts", value=steps)
+    yield GaugeMetricFamily("atlas_spec_decode_acceptance_rate",
+                            "Accepted / drafted tokens so far",
+                            value=accepted / drafted if drafted else 0.0)
+    yield GaugeMetricFamily("atlas_spec_decode_mean_accepted_length",
+                            "Tokens emitted per sequence step with drafts (accepted + 1)",
+                            value=(accepted + steps) / steps if steps else 0.0)
 
 
 def _kv_tier_metrics(tiers):

@@ -56,7 +56,7 @@ def build_choices(state, req: ChatCompletionRequest, rid: str) -> tuple[ChatPlan
     if req.n > state.config.max_n:
         raise APIError(400, f"n must be <= {state.config.max_n}", param="n")
     plan = plan_chat(state, chat_request(req))
-    return plan, [Choice(i, rid, plan.prompt_ids, plan.params, output_index=i)
+    return plan, [Choice(i, rid, plan.prompt_ids, plan.params, output_index=i, mm=plan.mm)
                   for i in range(req.n)]
 
 

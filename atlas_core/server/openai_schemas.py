@@ -20,6 +20,7 @@ Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 class ContentPart(msgspec.Struct, kw_only=True):
     type: str
     text: str | None = None
+    image_url: dict[str, Any] | str | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -37,8 +38,8 @@ class StreamOptions(msgspec.Struct, kw_only=True):
 
 class AgentFields(msgspec.Struct, kw_only=True):
     """Fields every generation API takes beyond its own: the DRY / XTC / top-n-sigma samplers
-    (llama.cpp and text-generation-webui names), vLLM's ``priority`` and the agent-loop guards
-    (docs/serving.md)."""
+    (llama.cpp and text-generation-webui names), vLLM's ``priority``, the agent-loop guards and
+    ``speculative`` (``false`` opts the request out of speculative decoding) (docs/serving.md)."""
 
     dry_multiplier: float | None = None
     dry_base: float | None = None
@@ -52,6 +53,7 @@ class AgentFields(msgspec.Struct, kw_only=True):
     max_tool_calls: int | None = None
     reasoning_loop_guard: bool | None = None
     scrub_tool_markup: bool | None = None
+    speculative: bool | None = None
 
 
 class SamplingFields(AgentFields, kw_only=True):

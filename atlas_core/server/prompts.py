@@ -2,6 +2,8 @@
 
 Both APIs are first converted to OpenAI-style message dicts (``role``, ``content`` text,
 ``tool_calls``, ``tool_call_id``, ``reasoning_content``), which is what HF chat templates read.
+A turn with images has list content: ``{"type": "text", "text"}`` and ``{"type": "image",
+"image": ImageRef}`` items (:mod:`atlas_core.server.media`), as vision-language templates take.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from atlas_core.server.errors import APIError, unsupported_part
+from atlas_core.server.media import anthropic_image_block, openai_image_part
 from atlas_core.server.tools import template_tool_calls
 from atlas_core.tokenizer.chat_template import adapt_tool_arguments, tool_arguments_form
 
@@ -27,6 +30,20 @@ def text_of_parts(content: Any, param: str) -> str | None:
     return "\n".join(texts)
 
 
+def chat_content(content: Any, param: str) -> str | list[dict] | None:
+    """OpenAI message content for the template: one string, or, when it has ``image_url``
+    parts, a list of ``{"type": "text"}`` and ``{"type": "image"}`` items in order."""
+    if content is None or isinstance(content, str) or all(p.type != "image_url" for p in content):
+        return text_of_parts(content, param)
+    items: list[dict] = []
+    for i, part in enumerate(content):
+        if part.type == "image_url":
+            items.append(openai_image_part(part.image_url, f"{param}.content[{i}]"))
+        else:
+            items.append({"type": "text", "text": text_of_parts([part], param)})
+    return items
+
+
 def openai_messages(messages: list) -> list[dict]:
     """OpenAI chat messages as template dicts (``developer`` is rendered as ``system``)."""
     converted = []
@@ -35,7 +52,7 @@ def openai_messages(messages: list) -> list[dict]:
             raise APIError(400, f"unknown role `{m.role}`; use one of system, developer, user, "
                            "assistant, tool", param=f"messages[{i}].role")
         item: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                                "content": text_of_parts(m.content, f"messages[{i}]") or ""}
+                                "content": chat_content(m.content, f"messages[{i}]") or ""}
         for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(m, key) is not None:
                 item[key] = getattr(m, key)
@@ -70,10 +87,13 @@ def system_text(system: Any, param: str = "system") -> str | None:
 def _anthropic_turn(role: str, content: Any, param: str) -> list[dict]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    texts, thinking, tool_calls, results = [], [], [], []
+    texts, thinking, tool_calls, results, items = [], [], [], [], []
     for i, block in enumerate(content):
         if block.type == "text":
             texts.append(block.text or "")
+            items.append({"type": "text", "text": block.text or ""})
+        elif block.type == "image":
+            items.append(anthropic_image_block(block.source, f"{param}.content[{i}]"))
         elif block.type in ("thinking", "redacted_thinking"):
             thinking.append(block.thinking or "")
         elif block.type == "tool_use":
@@ -85,12 +105,13 @@ def _anthropic_turn(role: str, content: Any, param: str) -> list[dict]:
         else:
             raise unsupported_part(block.type, f"{param}.content[{i}].type",
                                    "text, tool_use and tool_result blocks")
-    turn: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    has_image = len(items) > len(texts)
+    turn: dict[str, Any] = {"role": role, "content": items if has_image else "\n".join(texts)}
     if thinking:
         turn["reasoning_content"] = "\n".join(thinking)
     if tool_calls:
         turn["tool_calls"] = tool_calls
-    if results and not texts:
+    if results and not texts and not has_image:
         return results
     return results + [turn]
 
@@ -157,6 +178,7 @@ def render_prompt(tokenizer, messages: list[dict], *, tools: list | None = None,
         raise APIError(400, f"cannot render the conversation: {exc}", param="messages") from None
     if continue_final_message:
         last = messages[-1].get("content") or ""
+        last = last if isinstance(last, str) else ""
         cut = text.rfind(last)
         if last and cut >= 0:
             text = text[:cut + len(last)]

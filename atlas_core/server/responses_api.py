@@ -93,7 +93,7 @@ class _Run:
         plan = plan_chat(state, chat_request(req, conversation))
         self.rid = state.request_id("resp_")
         self.created = int(time.time())
-        self.choice = Choice(0, self.rid, plan.prompt_ids, plan.params)
+        self.choice = Choice(0, self.rid, plan.prompt_ids, plan.params, mm=plan.mm)
         self.shaper = state.make_chat_shaper(plan)
         self.output = ResponsesOutput()
 

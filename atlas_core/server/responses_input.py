@@ -1,6 +1,7 @@
 """Responses API input items as chat-template messages.
 
-Items: messages (``role`` + a string or ``input_text`` / ``output_text`` parts),
+Items: messages (``role`` + a string or ``input_text`` / ``output_text`` parts; user turns
+also ``input_image`` parts, see :mod:`atlas_core.server.media`),
 ``function_call`` (merged into the assistant turn it belongs to), ``function_call_output``
 (a ``tool`` message) and ``reasoning`` (the next assistant turn's ``reasoning_content``).
 Output items of a response are valid input items too, which is how stored responses are
@@ -13,6 +14,7 @@ import json
 from typing import Any
 
 from atlas_core.server.errors import APIError, unsupported_part
+from atlas_core.server.media import responses_image_part
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
@@ -31,6 +33,21 @@ def parts_text(content: Any, param: str) -> str:
             raise unsupported_part(kind, f"{param}[{i}].type", "input_text and output_text")
         texts.append(part["text"])
     return "\n".join(texts)
+
+
+def message_content(content: Any, param: str) -> str | list[dict]:
+    """Message content for the template: :func:`parts_text`, or with ``input_image`` parts a
+    list of text and image items (:mod:`atlas_core.server.media`)."""
+    if not isinstance(content, list) or not any(
+            isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        return parts_text(content, param)
+    items = []
+    for i, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            items.append(responses_image_part(part, f"{param}[{i}]"))
+        else:
+            items.append({"type": "text", "text": parts_text([part], param)})
+    return items
 
 
 def _arguments(raw: Any) -> Any:
@@ -72,6 +89,10 @@ def input_messages(items: str | list | None, param: str = "input") -> list[dict]
             if role is None:
                 raise APIError(400, f"unknown role `{item.get('role')}`; use user, system, "
                                "developer or assistant", param=f"{where}.role")
+            if role == "user":
+                content = message_content(item.get("content"), f"{where}.content")
+                messages.append({"role": role, "content": content})
+                continue
             text = parts_text(item.get("content"), f"{where}.content")
             if role == "assistant":
                 turn = _assistant(messages, reasoning)

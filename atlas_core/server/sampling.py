@@ -12,7 +12,7 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
                    "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
                    "skip_special_tokens", "include_stop_str_in_output", "dry_multiplier",
                    "dry_base", "dry_allowed_length", "dry_sequence_breakers", "xtc_threshold",
-                   "xtc_probability", "top_n_sigma", "priority")
+                   "xtc_probability", "top_n_sigma", "priority", "speculative")
 
 
 def stop_list(stop: str | list[str] | None) -> list[str] | None:

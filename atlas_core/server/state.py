@@ -70,6 +70,7 @@ class ServerState:
         self.metrics = Metrics(self.stats)
         self.generation_defaults: dict[str, Any] = {}
         self.tool_parser_cls: type | None = None
+        self.mm_processor: Any = None
         self.reasoning_parser_cls: type | None = None
         self.responses = ResponseStore(config.max_stored_responses)
         self.live_streams: weakref.WeakSet[GenerationStream] = weakref.WeakSet()
@@ -89,6 +90,8 @@ class ServerState:
         model_type = model_config.get("model_type") if isinstance(model_config, dict) else None
         self.tool_parser_cls, self.reasoning_parser_cls = choose_parsers(
             self.config, getattr(self.tokenizer, "chat_template", None), model_type)
+        # vision-language models offer one (atlas_core.server.media); text models don't
+        self.mm_processor = getattr(engine_attr(engine, "model"), "mm_processor", None)
         self.engine = engine
 
     def make_chat_shaper(self, plan: Any) -> OutputShaper:

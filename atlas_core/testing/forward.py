@@ -46,7 +46,7 @@ class ForwardRunner:
             elif isinstance(spec, KVCacheSpec):
                 shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
                 dtype = kv_dtype or model.dtype
-                caches.append((backend.zeros(shape, dtype), backend.zeros(shape, dtype)))
+                caches.append(tuple(backend.zeros(shape, dtype) for _ in range(spec.num_pools)))
             elif isinstance(spec, RecurrentStateSpec):
                 # one slot per sequence: sequence b owns slot b (meta.state_indices)
                 caches.append({name: backend.zeros((max_seqs, *shape), spec.dtype)

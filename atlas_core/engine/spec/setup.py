@@ -1,0 +1,60 @@
+"""Building the engine's :class:`~atlas_core.engine.spec.Speculator` from its settings."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from atlas_core.engine.spec.config import SpeculativeConfig
+from atlas_core.engine.spec.mtp import MTPProposer
+from atlas_core.engine.spec.speculator import Speculator
+
+
+def prepare_model(model: Any, config: SpeculativeConfig | None) -> None:
+    """Before the KV cache is planned: ``mtp`` gives the model's MTP head its KV pool.
+
+    Raises:
+        ValueError: ``mtp`` for a model without a multi-token-prediction head.
+    """
+    if config is None or config.method != "mtp":
+        return
+    enable = getattr(model, "enable_mtp", None)
+    if enable is None or not enable():
+        arch = ((getattr(model, "config", None) or {}).get("architectures") or ["this model"])[0]
+        raise ValueError(f"speculative method 'mtp' needs a checkpoint with an MTP head "
+                         f"(mtp.* tensors) that Atlas loads; {arch} has none here. Use "
+                         '{"method": "ngram"} instead')
+
+
+def create_speculator(config: SpeculativeConfig | None, model: Any, runner: Any,
+                      block_manager: Any, max_seq_len: int, is_blocked: Callable,
+                      num_unforced: Callable | None = None) -> Speculator | None:
+    """The speculator for ``config`` (``None`` when speculation is off).
+
+    Args:
+        config: the engine's ``speculative_config``.
+        model: the loaded CausalLM (:func:`prepare_model` ran for it).
+        runner: the engine's :class:`~atlas_core.engine.model_runner.ModelRunner` (its
+            backend, KV plan, state-row copies and the last step's hidden states).
+        block_manager: the engine's KV blocks.
+        max_seq_len: the engine's context limit.
+        is_blocked: ``seq ->`` the token ids masked for ``seq`` this step (``min_tokens``).
+        num_unforced: ``seq ->`` tokens taken as sampled before the engine forces others
+            (thinking budgets; ``None``: no limit).
+
+    Raises:
+        ValueError: a runner without one device's step state (tensor-parallel executors).
+    """
+    if config is None:
+        return None
+    if not hasattr(runner, "last_hidden"):
+        raise ValueError("speculative decoding runs on a single device for now; drop "
+                         "--speculative-config or --tensor-parallel-size")
+    proposer = None
+    if config.method == "mtp":
+        proposer = MTPProposer(model, model.mtp, runner.backend, block_manager,
+                               config.num_speculative_tokens, lambda: runner.last_hidden)
+    kv = runner.kv
+    state_rows = kv.num_state_rows - kv.num_spec_state_rows if kv.num_state_slots else None
+    return Speculator(config, block_manager, max_seq_len, proposer=proposer,
+                      state_rows=state_rows, copy_state_rows=runner.copy_state_rows,
+                      is_blocked=is_blocked, num_unforced=num_unforced)

@@ -1,0 +1,12 @@
+"""Tensor and expert parallelism: one worker process per GPU, applied to a built model as a
+transform (model code stays unaware), driven by the engine in the front process.
+
+See docs/multi-gpu.md. The pieces: :mod:`.config` (sizes, ranks, the launcher's rank
+environment), :mod:`.store` (the rendezvous), :mod:`.cpu_comm` (a CommBackend over sockets),
+:mod:`.sharding` and :mod:`.transform` (what each rank holds and where it communicates),
+:mod:`.step` (the step description), :mod:`.worker` and :mod:`.executor`.
+"""
+
+from atlas_core.parallel.config import ParallelConfig
+
+__all__ = ["ParallelConfig"]

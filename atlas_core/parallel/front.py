@@ -1,0 +1,51 @@
+"""What the engine process holds of a parallel run in place of a model, a backend and a
+pending decode step (the weights and the devices live in the workers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from atlas_core.engine.model_runner import StepResult
+
+
+class FrontModel:
+    """What the engine reads of the model in the front process (the weights live in the
+    workers)."""
+
+    def __init__(self, facts: dict[str, Any]) -> None:
+        self.config, self.path = facts["config"], Path(facts["path"])
+        self.vocab_size, self.hidden_size = facts["vocab_size"], facts["hidden_size"]
+        self.num_layers, self.dtype = facts["num_layers"], facts["dtype"]
+        self.max_position_embeddings = facts["max_position_embeddings"]
+        self.tie_word_embeddings = facts["tie_word_embeddings"]
+
+
+class FrontBackend:
+    """The engine's view of the workers' backends: their name, device and whether they replay
+    decode graphs (then the engine chains decode steps, :meth:`ParallelExecutor.launch_decode`);
+    no device work happens here."""
+
+    def __init__(self, name: str, world_size: int, device: Any, supports_graphs: bool) -> None:
+        self.name = f"{name} x{world_size}"
+        self.device, self.supports_graphs = device, supports_graphs
+
+    def device_info(self) -> Any:
+        """Rank 0's :class:`~atlas_core.interfaces.DeviceInfo`."""
+        return self.device
+
+    def synchronize(self) -> None:
+        """Nothing runs in the front process."""
+
+
+class RemoteStep:
+    """A decode step launched on the workers whose tokens the engine has not read yet (the
+    engine's ``PendingStep``)."""
+
+    def __init__(self, executor: Any, sched: Any, rows: list, step_id: int) -> None:
+        self.executor, self.sched, self.rows, self.step_id = executor, sched, rows, step_id
+
+    def results(self) -> list[StepResult]:
+        """Wait for rank 0's sampled tokens of this step."""
+        got = self.executor.result(self.step_id)
+        return [StepResult(row, int(token), None) for row, (token, _) in zip(self.rows, got)]

@@ -1,0 +1,234 @@
+"""A worker: one rank on one GPU. It loads its slices of the model, joins the communicator,
+sizes its KV cache, then runs every step the engine sends with the single-GPU ModelRunner.
+
+Protocol over its :class:`~atlas_core.parallel.store.Channel` to the engine: the worker sends
+``("ready", rank, kv_config, info)``; the engine answers ``("start", kv_config)`` (the smallest
+KV pool any rank can hold); then ``("step", id, StepDescription)`` -> rank 0 answers
+``("result", id, [(token_id, logprob), ...])``; ``("launch", id, StepDescription, chained)``
+queues a decode step (async scheduling) whose result follows the next launch or a
+``("flush",)``; ``("shutdown",)`` ends it. Any failure is sent as
+``("error", rank, message)`` before the worker exits non-zero. A step that does not finish
+within the timeout (a peer died inside a collective) aborts the communicator and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atlas_core import env
+from atlas_core.parallel.config import ParallelConfig
+from atlas_core.parallel.store import Channel, PeerLostError, StoreClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process needs to start (picklable).
+
+    Attributes:
+        rank, device_index: its rank and the GPU index on its machine.
+        args: the engine's :class:`~atlas_core.engine.args.EngineArgs`.
+        parallel: the run's :class:`ParallelConfig`.
+        store_addr: ``(host, port)`` of the rendezvous store.
+    """
+
+    rank: int
+    device_index: int
+    args: Any
+    parallel: ParallelConfig
+    store_addr: tuple[str, int]
+
+
+def select_device(index: int) -> None:
+    """Make GPU ``index`` of this machine the only one this process sees (before CUDA starts)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else None
+    os.environ["CUDA_VISIBLE_DEVICES"] = devices[index] if devices else str(index)
+
+
+def comm_backend_name(parallel: ParallelConfig, backend: Any) -> str:
+    """The configured comm backend, else ``nccl`` for the cuda backend and ``cpu`` otherwise."""
+    if parallel.comm_backend:
+        return parallel.comm_backend
+    return "nccl" if getattr(backend, "name", "") == "cuda" else "cpu"
+
+
+def _create_backend(registry: Any, name: str | None) -> Any:
+    from atlas_core.engine.loading import default_backend_name
+    name = name or default_backend_name(registry)
+    return registry.create("gpu_backends", name, **({"device_id": 0} if name == "cuda" else {}))
+
+
+def load_rank(spec: WorkerSpec, store: StoreClient) -> tuple[Any, Any, Any, dict]:
+    """``(backend, comm, model, config)`` of this rank: its backend, the communicator, its
+    shard and the model's (whole) config.json."""
+    from atlas_core.engine.loading import model_path_or_demo
+    from atlas_core.model.loader import architecture, create_loader, read_config
+    from atlas_core.parallel.transform import load_shard
+    from atlas_core.plugins import Registry
+    from atlas_core.weights.checkpoint import Checkpoint
+    from atlas_core.weights.resolve import resolve_model
+    args, parallel = spec.args, spec.parallel
+    registry = Registry()
+    backend = _create_backend(registry, args.backend)
+    comm = registry.create("comm_backends", comm_backend_name(parallel, backend), rank=spec.rank,
+                           world_size=parallel.world_size, store=store, backend=backend,
+                           timeout=parallel.timeout_s)
+    path = resolve_model(model_path_or_demo(args.model), cache_dir=args.cache_dir,
+                         revision=args.revision)
+    config = read_config(path)
+    loader = create_loader(registry, architecture(config))
+    loader.validate_config(config)
+    backend.bind_model(config.get("model_type"), None)
+    model = load_shard(loader, config, Checkpoint.open(path), backend, comm,
+                       parallel.enable_expert_parallel, args.dtype)
+    model.path = path
+    return backend, comm, model, config
+
+
+def model_facts(model: Any, config: dict) -> dict[str, Any]:
+    """What the engine process needs to know of the model (see ``FrontModel``)."""
+    return {"config": config, "path": str(model.path), "vocab_size": model.vocab_size,
+            "hidden_size": model.hidden_size, "num_layers": model.num_layers,
+            "dtype": model.dtype, "max_position_embeddings": model.max_position_embeddings,
+            "tie_word_embeddings": model.tie_word_embeddings}
+
+
+def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model: Any,
+                config: dict) -> None:
+    """Size the KV cache, agree on it with the engine, then run steps until shutdown."""
+    from atlas_core.engine.kv_sizing import plan_kv_cache
+    from atlas_core.engine.model_runner import ModelRunner
+    args = spec.args
+    chan.send(("ready", spec.rank, plan_kv_cache(backend, model, args),
+               {"device": backend.device_info(), "backend": getattr(backend, "name", "?"),
+                "supports_graphs": bool(backend.supports_graphs),
+                "model": model_facts(model, config)}))
+    _, kv = chan.recv()
+    runner = ModelRunner(model, backend, kv, args.max_batch_size, args.max_prefill_tokens,
+                         kv.max_seq_len)
+    if (Path(model.path) / "tokenizer.json").is_file():
+        from atlas_core.tokenizer import Tokenizer
+        runner.sampler.encode = Tokenizer.from_dir(model.path).encode  # DRY breaker strings
+    steps = _Steps(spec.rank, chan, runner)
+    watchdog = _Watchdog(spec.rank, comm, spec.parallel.timeout_s)
+    while True:
+        message = chan.recv()
+        if message[0] == "shutdown":
+            return
+        watchdog.deadline = time.monotonic() + watchdog.timeout
+        try:
+            steps.handle(message)
+        finally:
+            watchdog.deadline = None
+
+
+class _Watchdog:
+    """Aborts the communicator and ends the process when a step outlasts ``timeout`` (a peer
+    died inside a collective, where NCCL would wait forever). One thread for the worker's
+    life: arming it is setting :attr:`deadline`."""
+
+    def __init__(self, rank: int, comm: Any, timeout: float) -> None:
+        self.rank, self.comm, self.timeout = rank, comm, timeout
+        self.deadline: float | None = None
+        threading.Thread(target=self._watch, name="atlas-step-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout / 4))
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() > deadline:
+                log.error("rank %d: a step did not finish within %.0f s (a peer died inside a "
+                          "collective?); aborting", self.rank, self.timeout)
+                try:
+                    self.comm.abort()
+                finally:
+                    os._exit(3)
+                return
+
+
+class _Steps:
+    """Runs the engine's messages on a ModelRunner: ``step`` (run now, rank 0 reports),
+    ``launch`` (queue a decode step, chained on the previous launch when asked, then report
+    the one before it: its tokens are ready by then) and ``flush`` (report what is queued)."""
+
+    def __init__(self, rank: int, chan: Channel, runner: Any) -> None:
+        self.rank, self.chan, self.runner = rank, chan, runner
+        self.queued: list[tuple[int, Any]] = []
+        self.last: Any = None
+
+    def handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "flush":
+            self.report(len(self.queued))
+        elif kind == "step":
+            self.report(len(self.queued))
+            results = self.runner.execute(message[2].sched, message[2].rows_of)
+            self.send(message[1], [(r.token_id, r.logprob) for r in results])
+        elif kind == "launch":
+            _, step_id, desc, chained = message
+            rows = [desc.rows_of[s.seq.seq_id][0] for s in desc.sched.scheduled]
+            self.last = self.runner.launch_decode(desc.sched, rows, self.last if chained else None)
+            self.queued.append((step_id, self.last))
+            self.report(len(self.queued) - 1)
+        else:
+            raise ValueError(f"unknown message {kind!r} from the engine")
+
+    def report(self, count: int) -> None:
+        for step_id, pending in self.queued[:count]:
+            ids = pending.read.wait()
+            self.send(step_id, [(int(t), None) for t in ids])
+        del self.queued[:count]
+
+    def send(self, step_id: int, results: list) -> None:
+        if self.rank == 0:
+            self.chan.send(("result", step_id, results))
+
+
+def run_worker(spec: WorkerSpec) -> int:
+    """A worker process's main: returns its exit status (0 after a clean shutdown)."""
+    logging.basicConfig(level=env.log_level(),
+                        format=f"[rank {spec.rank}] %(levelname)s %(name)s: %(message)s")
+    timeout = spec.parallel.timeout_s
+    chan = comm = store = None
+    try:
+        store = StoreClient(*spec.store_addr, timeout)
+        backend, comm, model, config = load_rank(spec, store)
+        chan = Channel.connect(*store.get("engine_addr"), timeout, peer="the engine")
+        serve_steps(spec, chan, backend, comm, model, config)
+        return 0
+    except PeerLostError as exc:
+        log.error("rank %d: lost the engine or a peer: %s", spec.rank, exc)
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - reported to the engine, then exit non-zero
+        message = f"rank {spec.rank}: {type(exc).__name__}: {exc}"
+        log.error("%s\n%s", message, traceback.format_exc())
+        if chan is None and store is not None:
+            try:
+                store.set(f"error/{spec.rank}", message)
+            except Exception:  # noqa: BLE001 - the store may be gone too
+                pass
+        elif chan is not None:
+            try:
+                chan.send(("error", spec.rank, message))
+            except PeerLostError:
+                pass
+        return 1
+    finally:
+        if comm is not None:
+            comm.close()
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Entry point of a spawned worker process."""
+    if spec.args.backend in (None, "cuda"):
+        select_device(spec.device_index)
+    raise SystemExit(run_worker(spec))
