@@ -1,0 +1,1 @@
+"""Atlas model family plugin: Nemotron-H / Nemotron-3 (Mamba-2 hybrid)."""

@@ -1,0 +1,154 @@
+"""Mamba-2 ops on the cuda backend (``cuda/kernels/mamba2.cu`` of this package), registered as
+the ``cuda`` implementations by :mod:`atlas_nemotron_h.plugin` and bound to the backend's op
+context (``ctx.kernel`` compiles through the NVRTC disk cache, ``ctx.out`` takes outputs from
+the step workspace, ``ctx.launch`` launches on the backend's stream).
+
+Same signatures and semantics as :mod:`atlas_nemotron_h.mamba2_reference`: state pools are
+float32, updated in place. Every launch takes device arrays and scalars only (no host sync),
+so decode steps capture into CUDA graphs. ``mamba2_ssd_chunked`` runs the token-by-token scan
+(as the numpy backend does): a sequence's state is the same however its prompt was split.
+Needs atlas-cuda (``pip install atlas-nemotron-h[cuda]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: Longest depthwise conv kernel the conv kernels keep in registers (M2_KMAX in mamba2.cu).
+CONV_KMAX = 8
+#: Threads per block of the conv kernels.
+CONV_THREADS = 128
+#: Warps per block of the scan (M2_WARPS), and the largest state size a warp keeps in registers.
+SCAN_WARPS, SCAN_MAX_STATE = 4, 256
+#: Threads per block of the gated norm.
+NORM_THREADS = 128
+
+
+def _need_f32_pool(name: str, pool: Any) -> None:
+    if pool.dtype != np.float32:
+        raise TypeError(f"{name}: the cuda backend keeps Mamba-2 state in float32 pools, got "
+                        f"{pool.dtype}; declare the RecurrentStateSpec with dtype float32")
+
+
+def _silu_flag(name: str, activation: str | None) -> int:
+    if activation not in (None, "silu"):
+        raise ValueError(f"{name}: unsupported activation {activation!r}; use 'silu' or None")
+    return int(activation == "silu")
+
+
+def _conv_sizes(name: str, x: Any, weight: Any, bias: Any, conv_states: Any) -> tuple[int, int]:
+    dim, k = weight.shape[0], weight.shape[-1]
+    _need_f32_pool(name, conv_states)
+    if not 1 <= k <= CONV_KMAX:
+        raise ValueError(f"{name}: conv kernel {k} is outside 1..{CONV_KMAX} on the cuda backend")
+    if any(a is not None and a.dtype != x.dtype for a in (weight, bias)):
+        raise TypeError(f"{name}: conv weight and bias must be in the activation dtype {x.dtype}")
+    if x.shape[-1] != dim or tuple(conv_states.shape[1:]) != (k - 1, dim):
+        raise ValueError(f"{name}: x {x.shape}, weight {weight.shape} and conv_states "
+                         f"{conv_states.shape} do not agree on [dim, kernel_size]")
+    return dim, k
+
+
+class Mamba2CudaOps:
+    """The Nemotron-H family's CUDA ops.
+
+    Args:
+        ctx: the cuda backend's op context (:class:`atlas_cuda.context.OpContext`).
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def mamba2_conv1d(self, x: Any, weight: Any, bias: Any, conv_states: Any, cu_seqlens: Any,
+                      seq_lens: Any, state_indices: Any, activation: str | None = "silu") -> Any:
+        """See :func:`atlas_nemotron_h.mamba2_reference.mamba2_conv1d`."""
+        silu = _silu_flag("mamba2_conv1d", activation)
+        dim, k = _conv_sizes("mamba2_conv1d", x, weight, bias, conv_states)
+        out = self.ctx.out(x.shape, x.dtype)
+        num_seqs = state_indices.shape[0]
+        if num_seqs:
+            self.ctx.launch(self.ctx.kernel("mamba2", x.dtype, "mamba2_conv1d"),
+                            (-(-dim // CONV_THREADS), num_seqs), CONV_THREADS, out, x, weight,
+                            bias, conv_states, cu_seqlens, seq_lens, state_indices, dim, k, silu)
+        return out
+
+    def mamba2_conv1d_update(self, x: Any, weight: Any, bias: Any, conv_states: Any,
+                             seq_lens: Any, state_indices: Any,
+                             activation: str | None = "silu") -> Any:
+        """See :func:`atlas_nemotron_h.mamba2_reference.mamba2_conv1d_update`."""
+        silu = _silu_flag("mamba2_conv1d_update", activation)
+        dim, k = _conv_sizes("mamba2_conv1d_update", x, weight, bias, conv_states)
+        out = self.ctx.out(x.shape, x.dtype)
+        if x.shape[0]:
+            self.ctx.launch(self.ctx.kernel("mamba2", x.dtype, "mamba2_conv1d_update"),
+                            (-(-dim // CONV_THREADS), x.shape[0]), CONV_THREADS, out, x, weight,
+                            bias, conv_states, seq_lens, state_indices, dim, k, silu)
+        return out
+
+    def _scan(self, xbc, dt, A_log, dt_bias, D, ssm_states, cu_seqlens, seq_lens,
+              state_indices, num_heads, head_dim, n_groups, state_size, dt_min, dt_max):
+        name = "mamba2_ssd"
+        _need_f32_pool(name, ssm_states)
+        if state_size > SCAN_MAX_STATE or num_heads % n_groups:
+            raise ValueError(f"{name}: state_size {state_size} above {SCAN_MAX_STATE}, or "
+                             f"num_heads {num_heads} not a multiple of n_groups {n_groups}")
+        width = num_heads * head_dim + 2 * n_groups * state_size
+        if xbc.shape[-1] != width or dt.dtype != xbc.dtype:
+            raise ValueError(f"{name}: xbc rows have {xbc.shape[-1]} values (the sizes give "
+                             f"{width}); dt must be in {xbc.dtype}, got {dt.dtype}")
+        num_tokens, num_seqs = xbc.shape[0], state_indices.shape[0]
+        out = self.ctx.out((num_tokens, num_heads * head_dim), xbc.dtype)
+        if num_tokens and num_seqs:
+            ctx = self.ctx
+            ctx.launch(ctx.kernel("mamba2", xbc.dtype, "mamba2_scan"),
+                       (-(-head_dim // SCAN_WARPS), num_heads, num_seqs), 32 * SCAN_WARPS, out,
+                       xbc, dt, ctx.f32(A_log), ctx.f32(dt_bias), ctx.f32(D), ssm_states,
+                       cu_seqlens, seq_lens, state_indices, num_heads, head_dim, n_groups,
+                       state_size, float(dt_min), float(dt_max))
+        return out
+
+    def mamba2_ssd_recurrent(self, xbc: Any, dt: Any, A_log: Any, dt_bias: Any, D: Any,
+                             ssm_states: Any, cu_seqlens: Any, seq_lens: Any,
+                             state_indices: Any, *, num_heads: int, head_dim: int, n_groups: int,
+                             state_size: int, dt_min: float = 0.0,
+                             dt_max: float = float("inf")) -> Any:
+        """See :func:`atlas_nemotron_h.mamba2_reference.mamba2_ssd_recurrent`."""
+        return self._scan(xbc, dt, A_log, dt_bias, D, ssm_states, cu_seqlens, seq_lens,
+                          state_indices, num_heads, head_dim, n_groups, state_size, dt_min,
+                          dt_max)
+
+    def mamba2_ssd_chunked(self, xbc: Any, dt: Any, A_log: Any, dt_bias: Any, D: Any,
+                           ssm_states: Any, cu_seqlens: Any, seq_lens: Any, state_indices: Any,
+                           *, num_heads: int, head_dim: int, n_groups: int, state_size: int,
+                           dt_min: float = 0.0, dt_max: float = float("inf"),
+                           chunk_size: int = 128) -> Any:
+        """See :func:`atlas_nemotron_h.mamba2_reference.mamba2_ssd_chunked` (run token by
+        token; ``chunk_size`` does not apply)."""
+        return self._scan(xbc, dt, A_log, dt_bias, D, ssm_states, cu_seqlens, seq_lens,
+                          state_indices, num_heads, head_dim, n_groups, state_size, dt_min,
+                          dt_max)
+
+    def mamba2_gated_norm(self, y: Any, z: Any, weight: Any, group_size: int, eps: float) -> Any:
+        """See :func:`atlas_nemotron_h.mamba2_reference.mamba2_gated_norm`."""
+        if z.dtype != y.dtype or y.shape != z.shape or y.shape[-1] % group_size:
+            raise ValueError(f"mamba2_gated_norm: y {y.shape} {y.dtype} and z {z.shape} "
+                             f"{z.dtype} must match, the width a multiple of {group_size}")
+        d = y.shape[-1]
+        rows = y.size // d if d else 0
+        out = self.ctx.out(y.shape, y.dtype)
+        if rows:
+            name = "mamba2_gated_norm" if weight.dtype == y.dtype else "mamba2_gated_norm_wf32"
+            weight = weight if weight.dtype == y.dtype else self.ctx.f32(weight)
+            self.ctx.launch(self.ctx.kernel("mamba2", y.dtype, name), (d // group_size, rows),
+                            NORM_THREADS, out, y, z, weight, d, group_size, float(eps))
+        return out
+
+    def relu2(self, x: Any) -> Any:
+        """See :func:`atlas_nemotron_h.ffn_reference.relu2`."""
+        out = self.ctx.out(x.shape, x.dtype)
+        if x.size:
+            self.ctx.launch(self.ctx.kernel("mamba2", x.dtype, "relu2"),
+                            min(-(-x.size // 256), 8192), 256, out, x, np.int64(x.size))
+        return out

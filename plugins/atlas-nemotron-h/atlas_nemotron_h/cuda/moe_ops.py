@@ -1,0 +1,98 @@
+"""Nemotron-H MoE ops on the cuda backend (``cuda/kernels/nemotron_moe.cu``): the grouped
+sigmoid router and the non-gated experts, registered by :mod:`atlas_nemotron_h.plugin`.
+
+Decode batches (fewer than :data:`GROUPED_MIN_TOKENS` tokens) run the experts as two
+warp-per-row GEMV kernels over each token's chosen experts (up + squared ReLU into a float32
+buffer, then down summed over the token's experts): no host sync, so decode steps capture into
+CUDA graphs. Prefill chunks group their rows by expert on the host (one sync) and run each
+used expert as cuBLAS GEMMs over its gathered rows (``embedding``, ``linear``, ``relu2``,
+``linear``; the squared ReLU rounded to the activation dtype there, as HF rounds it), then one
+kernel sums every token's weighted expert rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: Warps per block (NM_WARPS) and the limits of nemotron_moe.cu.
+WARPS, MAX_EXPERTS, MAX_GROUPS = 4, 1024, 64
+#: Tokens from which the experts run as per-expert GEMMs (above any captured decode batch).
+GROUPED_MIN_TOKENS = 512
+
+
+class NemotronMoeCudaOps:
+    """The Nemotron-H family's MoE CUDA ops.
+
+    Args:
+        ctx: the cuda backend's op context (:class:`atlas_cuda.context.OpContext`).
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def nemotron_h_moe_route(self, x: Any, router_weight: Any, correction_bias: Any, top_k: int,
+                             n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+                             routed_scaling_factor: float = 1.0) -> tuple[Any, Any]:
+        """See :func:`atlas_nemotron_h.ffn_reference.nemotron_h_moe_route`."""
+        t, hidden = x.shape
+        e = router_weight.shape[0]
+        if e > MAX_EXPERTS or n_group > MAX_GROUPS or e % n_group or not 0 < top_k <= e:
+            raise ValueError(f"nemotron_h_moe_route: at most {MAX_EXPERTS} experts in at most "
+                             f"{MAX_GROUPS} equal groups, 1 <= top_k <= experts on cuda (got "
+                             f"{e} experts, {n_group} groups, top_k {top_k})")
+        weights = self.ctx.out((t, top_k), np.float32)
+        ids = self.ctx.out((t, top_k), np.int32)
+        if t:
+            ctx = self.ctx
+            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_route"), t, 32 * WARPS,
+                       weights, ids, x, ctx.f32(router_weight), ctx.f32(correction_bias), hidden,
+                       e, top_k, n_group, topk_group, int(renormalize),
+                       float(routed_scaling_factor))
+        return weights, ids
+
+    def nemotron_h_moe_experts(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any,
+                               topk_ids: Any) -> Any:
+        """See :func:`atlas_nemotron_h.ffn_reference.nemotron_h_moe_experts`."""
+        t, width = x.shape
+        inter, top_k = w_up.shape[1], topk_ids.shape[1]
+        if w_up.dtype != x.dtype or w_down.dtype != x.dtype:
+            raise TypeError(f"nemotron_h_moe_experts: expert weights must be in {x.dtype} on "
+                            f"cuda (got {w_up.dtype}, {w_down.dtype})")
+        if t >= GROUPED_MIN_TOKENS and not getattr(self.ctx.backend, "_capturing", False):
+            return self._grouped(x, w_up, w_down, topk_weights, topk_ids)
+        out = self.ctx.out((t, width), x.dtype)
+        if t:
+            ctx = self.ctx
+            h = ctx.out((t * top_k, inter), np.float32)
+            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_up"),
+                       (-(-inter // WARPS), t * top_k), 32 * WARPS, h, x, w_up, topk_ids, width,
+                       inter, top_k)
+            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_down"),
+                       (-(-width // WARPS), t), 32 * WARPS, out, h, w_down, topk_weights,
+                       topk_ids, width, inter, top_k)
+        return out
+
+    def _grouped(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any, topk_ids: Any) -> Any:
+        """The experts as GEMMs over each expert's rows (prefill chunks)."""
+        ctx, ops, backend = self.ctx, self.ctx.ops, self.ctx.backend
+        (t, width), (num_experts, inter, _), top_k = x.shape, w_up.shape, topk_ids.shape[1]
+        flat = backend.to_host(topk_ids).reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        slots = np.empty(t * top_k, np.int32)
+        slots[order] = np.arange(t * top_k, dtype=np.int32)
+        tokens, pos = ctx.out((t * top_k,), np.int32), ctx.out((t, top_k), np.int32)
+        backend.copy_from_host(tokens, (order // top_k).astype(np.int32))
+        backend.copy_from_host(pos, slots.reshape(t, top_k))
+        rows = ctx.out((t * top_k, width), x.dtype)
+        experts, starts = np.unique(flat[order], return_index=True)
+        for e, a, b in zip(experts.tolist(), starts.tolist(), [*starts[1:].tolist(), t * top_k]):
+            up = w_up[e:e + 1].reshape(inter, width)
+            down = w_down[e:e + 1].reshape(width, inter)
+            h = ops.relu2(ops.linear(ops.embedding(tokens[a:b], x), up))
+            backend.copy_(rows[a:b], ops.linear(h, down))
+        out = ctx.out((t, width), x.dtype)
+        ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_combine"),
+                   (-(-width // 256), t), 256, out, rows, topk_weights, pos, width, top_k)
+        return out

@@ -1,0 +1,94 @@
+"""NumPy references of Nemotron-H's feed-forward ops: the squared ReLU, the grouped sigmoid
+router with a correction bias, and non-gated (up / down) experts. Registered as op specs by
+:mod:`atlas_nemotron_h.plugin`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.api import f32
+
+
+def relu2(x: np.ndarray) -> np.ndarray:
+    """Squared ReLU, ``max(x, 0) ** 2`` in float32 (HF ``relu2``).
+
+    Args:
+        x: any shape.
+
+    Returns:
+        Same shape, in ``x.dtype``.
+    """
+    r = np.maximum(f32(x), 0.0)
+    return (r * r).astype(x.dtype)
+
+
+def nemotron_h_moe_route(x: np.ndarray, router_weight: np.ndarray,
+                         correction_bias: np.ndarray, top_k: int, n_group: int = 1,
+                         topk_group: int = 1, renormalize: bool = True,
+                         routed_scaling_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek-V3-style routing as HF ``NemotronHTopkRouter`` does it.
+
+    ``logits = x @ router_weight.T`` in float32 (the activations widened first), ``s =
+    sigmoid(logits)``, ``choice = s + correction_bias``. Experts form ``n_group`` groups; a
+    group scores the sum of its two best ``choice`` values and only the ``topk_group`` best
+    groups compete. The ``top_k`` largest ``choice`` values there pick the experts (ties: lower
+    expert index first); their weights are ``s`` (without the bias), divided by
+    ``sum + 1e-20`` when ``renormalize``, times ``routed_scaling_factor``.
+
+    Args:
+        x: ``[num_tokens, hidden]``.
+        router_weight: ``[num_experts, hidden]`` (float32 in checkpoints).
+        correction_bias: ``[num_experts]`` (``e_score_correction_bias``).
+        top_k: experts per token.
+        n_group, topk_group: expert groups and groups kept per token.
+        renormalize: ``norm_topk_prob``.
+        routed_scaling_factor: scale of the chosen weights.
+
+    Returns:
+        ``(topk_weights [num_tokens, top_k] float32, topk_ids [num_tokens, top_k] int32)`` in
+        descending order of the biased score.
+    """
+    logits = f32(x) @ f32(router_weight).T
+    scores = 1.0 / (1.0 + np.exp(-logits))
+    choice = scores + f32(correction_bias)[None, :]
+    num_tokens, num_experts = choice.shape
+    if n_group > 1:
+        grouped = choice.reshape(num_tokens, n_group, num_experts // n_group)
+        best2 = -np.sort(-grouped, axis=-1)[:, :, :2].sum(axis=-1)
+        keep = np.argsort(-best2, axis=-1, kind="stable")[:, :topk_group]
+        mask = np.zeros((num_tokens, n_group), dtype=bool)
+        np.put_along_axis(mask, keep, True, axis=-1)
+        choice = np.where(np.repeat(mask, num_experts // n_group, axis=-1), choice, -np.inf)
+    ids = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(scores, ids, axis=-1)
+    if renormalize:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+    weights = weights * np.float32(routed_scaling_factor)
+    return weights.astype(np.float32), ids.astype(np.int32)
+
+
+def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
+                           topk_weights: np.ndarray, topk_ids: np.ndarray) -> np.ndarray:
+    """Weighted sum of each token's chosen non-gated experts.
+
+    ``out[t] = sum_j topk_weights[t, j] * down_e(relu2(up_e(x[t])))`` with
+    ``e = topk_ids[t, j]``, in float32.
+
+    Args:
+        x: ``[num_tokens, hidden]`` (the latent when the model projects into one).
+        w_up: ``[num_experts, intermediate, hidden]``.
+        w_down: ``[num_experts, hidden, intermediate]``.
+        topk_weights: ``[num_tokens, top_k]`` float32.
+        topk_ids: ``[num_tokens, top_k]`` int32.
+
+    Returns:
+        ``[num_tokens, hidden]`` in ``x.dtype``.
+    """
+    xf = f32(x)
+    out = np.zeros(x.shape, dtype=np.float32)
+    ids = np.asarray(topk_ids)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        h = np.maximum(xf[rows] @ f32(w_up[e]).T, 0.0)
+        out[rows] += ((h * h) @ f32(w_down[e]).T) * f32(topk_weights)[rows, slots][:, None]
+    return out.astype(x.dtype)

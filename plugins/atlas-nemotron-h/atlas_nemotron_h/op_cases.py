@@ -1,0 +1,179 @@
+"""Contract cases of this plugin's ops, named by their op specs (:mod:`atlas_nemotron_h.plugin`).
+
+The generated contract (:class:`atlas_core.testing.contracts_cases.GeneratedOpContract`, part of
+every ``GpuBackendContract``) runs them on each backend that has the op. State pools start
+NaN-poisoned except the slots of sequences that continue from earlier steps: an op must read
+only those, write every used slot and leave the others NaN. Imported by tests only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_core.testing.contracts_cases import OpCase
+from atlas_core.testing.contracts_ops import DTYPES, make_rng, poisoned, randn
+
+#: Query rows per sequence, tokens cached before this step, and state slots (-1: padding row).
+NUM_Q = [5, 20, 1, 9]
+CONTEXT = [3, 0, 2, 0]
+SLOTS = [4, 1, -1, 2]
+NUM_SLOTS = 6
+#: A decode step: one query row per sequence (a fresh one, a padding row).
+DECODE = ([1] * 4, [6, 0, 3, 1], [0, 5, -1, 3])
+#: State recurrences amplify rounding; their outputs get this much looser tolerance.
+RECURRENT_TOL_SCALE = 10.0
+#: (num_heads, head_dim, n_groups, state_size); the last is Nemotron-3 Nano's per-group shape.
+SSM_SHAPES = [(4, 8, 2, 16), (2, 16, 1, 32), (8, 64, 1, 128)]
+LIMITS = dict(dt_min=0.001, dt_max=float("inf"))
+
+
+def _layout(num_q, context, slots):
+    cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
+    return cu, (np.array(num_q) + np.array(context)).astype(np.int32), np.array(slots, np.int32)
+
+
+def _pool(rng, shape, seq_lens, num_q, slots) -> np.ndarray:
+    pool = poisoned(shape, "float32")
+    for n_ctx, n_q, slot in zip(seq_lens, num_q, slots):
+        if slot >= 0 and n_ctx > n_q:
+            pool[slot] = rng.standard_normal(shape[1:]) * 0.5
+    return pool
+
+
+def _conv_case(name, dtype, bias, activation, layout):
+    rng = make_rng(name, dtype, bias, activation)
+    dim, k = 40, 4
+    cu, seq_lens, slots = _layout(*layout)
+    pool = _pool(rng, (NUM_SLOTS, k - 1, dim), seq_lens, layout[0], slots)
+    x, w = randn(rng, (int(cu[-1]), dim), dtype), randn(rng, (dim, k), dtype, 0.5)
+    b = randn(rng, (dim,), dtype) if bias else None
+    return x, w, b, pool, cu, seq_lens, slots
+
+
+def mamba2_conv1d_cases() -> list[OpCase]:
+    """Mixed prefill/decode layout, with and without bias and activation."""
+    cases = []
+    for dtype in DTYPES:
+        for bias, act in ((True, "silu"), (False, None)):
+            x, w, b, pool, cu, seq_lens, slots = _conv_case("mamba2_conv1d", dtype, bias, act,
+                                                            (NUM_Q, CONTEXT, SLOTS))
+            cases.append(OpCase(f"{dtype}-bias{int(bias)}-{act}",
+                                (x, w, b, pool, cu, seq_lens, slots, act)))
+    return cases
+
+
+def mamba2_conv1d_update_cases() -> list[OpCase]:
+    """One token per sequence, a padding row and a fresh sequence among them."""
+    cases = []
+    for dtype in DTYPES:
+        x, w, b, pool, _, seq_lens, slots = _conv_case("mamba2_conv1d_update", dtype, True,
+                                                       "silu", DECODE)
+        cases.append(OpCase(dtype, (x, w, b, pool, seq_lens, slots, "silu")))
+    return cases
+
+
+def _ssm_inputs(rng, shape, n, dtype):
+    heads, head_dim, groups, state = shape
+    xbc = randn(rng, (n, heads * head_dim + 2 * groups * state), dtype)
+    a_log = np.log(rng.uniform(0.5, 4, heads)).astype(np.float32)
+    params = (randn(rng, (n, heads), dtype, 2.0), a_log, randn(rng, (heads,)),
+              randn(rng, (heads,)))
+    return xbc, params
+
+
+def _scan_cases(form: str) -> list[OpCase]:
+    cases = []
+    for dtype in DTYPES:
+        for shape in SSM_SHAPES[:2]:
+            for layout in ("mixed", "decode"):
+                rng = make_rng("mamba2_ssd", form, dtype, shape, layout)
+                num_q, context, slot_list = ((NUM_Q, CONTEXT, SLOTS) if layout == "mixed"
+                                             else DECODE)
+                cu, seq_lens, slots = _layout(num_q, context, slot_list)
+                xbc, (dt, a_log, dt_bias, d) = _ssm_inputs(rng, shape, int(cu[-1]), dtype)
+                pool = _pool(rng, (NUM_SLOTS, shape[0], shape[1], shape[3]), seq_lens, num_q, slots)
+                kwargs = dict(num_heads=shape[0], head_dim=shape[1], n_groups=shape[2],
+                              state_size=shape[3], **LIMITS)
+                if form == "chunked":
+                    kwargs["chunk_size"] = 8
+                cases.append(OpCase(f"{dtype}-{'x'.join(map(str, shape))}-{layout}",
+                                    (xbc, dt, a_log, dt_bias, d, pool, cu, seq_lens, slots),
+                                    kwargs, RECURRENT_TOL_SCALE))
+    return cases
+
+
+def mamba2_ssd_chunked_cases() -> list[OpCase]:
+    """Mixed and decode layouts, grouped and single-group heads, 8-token chunks."""
+    return _scan_cases("chunked")
+
+
+def mamba2_ssd_recurrent_cases() -> list[OpCase]:
+    """Mixed and decode layouts, grouped and single-group heads."""
+    return _scan_cases("recurrent")
+
+
+def mamba2_decode_case(dtype: str, shape: tuple[int, int, int, int]) -> OpCase:
+    """A decode step of four sequences (a padding row, a fresh one) with both pools."""
+    rng = make_rng("mamba2_decode", dtype, shape)
+    heads, head_dim, groups, state = shape
+    k, inner = 4, heads * head_dim
+    conv_dim = inner + 2 * groups * state
+    cu, seq_lens, slots = _layout(*DECODE)
+    pools = (_pool(rng, (NUM_SLOTS, k - 1, conv_dim), seq_lens, [1] * 4, slots),
+             _pool(rng, (NUM_SLOTS, heads, head_dim, state), seq_lens, [1] * 4, slots))
+    xbc, (dt, a_log, dt_bias, d) = _ssm_inputs(rng, shape, 4, dtype)
+    args = (xbc, randn(rng, (4, inner), dtype), dt, randn(rng, (conv_dim, k), dtype, 0.5),
+            randn(rng, (conv_dim,), dtype), a_log, dt_bias, d, randn(rng, (inner,), dtype),
+            *pools, cu, seq_lens, slots)
+    kwargs = dict(num_heads=heads, head_dim=head_dim, n_groups=groups, state_size=state, **LIMITS)
+    return OpCase(f"{dtype}-{'x'.join(map(str, shape))}", args, kwargs, RECURRENT_TOL_SCALE)
+
+
+def mamba2_decode_cases() -> list[OpCase]:
+    """Grouped and single-group heads, and Nemotron-3 Nano's 64 x 128 heads."""
+    return [mamba2_decode_case(dtype, shape) for dtype in DTYPES for shape in SSM_SHAPES]
+
+
+def mamba2_gated_norm_cases() -> list[OpCase]:
+    """Two and eight groups, activations and gate of a few magnitudes."""
+    cases = []
+    for dtype in DTYPES:
+        for groups in (2, 8):
+            rng = make_rng("mamba2_gated_norm", dtype, groups)
+            cases.append(OpCase(f"{dtype}-g{groups}", (
+                randn(rng, (7, 128), dtype, 2.0), randn(rng, (7, 128), dtype, 2.0),
+                randn(rng, (128,), dtype), 128 // groups, 1e-5)))
+    return cases
+
+
+def relu2_cases() -> list[OpCase]:
+    """Both signs, in every dtype."""
+    return [OpCase(dtype, (randn(make_rng("relu2", dtype), (9, 96), dtype, 2.0),))
+            for dtype in DTYPES]
+
+
+def nemotron_h_moe_route_cases() -> list[OpCase]:
+    """One group (Nemotron-3 Nano) and two groups with one kept; a scaling factor."""
+    cases = []
+    for dtype in DTYPES:
+        for n_group, topk_group in ((1, 1), (4, 2)):
+            rng = make_rng("nemotron_h_moe_route", dtype, n_group)
+            cases.append(OpCase(f"{dtype}-g{n_group}", (
+                randn(rng, (11, 32), dtype), randn(rng, (16, 32), "float32", 0.3),
+                randn(rng, (16,), "float32", 0.2), 4, n_group, topk_group, True, 2.5)))
+    return cases
+
+
+def nemotron_h_moe_experts_cases() -> list[OpCase]:
+    """Top-2 of 8 experts over a handful of tokens; widths that are and are not multiples of 8
+    (the cuda kernels' vector and scalar loads)."""
+    cases = []
+    for dtype in DTYPES:
+        for width, inter in ((32, 24), (20, 12)):
+            rng = make_rng("nemotron_h_moe_experts", dtype, width)
+            ids = np.stack([rng.permutation(8)[:2] for _ in range(6)]).astype(np.int32)
+            cases.append(OpCase(f"{dtype}-{width}x{inter}", (
+                randn(rng, (6, width), dtype), randn(rng, (8, inter, width), dtype, 0.2),
+                randn(rng, (8, width, inter), dtype, 0.2),
+                rng.uniform(0.1, 1.0, (6, 2)).astype(np.float32), ids)))
+    return cases

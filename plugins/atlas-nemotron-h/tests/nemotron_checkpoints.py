@@ -1,0 +1,70 @@
+"""Tiny Nemotron-H checkpoints saved by HF transformers (torch CPU, test-only), with the tiny
+byte-level tokenizer of :mod:`atlas_core.testing` and, optionally, a real Nemotron chat
+template. Imported by the tests of this folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atlas_core.testing.checkpoints import tiny_config
+from atlas_core.testing.fixtures import real_models_dir
+from atlas_core.testing.tiny_tokenizer import write_tokenizer
+
+ARCH = "NemotronHForCausalLM"
+TEMPLATES = {"nano3": real_models_dir() / "nemotron" / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+             "nano_v2": real_models_dir() / "nemotron" / "NVIDIA-Nemotron-Nano-v2.jinja"}
+
+
+def randomize(model: Any, seed: int) -> None:
+    """Weights that keep activations O(1) and make every part matter: fan-in scaled matrices,
+    norms near 1, decay rates ``exp(A_log)`` in 0.5..4, time-step biases around 0 (softplus
+    ~0.7, far above ``time_step_min``), routing biases of the size of the score spread."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
+                value = 1.0 + 0.1 * noise
+            elif name.endswith("A_log"):
+                value = torch.log(0.5 + 3.5 * torch.rand(tensor.shape, generator=gen))
+            elif name.endswith(("dt_bias", "e_score_correction_bias")):
+                value = 0.3 * noise
+            elif name.endswith("embeddings.weight") or tensor.dim() < 2:
+                value = noise
+            else:
+                value = noise / tensor.shape[-1] ** 0.5
+            tensor.copy_(value.to(tensor.dtype))
+
+
+def save_hf_checkpoint(path: Path, *, seed: int = 0, dtype: str = "float32", registry=None,
+                       template: str | None = None, **overrides: Any) -> Path:
+    """``NemotronHForCausalLM(config).save_pretrained(path)`` for this plugin's tiny config
+    (plus ``overrides``), random weights, the tiny tokenizer; a real chat template
+    (``"nano3"`` or ``"nano_v2"``) when ``template``."""
+    import torch
+    import transformers
+
+    config = tiny_config(ARCH, registry, **overrides)
+    path.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(path, config["vocab_size"], config["max_position_embeddings"])
+    config.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                  pad_token_id=ids["<|endoftext|>"])
+    model = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**config)).eval()
+    randomize(model, seed)
+    model.to(getattr(torch, dtype)).save_pretrained(path)
+    if template is not None:
+        tok_config = json.loads((path / "tokenizer_config.json").read_text())
+        tok_config["chat_template"] = TEMPLATES[template].read_text(encoding="utf-8")
+        (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    return path
+
+
+def prompt(seed: int, n: int, vocab: int = 370) -> list[int]:
+    """``n`` random token ids below ``vocab`` (the tiny tokenizer's ordinary tokens)."""
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()

@@ -1,0 +1,119 @@
+"""This plugin's ops: specs registered here (not in core), the numpy table's bindings, every
+contract case on numpy and mock (and cuda with a GPU), the chunked SSD reference against the
+token-by-token one and against HF's torch functions, and batch invariance of the numba scan."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from atlas_core.api import OpRegistry, Registry, make_plugin_manager, resolve
+from atlas_core.testing.contracts_cases import check_case
+from atlas_nemotron_h import mamba2_numpy, mamba2_reference as ref
+from atlas_nemotron_h.plugin import OPS
+
+NAMES = [spec.name for spec, _, _ in OPS]
+CASES = [(spec.name, case) for spec, _, _ in OPS for case in resolve(spec.cases)()]
+IDS = [f"{name}-{case.id}" for name, case in CASES]
+SIZES = dict(num_heads=4, head_dim=8, n_groups=2, state_size=16)
+
+
+@pytest.fixture(scope="module")
+def ops(registry):
+    return OpRegistry(registry)
+
+
+def test_specs_come_from_this_plugin_not_core(ops):
+    for name in NAMES:
+        assert ops.owner(name) == "nemotron_h" and ops.spec(name).cases is not None
+    core = OpRegistry(Registry(make_plugin_manager(entry_points=False)))
+    assert not set(NAMES) & set(core.names())
+    assert ops.backends("mamba2_ssd_chunked") == ["cuda", "numpy"]
+
+
+def test_numpy_table_takes_numba_scans_and_the_unfused_decode(backend):
+    assert backend.ops.mamba2_ssd_chunked is mamba2_numpy.mamba2_ssd_chunked
+    assert backend.ops.mamba2_ssd_recurrent is mamba2_numpy.mamba2_ssd_recurrent
+    decode = backend.ops.mamba2_decode
+    assert isinstance(decode, types.MethodType) and decode.__func__ is ref.compose_mamba2_decode
+    assert backend.ops.mamba2_conv1d is ref.mamba2_conv1d
+
+
+@pytest.mark.parametrize("name,case", CASES, ids=IDS)
+@pytest.mark.parametrize("kind", ["numpy", "mock"])
+def test_contract_case(registry, ops, kind, name, case):
+    check_case(registry.create("gpu_backends", kind), ops, name, case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,case", CASES, ids=IDS)
+def test_contract_case_on_cuda(cuda_backend, ops, name, case):
+    if name not in cuda_backend.ops:
+        pytest.skip(f"the cuda backend has no {name!r}")
+    check_case(cuda_backend, ops, name, case)
+
+
+def _sequence(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    conv_dim = SIZES["num_heads"] * SIZES["head_dim"] + 2 * SIZES["n_groups"] * SIZES["state_size"]
+    xbc = rng.standard_normal((n, conv_dim)).astype(np.float32)
+    dt = rng.standard_normal((n, 4)).astype(np.float32)
+    params = (np.log(rng.uniform(0.5, 4, 4)).astype(np.float32),
+              (0.3 * rng.standard_normal(4)).astype(np.float32),
+              rng.standard_normal(4).astype(np.float32))
+    return xbc, dt, params
+
+
+def _scan(fn, xbc, dt, params, chunks, **kw):
+    """Run ``fn`` over ``chunks`` consecutive steps of one sequence; outputs and final state."""
+    pool = np.zeros((1, 4, 8, 16), np.float32)
+    outs, start = [], 0
+    for n in chunks:
+        cu, lens = np.array([0, n], np.int32), np.array([start + n], np.int32)
+        a_log, dt_bias, d = params
+        outs.append(fn(xbc[start:start + n], dt[start:start + n], a_log, dt_bias, d, pool, cu,
+                       lens, np.zeros(1, np.int32), **SIZES, **kw))
+        start += n
+    return np.concatenate(outs), pool[0]
+
+
+def test_chunked_reference_equals_recurrent_reference():
+    xbc, dt, params = _sequence(53)
+    y_rec, s_rec = _scan(ref.mamba2_ssd_recurrent, xbc, dt, params, [53])
+    for chunks in ([53], [20, 33], [1, 16, 36]):
+        y, s = _scan(ref.mamba2_ssd_chunked, xbc, dt, params, chunks, chunk_size=16)
+        np.testing.assert_allclose(y, y_rec, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(s, s_rec, rtol=1e-4, atol=1e-4)
+
+
+def test_numba_scan_is_the_same_bits_however_the_sequence_is_split():
+    xbc, dt, params = _sequence(40, seed=1)
+    y0, s0 = _scan(mamba2_numpy.mamba2_ssd_chunked, xbc, dt, params, [40])
+    y1, s1 = _scan(mamba2_numpy.mamba2_ssd_chunked, xbc, dt, params, [7, 1, 1, 31])
+    assert np.array_equal(y0, y1) and np.array_equal(s0, s1)
+    y_ref, _ = _scan(ref.mamba2_ssd_recurrent, xbc, dt, params, [40])
+    np.testing.assert_allclose(y0, y_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_references_match_hf_torch_functions():
+    torch = pytest.importorskip("torch")
+    hf = pytest.importorskip("transformers.models.nemotron_h.modeling_nemotron_h")
+    xbc, dt, (a_log, dt_bias, d) = _sequence(37, seed=2)
+    y, state = _scan(ref.mamba2_ssd_chunked, xbc, dt, (a_log, dt_bias, d), [37], chunk_size=16)
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).double()  # noqa: E731
+    x, b, c = xbc[:, :32], xbc[:, 32:64], xbc[:, 64:]
+    y_hf, s_hf = hf.mamba2_chunk_scan(
+        t(x).view(1, 37, 4, 8), t(dt)[None], -torch.exp(t(a_log)), t(b).view(1, 37, 2, 16),
+        t(c).view(1, 37, 2, 16), chunk_size=16, D=t(d), dt_bias=t(dt_bias), dt_softplus=True,
+        return_final_states=True)
+    np.testing.assert_allclose(y, y_hf.reshape(37, 32).numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(state, s_hf[0].numpy(), rtol=1e-4, atol=1e-4)
+    rng = np.random.default_rng(3)
+    yy, z, w = (rng.standard_normal(s).astype(np.float32) for s in ((5, 32), (5, 32), (32,)))
+    norm = hf.NemotronHRMSNormGated(32, group_size=16, eps=1e-5)
+    norm.weight.data = torch.from_numpy(w)
+    expected = norm(torch.from_numpy(yy), torch.from_numpy(z)).detach().numpy()
+    np.testing.assert_allclose(ref.mamba2_gated_norm(yy, z, w, 16, 1e-5), expected,
+                               rtol=1e-5, atol=1e-6)
