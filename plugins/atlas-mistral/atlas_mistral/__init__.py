@@ -1,0 +1,1 @@
+"""Atlas plugin: Mistral-4 family (entry point ``mistral`` in group ``atlas``)."""
