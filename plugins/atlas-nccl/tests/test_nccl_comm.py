@@ -1,0 +1,185 @@
+"""The nccl CommBackend against a fake nccl4py (the real one needs GPUs): what it sends to
+NCCL (raw pointers, counts, data types, the backend's stream), the unique-id exchange, the
+init timeout and abort, and the errors that say what to install or use instead."""
+
+import enum
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from atlas_core.api import Registry, bfloat16
+from atlas_nccl.comm import UNIQUE_ID_KEY, NcclComm, NcclError
+
+STREAM = 0x5000
+
+
+class _DataType(enum.IntEnum):
+    INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
+
+
+class _RedOp(enum.IntEnum):
+    SUM, PROD, MAX, MIN, AVG = range(5)
+
+
+class _Array:
+    _next = 0x1000
+
+    def __init__(self, shape, dtype=np.float32):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape))
+        self.ptr = _Array._next
+        _Array._next += 0x1000
+
+
+class _Backend:
+    stream = STREAM
+
+    def __init__(self):
+        self.ctx = types.SimpleNamespace(out=lambda shape, dtype: _Array(shape, dtype))
+
+    def zeros(self, shape, dtype):
+        return _Array(shape, dtype)
+
+    def synchronize(self):
+        pass
+
+
+class _Store(dict):
+    def set(self, key, value):
+        self[key] = value
+
+    def get(self, key, timeout=None):
+        return self[key]
+
+
+@pytest.fixture()
+def fake_nccl(monkeypatch):
+    calls = []
+    block = threading.Event()
+    block.set()
+
+    class Communicator:
+        ptr = 0xC0FFEE
+
+        @classmethod
+        def init(cls, nranks, rank, unique_id):
+            block.wait()
+            calls.append(("init", nranks, rank, unique_id.raw))
+            return cls()
+
+        def abort(self):
+            calls.append(("abort",))
+
+        def destroy(self):
+            calls.append(("destroy",))
+
+    class UniqueId:
+        def __init__(self, raw):
+            self.raw = raw
+
+        @property
+        def as_bytes(self):
+            return self.raw
+
+        @staticmethod
+        def from_bytes(raw):
+            return UniqueId(raw)
+
+    def record(name):
+        return lambda *args: calls.append((name, *args))
+
+    core = types.ModuleType("nccl.core")
+    core.Communicator, core.UniqueId = Communicator, UniqueId
+    core.get_unique_id = lambda: UniqueId(b"id-of-rank-0")
+    core.NcclDataType, core.NcclRedOp = _DataType, _RedOp
+    bindings = types.ModuleType("nccl.bindings.nccl")
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "send", "recv", "group_start",
+                 "group_end"):
+        setattr(bindings, name, record(name))
+    package, parent = types.ModuleType("nccl"), types.ModuleType("nccl.bindings")
+    package.core, package.bindings, parent.nccl = core, parent, bindings
+    monkeypatch.setitem(sys.modules, "nccl", package)
+    monkeypatch.setitem(sys.modules, "nccl.core", core)
+    monkeypatch.setitem(sys.modules, "nccl.bindings", parent)
+    monkeypatch.setitem(sys.modules, "nccl.bindings.nccl", bindings)
+    return types.SimpleNamespace(calls=calls, block=block)
+
+
+def test_unique_id_goes_through_the_store(fake_nccl):
+    store = _Store()
+    NcclComm(0, 2, store=store, backend=_Backend())
+    assert store[UNIQUE_ID_KEY] == b"id-of-rank-0"
+    NcclComm(1, 2, store=store, backend=_Backend())
+    assert [c for c in fake_nccl.calls if c[0] == "init"] == [
+        ("init", 2, 0, b"id-of-rank-0"), ("init", 2, 1, b"id-of-rank-0")]
+
+
+def test_collectives_pass_raw_pointers_on_the_backend_stream(fake_nccl):
+    comm = NcclComm(0, 2, store=_Store(), backend=_Backend())
+    fake_nccl.calls.clear()
+    x = _Array((3, 4), bfloat16)
+    assert comm.all_reduce(x) is x
+    assert fake_nccl.calls[-1] == ("all_reduce", x.ptr, x.ptr, 12, _DataType.BFLOAT16,
+                                   _RedOp.SUM, 0xC0FFEE, STREAM)
+    gathered = comm.all_gather(x)
+    assert gathered.shape == (6, 4)
+    assert fake_nccl.calls[-1] == ("all_gather", x.ptr, gathered.ptr, 12, _DataType.BFLOAT16,
+                                   0xC0FFEE, STREAM)
+    part = comm.reduce_scatter(_Array((4, 2)), "max")
+    assert part.shape == (2, 2) and fake_nccl.calls[-1][3:6] == (4, _DataType.FLOAT32, _RedOp.MAX)
+    got = comm.all_to_all([_Array((2,), np.int32), _Array((2,), np.int32)])
+    assert [c[0] for c in fake_nccl.calls[-6:]] == ["group_start", "send", "recv", "send",
+                                                     "recv", "group_end"]
+    assert [g.shape for g in got] == [(2,), (2,)]
+
+
+def test_bad_requests_say_what_to_do(fake_nccl):
+    comm = NcclComm(0, 2, store=_Store(), backend=_Backend())
+    with pytest.raises(ValueError, match="axis 0 only"):
+        comm.all_gather(_Array((2, 2)), axis=1)
+    with pytest.raises(ValueError, match="unsupported reduce op 'median'"):
+        comm.all_reduce(_Array((2,)), "median")
+    with pytest.raises(NcclError, match="no data type for complex64"):
+        comm.all_reduce(_Array((2,), np.complex64))
+    with pytest.raises(NcclError, match="runs on the cuda GpuBackend"):
+        NcclComm(0, 2, store=_Store(), backend=object())
+
+
+def test_init_that_never_completes_times_out(fake_nccl):
+    fake_nccl.block.clear()
+    with pytest.raises(NcclError, match="not every rank joined .* within 0 s"):
+        NcclComm(0, 2, store=_Store(), backend=_Backend(), timeout=0.2)
+    fake_nccl.block.set()
+
+
+def test_abort_ends_the_communicator(fake_nccl):
+    comm = NcclComm(0, 2, store=_Store(), backend=_Backend())
+    comm.abort()
+    assert ("abort",) in fake_nccl.calls
+    with pytest.raises(NcclError, match="aborted or closed"):
+        comm.all_reduce(_Array((2,)))
+    comm.close()
+
+
+def test_missing_nccl4py_names_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nccl.core", None)
+    with pytest.raises(NcclError, match=r"pip install 'atlas-nccl\[nccl\]'"):
+        NcclComm(0, 1, backend=_Backend())
+
+
+def test_registered_lazily():
+    registry = Registry()
+    assert "nccl" in registry.names("comm_backends")
+    assert "nccl.core" not in sys.modules or not hasattr(sys.modules["nccl.core"], "Communicator")
+
+
+def test_passes_the_bindings_communicator_object_when_nccl4py_has_one(fake_nccl):
+    comm = NcclComm(0, 2, store=_Store(), backend=_Backend())
+    native = object()
+    comm._comm._comm = native
+    x = _Array((2,))
+    comm.all_reduce(x)
+    assert fake_nccl.calls[-1][6] is native
