@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.api import KVCacheSpec, Module, StepMetadata, TransformerLayer
+from atlas_core.api import (KVCacheSpec, Module, SlidingWindowCacheSpec, StepMetadata,
+                            TransformerLayer)
 
 
 def gemma4_cos_sin_cache(head_dim: int, max_position: int, rope: dict[str, Any]) -> np.ndarray:
@@ -40,8 +41,12 @@ class Gemma4Attention(Module, TransformerLayer):
 
     ``q = rope(q_norm(q_proj x))``, ``k = rope(k_norm(k_proj x))``, ``v = v_norm(v_proj x)``
     (``v_norm`` has no weight; with ``k_eq_v`` the values are the un-normed key projection), a
-    softmax scale of 1 (the norms set the scale), then ``o_proj``. Sliding layers attend to the
-    last ``sliding_window`` positions (plugin op ``sliding_window_attention``).
+    softmax scale of 1 (the norms set the scale), then ``o_proj``. Every layer attends through
+    the plugin op ``sliding_window_attention``: sliding layers over the last ``sliding_window``
+    positions, full layers with window 0 (the whole context; their 512-wide heads are past core
+    ``paged_attention``'s cuda kernels). Sliding layers declare a
+    :class:`SlidingWindowCacheSpec`, so the engine keeps only their window in a pool of its own
+    (``meta.window_block_tables`` / ``window_slot_mapping`` when it does).
 
     The rotary table is shared by every layer of a type: the model hands it over in
     :meth:`set_rotary` (``cos_sin_cache``).
@@ -71,13 +76,11 @@ class Gemma4Attention(Module, TransformerLayer):
         self.sliding_window, self.k_eq_v = sliding_window, k_eq_v
         self.scale, self.has_v_norm, self.zero_centered = scale, v_norm, zero_centered
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.q_size, self.kv_size = q_size, kv_size
-        sources = [("q_proj.weight", (q_size, hidden_size)),
-                   ("k_proj.weight", (kv_size, hidden_size))]
+        # Three projections, not one packed: backends slice device arrays on the first axis only.
+        self.declare("q_proj.weight", (q_size, hidden_size))
+        self.declare("k_proj.weight", (kv_size, hidden_size))
         if not k_eq_v:
-            sources.append(("v_proj.weight", (kv_size, hidden_size)))
-        rows = q_size + kv_size * (1 if k_eq_v else 2)
-        self.declare("qkv_proj.weight", (rows, hidden_size), sources)
+            self.declare("v_proj.weight", (kv_size, hidden_size))
         self.declare("o_proj.weight", (hidden_size, q_size))
         self.declare("q_norm.weight", (head_dim,))
         self.declare("k_norm.weight", (head_dim,))
@@ -97,6 +100,9 @@ class Gemma4Attention(Module, TransformerLayer):
         self.v_norm = self.backend.from_host(np.ones(self.head_dim, dtype=self.dtype))
 
     def state_spec(self) -> KVCacheSpec:
+        if self.sliding_window:
+            return SlidingWindowCacheSpec(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                                          sliding_window=self.sliding_window)
         return KVCacheSpec(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim)
 
     def bind_state(self, state: Any) -> None:
@@ -108,25 +114,22 @@ class Gemma4Attention(Module, TransformerLayer):
         if self.state is None:
             raise RuntimeError("attention layer has no KV cache; call model.bind_kv_caches() first")
         ops, p, t = self.ops, self.params, meta.num_tokens
-        qkv = ops.linear(hidden, p["qkv_proj.weight"])
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
-        q = qkv[:, :self.q_size].reshape(t, self.num_heads, self.head_dim)
-        k_raw = qkv[:, self.q_size:self.q_size + self.kv_size].reshape(t, self.num_kv_heads,
-                                                                       self.head_dim)
-        v_raw = k_raw if self.k_eq_v else qkv[:, self.q_size + self.kv_size:].reshape(
+        q = ops.linear(hidden, p["q_proj.weight"]).reshape(t, self.num_heads, self.head_dim)
+        k_raw = ops.linear(hidden, p["k_proj.weight"]).reshape(t, self.num_kv_heads,
+                                                               self.head_dim)
+        v_raw = k_raw if self.k_eq_v else ops.linear(hidden, p["v_proj.weight"]).reshape(
             t, self.num_kv_heads, self.head_dim)
         q = ops.rms_norm(q, p["q_norm.weight"], self.eps, zero_centered=self.zero_centered)
         k = ops.rms_norm(k_raw, p["k_norm.weight"], self.eps, zero_centered=self.zero_centered)
         v = ops.rms_norm(v_raw, self.v_norm, self.eps) if self.has_v_norm else v_raw
         q, k = ops.rotary_embedding(q, k, meta.positions, self.cos_sin_cache, self.head_dim, True)
         k_cache, v_cache = self.state
-        ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        if self.sliding_window is None:
-            out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                      meta.cu_seqlens_q, self.scale)
-        else:
-            out = ops.sliding_window_attention(q, k_cache, v_cache, meta.block_tables,
-                                               meta.seq_lens, meta.cu_seqlens_q, self.scale,
-                                               self.sliding_window)
+        tables, slots = meta.block_tables, meta.slot_mapping
+        if self.sliding_window and meta.window_block_tables is not None:
+            tables, slots = meta.window_block_tables, meta.window_slot_mapping
+        ops.reshape_and_cache(k, v, k_cache, v_cache, slots)
+        out = ops.sliding_window_attention(q, k_cache, v_cache, tables, meta.seq_lens,
+                                           meta.cu_seqlens_q, self.scale, self.sliding_window or 0)
         out = out.reshape(t, self.num_heads * self.head_dim)
         return ops.linear(out, p["o_proj.weight"]), residual

@@ -155,12 +155,13 @@ class Gemma4Loader(DecoderOnlyLoader):
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
              dtype: Any = None) -> Gemma4CausalLM:
         """As :meth:`DecoderOnlyLoader.load`, after checking that ``backend`` has this plugin's
-        ops (today only the numpy backend does): refuse before allocating anything."""
+        ops (numpy; cuda with ``atlas-gemma4[cuda]``): refuse before allocating anything."""
         missing = [name for name in PLUGIN_OPS if name not in backend.ops]
         if missing:
             raise ValueError(f"Gemma-4 needs the ops {', '.join(missing)}, which this backend "
-                             "does not implement (atlas-gemma4 ships them for the numpy backend "
-                             "only so far); run it with the numpy backend")
+                             "does not implement (atlas-gemma4 ships them for the numpy and "
+                             "cuda backends); run it with the numpy backend, or install "
+                             "atlas-gemma4[cuda] for cuda")
         return super().load(config, checkpoint, backend, dtype=dtype)
 
     def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

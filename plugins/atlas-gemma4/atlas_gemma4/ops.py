@@ -4,10 +4,13 @@
   router's per-expert scale).
 - ``softcap``: ``cap * tanh(x / cap)`` (final logit soft-capping).
 - ``sliding_window_attention``: :func:`paged_attention` where query position ``p`` sees only
-  keys ``p - window + 1 .. p`` (HF ``sliding_window`` semantics).
+  keys ``p - window + 1 .. p`` (HF ``sliding_window`` semantics); ``window`` 0 is the whole
+  causal context (Gemma-4's full-attention layers: their 512-wide heads are past core
+  ``paged_attention``'s cuda kernels).
 
-None has an unfused definition over core ops; the loaders refuse a backend without its own
-implementation (cuda today), naming the missing ops, before anything is allocated.
+None has an unfused definition over core ops; the cuda implementations are in
+:mod:`atlas_gemma4.cuda` (``atlas-gemma4[cuda]``). The loaders refuse a backend without them,
+naming the missing ops, before anything is allocated.
 """
 
 from __future__ import annotations
@@ -48,9 +51,9 @@ def sliding_window_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nda
 
     Same layout and arguments as ``paged_attention`` (the ``n_q`` queries of sequence ``b`` are
     its positions ``seq_lens[b] - n_q .. seq_lens[b] - 1``) plus ``window``: the query at
-    position ``p`` attends to cached positions ``max(0, p - window + 1) .. p``. Only blocks that
-    hold those positions are read, so blocks wholly before the window may have been freed
-    (their ``block_tables`` entries are ignored).
+    position ``p`` attends to cached positions ``max(0, p - window + 1) .. p`` (``0 .. p`` when
+    ``window`` is 0). Only blocks that hold those positions are read, so blocks wholly before
+    the window may have been freed (their ``block_tables`` entries are ignored).
 
     Args:
         q: ``[num_tokens, num_heads, head_dim]`` packed by sequence.
@@ -59,7 +62,7 @@ def sliding_window_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nda
         seq_lens: ``[num_seqs]`` int32 context lengths including this step's tokens.
         cu_seqlens_q: ``[num_seqs + 1]`` int32 prefix sums of query counts.
         scale: softmax scale.
-        window: positive window length.
+        window: window length, or 0 for none.
         kv_scale: dequantisation scale of the cache.
 
     Returns:
@@ -74,7 +77,7 @@ def sliding_window_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nda
         if e == s:
             continue
         length = int(seq_lens[b])
-        first = max(0, length - (e - s) - window + 1)
+        first = max(0, length - (e - s) - window + 1) if window > 0 else 0
         first_block = first // block_size
         table = np.asarray(block_tables[b], dtype=np.int64)[first_block:-(-length // block_size)]
         start = first_block * block_size
@@ -84,7 +87,9 @@ def sliding_window_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nda
         q_pos = np.arange(length - (e - s), length)
         k_pos = np.arange(start, length)
         scores = np.einsum("qhd,khd->hqk", f32(q[s:e]), kh) * scale
-        visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - window)
+        visible = k_pos[None, :] <= q_pos[:, None]
+        if window > 0:
+            visible &= k_pos[None, :] > q_pos[:, None] - window
         scores = np.where(visible[None], scores, -np.inf)
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)

@@ -1,5 +1,6 @@
-"""Registers this family's layer kinds, weight loaders and ops. Lazy strings: importing this
-imports nothing heavy."""
+"""Registers this family's layer kinds, weight loaders and ops (specs, CUDA implementations and
+sources). Lazy strings: importing this imports nothing heavy; the CUDA part
+(``atlas-gemma4[cuda]``) is imported only when the cuda backend builds its op table."""
 
 from atlas_core.api import OpSpec, hookimpl
 
@@ -17,10 +18,11 @@ LOADERS = {
 
 _REF = "atlas_gemma4.ops"
 
-#: The ops Gemma-4 adds; the numpy backend runs their references. No cuda implementation yet:
-#: the loaders refuse a backend without them, naming the missing ops.
+#: The ops Gemma-4 adds; the numpy backend runs their references, the cuda backend the methods
+#: of the same name of :data:`CUDA_OPS`. The loaders refuse a backend with neither.
 OPS = tuple(OpSpec(name, f"{_REF}:{name}", cases=f"atlas_gemma4.gemma4_cases:{name}_cases")
             for name in ("mul", "softcap", "sliding_window_attention"))
+CUDA_OPS = "atlas_gemma4.cuda.gemma4_ops:Gemma4CudaOps"
 
 
 @hookimpl
@@ -39,3 +41,9 @@ def register_weight_loaders(register):
 def register_ops(register):
     for spec in OPS:
         register(spec.name, spec)
+        register(spec.name, f"{CUDA_OPS}.{spec.name}", backend="cuda")
+
+
+@hookimpl
+def register_kernel_sources(register):
+    register("gemma4", "atlas_gemma4.cuda:kernel_dir")

@@ -1,0 +1,205 @@
+"""Gemma-4's ops on the cuda backend (``cuda/kernels/gemma4_elementwise.cu``,
+``gemma4_attention.cu`` and ``gemma4_attention_mma.cu`` of this package), registered as the ``cuda`` implementations by
+:mod:`atlas_gemma4.plugin` and bound to the backend's :class:`~atlas_cuda.context.OpContext`.
+
+Same signatures and semantics as :mod:`atlas_gemma4.ops`. Needs atlas-cuda
+(``pip install atlas-gemma4[cuda]``); imported only when a cuda backend builds its op table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from atlas_cuda.array import DeviceArray
+from atlas_cuda.kernels_loader import variant_of
+
+LOG2E = 1.4426950408889634
+#: Head sizes the attention kernels are built for (Gemma-4: 256 sliding, 512 full).
+HEAD_DIMS = (16, 32, 64, 128, 256, 512)
+#: (token, head) rows of one tiled prefill block (``SwaTile::R``) and the head chunks it takes.
+TILE_ROWS, TILE_HEADS = 16, (8, 4, 2, 1)
+#: Most query heads a split block takes (``SWA_SPLIT`` instantiations: 4 only below 512).
+SPLIT_HEADS = (4, 2, 1)
+#: Keys a split covers at least, and the most splits of one query.
+SPLIT_MIN_KEYS, MAX_SPLITS = 64, 32
+#: Head sizes, (token, head) rows a block and head chunks of the tensor-core prefill kernel
+#: (``swa_mma``: bf16 / f16, sm_80+).
+MMA_HEAD_DIMS, MMA_ROWS, MMA_HEADS = (64, 128, 256, 512), 64, (16, 8, 4, 2, 1)
+#: Broadcast modes of ``g4_mul`` (``MUL_*`` in gemma4_elementwise.cu).
+MUL_SCALAR, MUL_ROW, MUL_COLUMN, MUL_FULL = 0, 1, 2, 3
+
+
+def tile_shmem(head_dim: int, itemsize: int = 4) -> int:
+    """Dynamic shared memory of ``swa_tile`` at ``head_dim`` (``SwaTile::SMEM``)."""
+    keys = 16 if head_dim >= 512 else 32
+    padded = head_dim + 1
+    return itemsize * (TILE_ROWS * padded + keys * padded + keys * head_dim + TILE_ROWS * keys
+                       + 2 * TILE_ROWS)
+
+
+def mma_shmem(head_dim: int) -> int:
+    """Dynamic shared memory of ``swa_mma`` at ``head_dim`` (``SwaMma::SMEM``, 2-byte types)."""
+    keys, cols = (16 if head_dim >= 512 else 32), min(head_dim, 256)
+    return 2 * (MMA_ROWS * (head_dim + 8) + keys * (head_dim + 8) + cols * (keys + 8))
+
+
+def mul_mode(a_shape: tuple, b_shape: tuple) -> int:
+    """How ``b`` broadcasts against ``a`` in ``g4_mul``; ValueError for other shapes."""
+    a_size, b_size = int(np.prod(a_shape)), int(np.prod(b_shape))
+    d = a_shape[-1] if a_shape else 1
+    if b_size == 1:
+        return MUL_SCALAR
+    if tuple(b_shape) == tuple(a_shape):
+        return MUL_FULL
+    if b_shape[-1] == d and b_size == d:
+        return MUL_ROW
+    if b_shape[-1] == 1 and b_size * d == a_size:
+        return MUL_COLUMN
+    raise ValueError(f"mul: operand of shape {tuple(b_shape)} does not broadcast against "
+                     f"{tuple(a_shape)} on cuda; use a scalar, [d], [..., 1] or the same shape")
+
+
+def split_plan(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
+               max_keys: int, num_sms: int) -> tuple[int, int]:
+    """``(query heads a block, splits)`` of ``swa_split``: about two blocks per SM, each split
+    at least :data:`SPLIT_MIN_KEYS` keys of the longest span a query may see."""
+    group = num_heads // num_kv_heads
+    hb = next(h for h in SPLIT_HEADS if group % h == 0 and (h <= 2 or head_dim < 512))
+    blocks = max(1, num_tokens * num_kv_heads * (group // hb))
+    splits = min(MAX_SPLITS, (2 * num_sms) // blocks, -(-max_keys // SPLIT_MIN_KEYS))
+    return hb, max(1, splits)
+
+
+class Gemma4CudaOps:
+    """The Gemma-4 op implementations of one cuda backend.
+
+    Args:
+        ctx: the backend's :class:`~atlas_cuda.context.OpContext`.
+    """
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def _grid(self, n: int) -> int:
+        return max(1, min(-(-n // 256), 8 * self.ctx.num_sms))
+
+    def mul(self, a: DeviceArray, b: DeviceArray) -> DeviceArray:
+        mode = mul_mode(a.shape, b.shape)
+        out = self.ctx.out(a.shape, a.dtype)
+        if a.size:
+            if b.dtype == a.dtype:
+                kernel = self.ctx.kernel("gemma4_elementwise", a.dtype, "g4_mul")
+            else:
+                b = self.ctx.f32(b)
+                kernel = self.ctx.kernel("gemma4_elementwise", a.dtype, "g4_mul_wf32")
+            self.ctx.launch(kernel, self._grid(a.size), 256, out, a, b, mode,
+                            int(a.shape[-1]) if a.shape else 1, np.int64(a.size))
+        return out
+
+    def softcap(self, x: DeviceArray, cap: float) -> DeviceArray:
+        if not cap > 0:
+            raise ValueError(f"softcap: the cap must be positive, got {cap}")
+        out = self.ctx.out(x.shape, x.dtype)
+        if x.size:
+            self.ctx.launch(self.ctx.kernel("gemma4_elementwise", x.dtype, "g4_softcap"),
+                            self._grid(x.size), 256, out, x, float(cap), np.int64(x.size))
+        return out
+
+    def sliding_window_attention(self, q: DeviceArray, k_cache: DeviceArray,
+                                 v_cache: DeviceArray, block_tables: DeviceArray,
+                                 seq_lens: DeviceArray, cu_seqlens_q: DeviceArray, scale: float,
+                                 window: int, kv_scale: float = 1.0) -> DeviceArray:
+        """Prefill-heavy steps (at least 4 query tokens a sequence on average): ``swa_mma``
+        (tensor cores) in bf16 / f16 at head sizes 64-512 on sm_80+ unless policy
+        ``attention=simt``, else ``swa_tile``; decode steps: ``swa_split`` (+ ``swa_combine``
+        with several splits)."""
+        t, h, d = q.shape
+        num_seqs = seq_lens.shape[0]
+        self._check(q, k_cache, v_cache, kv_scale)
+        out = self.ctx.out(q.shape, q.dtype)
+        if not t or not num_seqs:
+            return out
+        if t >= 4 * num_seqs:
+            tile = self._tile_mma if self._use_mma(q) else self._tile
+            tile(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
+        else:
+            self._split(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                        window)
+        return out
+
+    def _check(self, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
+               kv_scale: float) -> None:
+        t, h, d = q.shape
+        kh = k_cache.shape[2]
+        if d not in HEAD_DIMS or k_cache.shape[3] != d:
+            raise ValueError(f"sliding_window_attention: head_dim {d} (cache {k_cache.shape[3]})"
+                             f" unsupported on cuda; use one of {HEAD_DIMS}")
+        if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or kv_scale != 1.0:
+            raise TypeError("sliding_window_attention: the cuda kernels read a KV cache in the "
+                            f"activation dtype ({q.dtype}, kv_scale 1), got {k_cache.dtype}; "
+                            "use --kv-cache-dtype auto for Gemma models")
+        if h % kh:
+            raise ValueError(f"sliding_window_attention: {h} query heads are not a multiple of "
+                             f"{kh} KV heads")
+
+    def _args(self, q, k_cache, block_tables, seq_lens, splits, scale, window) -> tuple:
+        _, h, _ = q.shape
+        _, block_size, kh, _ = k_cache.shape
+        return (h, kh, block_size, block_tables.shape[1], seq_lens.shape[0], splits,
+                int(window) if window and window > 0 else 0, float(scale * LOG2E))
+
+    def _split(self, out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+               window) -> None:
+        t, h, d = q.shape
+        kh, var = k_cache.shape[2], variant_of(q.dtype)
+        max_keys = block_tables.shape[1] * k_cache.shape[1]
+        if window and window > 0:
+            max_keys = min(max_keys, int(window))
+        hb, splits = split_plan(t, h, kh, d, max_keys, self.ctx.num_sms)
+        args = self._args(q, k_cache, block_tables, seq_lens, splits, scale, window)
+        part_acc = part_ml = None
+        if splits > 1:
+            part_acc = self.ctx.out((t * h * splits * d,), np.float32)
+            part_ml = self.ctx.out((t * h * splits * 2,), np.float32)
+        kernel = self.ctx.kernels.kernel("gemma4_attention", var, f"swa_split_{var}_d{d}_h{hb}")
+        self.ctx.launch(kernel, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
+                        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *args)
+        if splits > 1:
+            combine = self.ctx.kernels.kernel("gemma4_attention", var, f"swa_combine_{var}")
+            self.ctx.launch(combine, (t, h), 128, out, part_acc, part_ml, h, d, splits)
+
+    def _tile(self, out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+              window) -> None:
+        t, h, d = q.shape
+        kh, var = k_cache.shape[2], variant_of(q.dtype)
+        group = h // kh
+        hb = next(n for n in TILE_HEADS if group % n == 0)
+        tiles = -(-t // (TILE_ROWS // hb)) + seq_lens.shape[0]
+        shmem = tile_shmem(d)
+        kernel = self.ctx.kernels.kernel("gemma4_attention", var, f"swa_tile_{var}_d{d}_h{hb}",
+                                         shmem)
+        self.ctx.launch(kernel, (tiles, kh * (group // hb)), 128, out, q, k_cache, v_cache,
+                        block_tables, seq_lens, cu_seqlens_q,
+                        *self._args(q, k_cache, block_tables, seq_lens, 1, scale, window),
+                        shmem=shmem)
+
+    def _use_mma(self, q: DeviceArray) -> bool:
+        return (q.dtype.name in ("bfloat16", "float16") and q.shape[2] in MMA_HEAD_DIMS
+                and self.ctx.capability >= (8, 0) and self.ctx.policy.attention != "simt")
+
+    def _tile_mma(self, out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                  window) -> None:
+        t, h, d = q.shape
+        kh, var = k_cache.shape[2], variant_of(q.dtype)
+        group = h // kh
+        hb = next(n for n in MMA_HEADS if group % n == 0)
+        tiles = -(-t // (MMA_ROWS // hb)) + seq_lens.shape[0]
+        shmem = mma_shmem(d)
+        kernel = self.ctx.kernels.kernel("gemma4_attention_mma", var,
+                                         f"swa_mma_{var}_d{d}_h{hb}", shmem)
+        self.ctx.launch(kernel, (tiles, kh * (group // hb), d // min(d, 256)), 128, out, q,
+                        k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                        *self._args(q, k_cache, block_tables, seq_lens, 1, scale, window),
+                        shmem=shmem)

@@ -1,0 +1,183 @@
+// atlas-gemma4: swa_mma, the prefill tile of sliding_window_attention on tensor cores (bf16 /
+// f16 builds; the f32 build is empty): mma.sync m16n8k16 with fp32 accumulators. Same
+// semantics and arguments as swa_tile (gemma4_attention.cu).
+#include "gemma4_attention.cuh"
+#if ATLAS_MMA
+#include "mma.cuh"
+
+// Shapes of swa_mma: 64 (token, head) rows a block (16 a warp), BN keys a tile, DO output
+// columns a block (grid z splits 512-wide heads in two; each half recomputes the scores).
+// Shared memory rows are padded by 8 elements so the fragment loads hit 32 distinct banks.
+template <int D>
+struct SwaMma {
+  static constexpr int R = 64;
+  static constexpr int BN = D >= 512 ? 16 : 32;
+  static constexpr int DO = D > 256 ? 256 : D;
+  static constexpr int QS = D + 8;
+  static constexpr int VS = BN + 8;
+  static constexpr int SMEM = 2 * (R * QS + BN * QS + DO * VS);
+};
+
+__device__ __forceinline__ u32 swa_ld2(const void* p) { return *reinterpret_cast<const u32*>(p); }
+
+// swa_tile on tensor cores (bf16 / f16): S = Q K^T and O += P V with mma.sync m16n8k16, fp32
+// accumulators, the online softmax in registers. A thread holds rows g and g + 8 of its warp's
+// 16 (g = lane / 4) and, of every 8-column tile, columns 2 (lane % 4) and 2 (lane % 4) + 1.
+template <typename T, int D, int HB>
+__device__ void swa_mma_impl(T* out, const T* q, const T* kc, const T* vc,
+                             const int* block_tables, const int* seq_lens, const int* cu_q,
+                             SwaArgs a) {
+  using P = SwaMma<D>;
+  constexpr int R = P::R, BN = P::BN, DO = P::DO, QS = P::QS, VS = P::VS, BT = R / HB;
+  extern __shared__ __align__(16) unsigned char swa_mma_smem[];
+  T* sQ = reinterpret_cast<T*>(swa_mma_smem);
+  T* sK = sQ + R * QS;
+  T* sVt = sK + BN * QS;
+  int b, t0;
+  if (!swa_tile_of(cu_q, a.num_seqs, blockIdx.x, BT, b, t0)) return;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  int H = a.num_heads, KH = a.num_kv_heads, chunks = H / KH / HB, d0 = blockIdx.z * DO;
+  int kh = blockIdx.y / chunks, h0 = kh * (H / KH) + (blockIdx.y % chunks) * HB;
+  int t_end = cu_q[b + 1], first_pos = seq_lens[b] - (t_end - cu_q[b]);
+  int p0 = first_pos + (t0 - cu_q[b]), p1 = first_pos + (min(t0 + BT, t_end) - 1 - cu_q[b]);
+  int lo = swa_first(p0, a.window), hi = p1 + 1;
+  const int* bt_row = block_tables + (long long)b * a.max_blocks;
+  for (int idx = tid; idx < R * D / 8; idx += blockDim.x) {
+    int r = idx / (D / 8), e = (idx % (D / 8)) * 8, t = t0 + r / HB;
+    Vec8<T> v;
+    v.raw = make_uint4(0u, 0u, 0u, 0u);
+    if (t < t_end) v.load(q + ((long long)t * H + h0 + r % HB) * D + e);
+    v.store(sQ + r * QS + e);
+  }
+  int row_pos[2], row_first[2];
+  bool row_ok[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    int tok = (warp * 16 + g + 8 * i) / HB;
+    row_ok[i] = t0 + tok < t_end;
+    row_pos[i] = p0 + tok;
+    row_first[i] = swa_first(row_pos[i], a.window);
+  }
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+  float o[DO / 8][4];
+#pragma unroll
+  for (int n = 0; n < DO / 8; n++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[n][i] = 0.f;
+  const T* qw = sQ + (warp * 16 + g) * QS + 2 * tq;
+  for (int k0 = lo; k0 < hi; k0 += BN) {
+    __syncthreads();
+    for (int idx = tid; idx < BN * D / 8; idx += blockDim.x) {
+      int c = idx / (D / 8), e = (idx % (D / 8)) * 8, j = k0 + c;
+      Vec8<T> kv, vv;
+      kv.raw = vv.raw = make_uint4(0u, 0u, 0u, 0u);
+      bool in_out = e >= d0 && e < d0 + DO;
+      if (j < hi) {
+        long long row = swa_row(bt_row, j, a.block_size, KH, kh);
+        kv.load(kc + row * D + e);
+        if (in_out) vv.load(vc + row * D + e);
+      }
+      kv.store(sK + c * QS + e);
+      if (in_out) {
+        const T* ve = reinterpret_cast<const T*>(&vv.raw);
+#pragma unroll
+        for (int x = 0; x < 8; x++) sVt[(e - d0 + x) * VS + c] = ve[x];
+      }
+    }
+    __syncthreads();
+    float s[BN / 8][4];
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) s[n][i] = 0.f;
+#pragma unroll 4
+    for (int kk = 0; kk < D / 16; kk++) {
+      u32 af[4] = {swa_ld2(qw + kk * 16), swa_ld2(qw + 8 * QS + kk * 16),
+                   swa_ld2(qw + kk * 16 + 8), swa_ld2(qw + 8 * QS + kk * 16 + 8)};
+#pragma unroll
+      for (int n = 0; n < BN / 8; n++) {
+        const T* kr = sK + (n * 8 + g) * QS + kk * 16 + 2 * tq;
+        u32 bf[2] = {swa_ld2(kr), swa_ld2(kr + 8)};
+        mma16816<T>(s[n], af, bf);
+      }
+    }
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        int r = i >> 1, j = k0 + n * 8 + 2 * tq + (i & 1);
+        bool ok = row_ok[r] && j < hi && j <= row_pos[r] && j >= row_first[r];
+        s[n][i] = ok ? s[n][i] * a.scale_log2 : NEG_INF;
+        mx[r] = fmaxf(mx[r], s[n][i]);
+      }
+    float corr[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      float mn = fmaxf(m[r], mx[r]);
+      corr[r] = mn == NEG_INF ? 1.f : exp2f(m[r] - mn);
+      m[r] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        int r = i >> 1;
+        s[n][i] = s[n][i] == NEG_INF ? 0.f : exp2f(s[n][i] - m[r]);
+        sum[r] += s[n][i];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+      l[r] = l[r] * corr[r] + sum[r];
+    }
+#pragma unroll
+    for (int n = 0; n < DO / 8; n++) {
+      o[n][0] *= corr[0]; o[n][1] *= corr[0];
+      o[n][2] *= corr[1]; o[n][3] *= corr[1];
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+      u32 pf[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
+                   pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                   pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+      for (int n = 0; n < DO / 8; n++) {
+        const T* vr = sVt + (n * 8 + g) * VS + ks * 16 + 2 * tq;
+        u32 bf[2] = {swa_ld2(vr), swa_ld2(vr + 8)};
+        mma16816<T>(o[n], pf, bf);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    int row = warp * 16 + g + 8 * r, t = t0 + row / HB;
+    if (t >= t_end) continue;
+    float f = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    T* dst = out + ((long long)t * H + h0 + row % HB) * D + d0 + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < DO / 8; n++) {
+      dst[n * 8] = from_f32<T>(o[n][2 * r] * f);
+      dst[n * 8 + 1] = from_f32<T>(o[n][2 * r + 1] * f);
+    }
+  }
+}
+
+#define SWA_MMA(T, S, D, HB)                                                                  \
+  extern "C" __global__ void __launch_bounds__(128) swa_mma_##S##_d##D##_h##HB(              \
+      T* out, const T* q, const T* k, const T* v, const int* bt, const int* sl,               \
+      const int* cu, int H, int KH, int bs, int mb, int ns, int nsp, int win, float sc) {      \
+    SWA_ARGS;                                                                                 \
+    swa_mma_impl<T, D, HB>(out, q, k, v, bt, sl, cu, a);                                      \
+  }
+#define SWA_MMA_D(T, S, D)                                                                    \
+  SWA_MMA(T, S, D, 1) SWA_MMA(T, S, D, 2) SWA_MMA(T, S, D, 4) SWA_MMA(T, S, D, 8)             \
+  SWA_MMA(T, S, D, 16)
+#define SWA_MMA_ALL(T, S)                                                                     \
+  SWA_MMA_D(T, S, 64) SWA_MMA_D(T, S, 128) SWA_MMA_D(T, S, 256) SWA_MMA_D(T, S, 512)
+
+INSTANTIATE(SWA_MMA_ALL)
+#endif
