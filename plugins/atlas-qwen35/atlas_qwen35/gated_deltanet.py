@@ -8,6 +8,7 @@ import numpy as np
 
 from atlas_core.api import Module, RecurrentStateSpec, StepMetadata, TransformerLayer
 from atlas_qwen35.projections import norm_project_blocks, project_blocks
+from atlas_qwen35.spec_verify import gdn_verify
 
 #: Checkpoint layouts of the input projections.
 LAYOUTS = ("qwen3_5", "qwen3_next")
@@ -27,7 +28,9 @@ class GatedDeltaNet(Module, TransformerLayer):
     Prefill (any batch with a multi-token sequence) runs ``causal_conv1d`` and
     ``gated_delta_rule_chunked``; decode steps ``gated_delta_rule_decode`` (conv update, gating,
     recurrent step and gated norm as one op). Per-sequence state lives in the slots
-    ``meta.state_indices`` of the pools bound by :meth:`bind_state`.
+    ``meta.state_indices`` of the pools bound by :meth:`bind_state`. Speculative verify steps
+    (``meta.spec_state_rows``) run :func:`~atlas_qwen35.spec_verify.gdn_verify`: the decode op
+    per position, each position's state in its own row.
 
     Args:
         hidden_size: model width.
@@ -141,7 +144,9 @@ class GatedDeltaNet(Module, TransformerLayer):
         heads = dict(num_k_heads=self.num_k_heads, num_v_heads=self.num_v_heads,
                      head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
         t = meta.num_tokens
-        if meta.is_decode:
+        if meta.spec_state_rows is not None:
+            core = gdn_verify(self, qkv, z, ba, meta)
+        elif meta.is_decode:
             # core: [num_tokens, num_v_heads, head_v_dim], conv + gating + recurrence + norm
             core = ops.gated_delta_rule_decode(qkv, z, ba, p["conv1d.weight"], p["A_log"],
                                                p["dt_bias"], p["norm.weight"], conv_states,

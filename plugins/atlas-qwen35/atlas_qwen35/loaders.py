@@ -2,7 +2,8 @@
 
 All three are hybrid stacks: ``layer_types`` picks Gated DeltaNet (``linear_attention``) or gated
 full attention (``full_attention``) per block; every RMSNorm except the GDN output norm stores
-``w - 1``. Multi-token-prediction weights (``mtp.*``) and vision-tower weights are not loaded.
+``w - 1``. Vision-tower weights are not loaded; a complete multi-token-prediction head
+(``mtp.*``, :mod:`atlas_qwen35.mtp`) is, as ``model.mtp``, for speculative decoding.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from atlas_core.api import (CausalLM, DecoderLayer, DecoderOnlyLoader, TransformerLayer,
+from atlas_core.api import (CausalLM, DecoderLayer, DecoderOnlyLoader, MTPHead, TransformerLayer,
                             checkpoint_tensors, rope_parameters)
+from atlas_qwen35.mtp import num_mtp_layers
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,9 @@ class Qwen3NextLoader(DecoderOnlyLoader):
     layers selected by ``decoder_sparse_step`` and not in ``mlp_only_layers``."""
 
     layout = "qwen3_next"
+    skipped_prefixes = SKIPPED_PREFIXES
     fused_experts = False
+    _with_mtp = False
     zero_centered_norm = True
     config_defaults = {**DecoderOnlyLoader.config_defaults, "head_dim": 256,
                        "num_key_value_heads": 2, "max_position_embeddings": 32768,
@@ -108,15 +112,42 @@ class Qwen3NextLoader(DecoderOnlyLoader):
                             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
                             zero_centered=self.zero_centered_norm)
 
+    def build(self, config: dict[str, Any]) -> CausalLM:
+        model = super().build(config)
+        if self._with_mtp:
+            model.mtp = model.add("mtp", self.build_mtp(self.resolve_config(config), model))
+        return model
+
+    def build_mtp(self, config: dict[str, Any], model: CausalLM) -> MTPHead:
+        """The MTP head: one full-attention block with the feed-forward of layer 0's kind."""
+        attention = self.layer_factory("gated_attention")(**self.attention_kwargs(config, 0))
+        if self.is_sparse(config, 0):
+            ffn = self.layer_factory("moe_shared_expert")(**self.moe_kwargs(config, 0))
+        else:
+            ffn = self.layer_factory("mlp")(**self.mlp_kwargs(config, 0))
+        eps = config.get("rms_norm_eps", 1e-6)
+        layer = DecoderLayer(attention, ffn, hidden_size=config["hidden_size"], rms_norm_eps=eps,
+                             zero_centered=self.zero_centered_norm)
+        return MTPHead(layer, hidden_size=config["hidden_size"], rms_norm_eps=eps,
+                       zero_centered=self.zero_centered_norm,
+                       embed_tokens=lambda: model.params["model.embed_tokens.weight"])
+
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
              dtype: Any = None) -> CausalLM:
         names = checkpoint.names()
-        for prefix, what in SKIPPED_PREFIXES:
+        hidden = self.resolve_config(config)["hidden_size"]
+        with_mtp = (num_mtp_layers(self.resolve_config(config)) > 0 and "mtp.fc.weight" in names
+                    and tuple(checkpoint.shape("mtp.fc.weight")) == (hidden, 2 * hidden))
+        for prefix, what in self.skipped_prefixes:
             skipped = sum(1 for n in names if n.startswith(prefix))
-            if skipped:
+            if skipped and not (with_mtp and prefix == "mtp."):
                 log.info("not loading %d %s tensors (%s*): Atlas serves the text model only",
                          skipped, what, prefix)
-        return super().load(config, checkpoint, backend, dtype=dtype)
+        self._with_mtp = with_mtp
+        try:
+            return super().load(config, checkpoint, backend, dtype=dtype)
+        finally:
+            self._with_mtp = False
 
     def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         text = config.get("text_config")

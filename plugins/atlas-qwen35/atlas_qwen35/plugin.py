@@ -1,6 +1,12 @@
 """Registers this family's layer kinds, weight loaders and Gated DeltaNet ops (specs, numpy and
 CUDA implementations, CUDA sources). Lazy strings: importing this is free; the CUDA part
-(``atlas-qwen35[cuda]``) is imported only when the cuda backend builds its op table."""
+(``atlas-qwen35[cuda]``) is imported only when the cuda backend builds its op table.
+
+The ConditionalGeneration (vision-language) checkpoints load with their vision tower when
+atlas-qwen3vl is installed (its loaders build this family's text stack around the tower), else
+as their text model alone."""
+
+from importlib.util import find_spec
 
 from atlas_core.api import OpSpec, hookimpl
 
@@ -17,6 +23,11 @@ LOADERS = {
     "Qwen3_5ForConditionalGeneration": "atlas_qwen35.loaders:Qwen3_5VLLoader",
     "Qwen3_5MoeForConditionalGeneration": "atlas_qwen35.loaders:Qwen3_5MoeVLLoader",
 }
+if find_spec("atlas_qwen3vl") is not None:
+    LOADERS.update({
+        "Qwen3_5ForConditionalGeneration": "atlas_qwen3vl.qwen35:Qwen3_5VisionLoader",
+        "Qwen3_5MoeForConditionalGeneration": "atlas_qwen3vl.qwen35:Qwen3_5MoeVisionLoader",
+    })
 
 
 @hookimpl
