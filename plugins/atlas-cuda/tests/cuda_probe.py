@@ -1,18 +1,8 @@
 """Whether a CUDA device is usable (a uniquely named module: conftest is not importable)."""
 
+from atlas_core.testing.gpu import cuda_device_available
 
-def _has_gpu() -> bool:
-    try:
-        from cuda.bindings import driver
-        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, n = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and n > 0
-    except Exception:  # noqa: BLE001 - no driver, no library
-        return False
-
-
-HAS_GPU = _has_gpu()
+HAS_GPU = cuda_device_available()
 
 
 def rel_error(got, want, check_shape: bool = True) -> float:

@@ -13,29 +13,16 @@ import pytest
 from atlas_core.api import LLM, OpRegistry, Registry, SamplingParams, make_plugin_manager
 from atlas_core.api import resolve
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.gpu import cuda_backend_or_skip
 from atlas_core.testing.contracts_cases import check_case
 from atlas_deepseek.plugin import OPS
 
 pytestmark = pytest.mark.gpu
 
 
-def _has_gpu() -> bool:
-    try:
-        import atlas_cuda  # noqa: F401
-        from cuda.bindings import driver
-        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, count = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and count > 0
-    except Exception:  # noqa: BLE001 - no driver, no library
-        return False
-
-
 @pytest.fixture(scope="module")
 def cuda():
-    if not _has_gpu():
-        pytest.skip("no CUDA device, or atlas-cuda is not installed")
-    return Registry().create("gpu_backends", "cuda")
+    return cuda_backend_or_skip()
 
 
 @pytest.mark.parametrize("name", [spec.name for spec, on_cuda in OPS if on_cuda])

@@ -17,6 +17,7 @@ import pytest
 
 from atlas_core.api import LLM, Registry, SamplingParams
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.gpu import cuda_backend_or_skip
 from atlas_core.testing.contracts_cases import check_case
 from atlas_core.testing.contracts_ops import assert_close, make_rng, randn
 
@@ -26,23 +27,9 @@ from atlas_gemma4.ops import sliding_window_attention
 pytestmark = pytest.mark.gpu
 
 
-def _has_gpu() -> bool:
-    try:
-        import atlas_cuda  # noqa: F401 - the [cuda] extra
-        from cuda.bindings import driver
-        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, count = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and count > 0
-    except Exception:  # noqa: BLE001 - no driver, no library
-        return False
-
-
 @pytest.fixture(scope="module")
 def cuda():
-    if not _has_gpu():
-        pytest.skip("no CUDA device, or atlas-cuda is not installed")
-    return Registry().create("gpu_backends", "cuda")
+    return cuda_backend_or_skip()
 
 
 @pytest.mark.parametrize("name,cases", [("mul", mul_cases), ("softcap", softcap_cases),

@@ -11,28 +11,15 @@ import pytest
 
 from atlas_core.api import LLM, Registry, SamplingParams
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.gpu import cuda_backend_or_skip
 from atlas_core.testing.contracts_cases import check_case
 
 pytestmark = pytest.mark.gpu
 
 
-def _has_gpu() -> bool:
-    try:
-        import atlas_cuda  # noqa: F401
-        from cuda.bindings import driver
-        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, count = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and count > 0
-    except Exception:  # noqa: BLE001 - no driver, no library
-        return False
-
-
 @pytest.fixture(scope="module")
 def cuda():
-    if not _has_gpu():
-        pytest.skip("no CUDA device, or atlas-cuda is not installed")
-    return Registry().create("gpu_backends", "cuda")
+    return cuda_backend_or_skip()
 
 
 def test_routing_op_matches_its_reference_on_cuda(cuda):

@@ -8,32 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_core.api import Registry, resolve
+from atlas_core.api import resolve
 from atlas_core.testing.contracts_cases import OpCase, check_case
 from atlas_core.testing.contracts_ops import make_rng, randn
+from atlas_core.testing.gpu import cuda_backend_or_skip
 from atlas_qwen3vl.plugin import OPS
 from atlas_qwen3vl.vision_layout import rotary_cos_sin
 
 pytestmark = pytest.mark.gpu
 
 
-def _has_gpu() -> bool:
-    try:
-        import atlas_cuda  # noqa: F401
-        from cuda.bindings import driver
-        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
-            return False
-        err, count = driver.cuDeviceGetCount()
-        return err == driver.CUresult.CUDA_SUCCESS and count > 0
-    except Exception:  # noqa: BLE001 - no driver, no library
-        return False
-
-
 @pytest.fixture(scope="module")
 def cuda():
-    if not _has_gpu():
-        pytest.skip("no CUDA device, or atlas-cuda is not installed")
-    return Registry().create("gpu_backends", "cuda")
+    return cuda_backend_or_skip()
 
 
 def test_vision_ops_match_their_references_on_cuda(cuda):
