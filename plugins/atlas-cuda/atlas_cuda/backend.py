@@ -155,6 +155,12 @@ class CudaBackend(GpuBackend):
         log.info("cuda kernel policy now: %s", policy.summary())
 
     @property
+    def capturing(self) -> bool:
+        """Whether a CUDA graph is being captured on this backend's stream (ops then take no
+        path that syncs with the host or allocates)."""
+        return self._capturing
+
+    @property
     def workspace(self) -> Workspace:
         """The current step arena (the op context's; graph capture swaps in its own)."""
         return self.ctx.workspace

@@ -17,7 +17,7 @@ def require_eager(be: Any, what: str) -> None:
     """Refuse a one-time device allocation (counters, stacked weights) inside a graph capture:
     the first call of an op that makes one must run eagerly, as :meth:`CudaBackend.capture`
     does before it records."""
-    if be._capturing:
+    if be.capturing:
         raise RuntimeError(f"{what}: first call inside a graph capture; run it once eagerly "
                            "first (CudaBackend.capture does)")
 

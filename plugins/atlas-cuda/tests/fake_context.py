@@ -51,6 +51,10 @@ class FakeBackend:
 
     _capturing = False
 
+    @property
+    def capturing(self):
+        return self._capturing
+
     def __init__(self, capability=(9, 0), num_sms=132):
         self.stream_obj, self.stream = None, 0
         self.capability, self.num_sms, self.l2_bytes = capability, num_sms, 50 << 20

@@ -60,7 +60,7 @@ class NemotronMoeCudaOps:
         if w_up.dtype != x.dtype or w_down.dtype != x.dtype:
             raise TypeError(f"nemotron_h_moe_experts: expert weights must be in {x.dtype} on "
                             f"cuda (got {w_up.dtype}, {w_down.dtype})")
-        if t >= GROUPED_MIN_TOKENS and not getattr(self.ctx.backend, "_capturing", False):
+        if t >= GROUPED_MIN_TOKENS and not self.ctx.backend.capturing:
             return self._grouped(x, w_up, w_down, topk_weights, topk_ids)
         out = self.ctx.out((t, width), x.dtype)
         if t:

@@ -194,7 +194,7 @@ class GdnOps:
         sizes = [-(-num_tokens * num_v_heads * w * 4 // 256) * 256 for w in widths]
         buf = self._gdn_buf
         if buf is None or buf.nbytes < sum(sizes):
-            if self.ctx.backend._capturing:
+            if self.ctx.backend.capturing:
                 return None
             if buf is not None:
                 # Earlier layers' kernels may still read the old buffer.
