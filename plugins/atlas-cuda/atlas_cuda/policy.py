@@ -61,8 +61,8 @@ KNOBS = (
          "recurrent step kernel of the fused GDN decode: auto, split or head"),
     Knob("quant_weights", "ATLAS_CUDA_QUANT_WEIGHTS", None,
          "keep FP8 / NVFP4 checkpoint weights quantized on the device (W8A16 / W4A16 kernels, "
-         "atlas_cuda.ops_quant); off until they have run on a GPU: such checkpoints are "
-         "dequantized to the activation dtype at load"),
+         "atlas_cuda.ops_quant); off until they are faster than bf16 (correct on an H200): such "
+         "checkpoints are dequantized to the activation dtype at load"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 
