@@ -44,6 +44,9 @@ class StepMetadata:
             ``(first row, first token, token count, payload)`` per prefill chunk of a sequence
             carrying images (``Sequence.mm``: a model family's multimodal payload, read by
             that family's model; ``positions`` already holds its 1D positions).
+        layer_cache: values one layer of a step computes from this metadata and the step's
+            other layers of the same kind reuse (keyed by the layer kind's own name; a plugin's
+            per-step plan), so they live exactly as long as the step's metadata.
     """
 
     num_tokens: int
@@ -64,3 +67,4 @@ class StepMetadata:
     multimodal: list[tuple[int, int, int, Any]] | None = None
     window_block_tables: Any = None
     window_slot_mapping: Any = None
+    layer_cache: dict[str, Any] = field(default_factory=dict)

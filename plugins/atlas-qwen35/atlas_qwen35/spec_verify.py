@@ -81,11 +81,9 @@ class _Plan:
         self.order = be.from_host(order)
 
 
-_last: list = [None, None]
-
-
 def _plan(be: Any, meta: StepMetadata) -> _Plan:
     # Built once per step: every Gated DeltaNet layer of the step gets the same metadata.
-    if _last[0] is not meta:
-        _last[0], _last[1] = meta, _Plan(be, meta)
-    return _last[1]
+    plan = meta.layer_cache.get("qwen35.gdn_verify")
+    if plan is None:
+        plan = meta.layer_cache["qwen35.gdn_verify"] = _Plan(be, meta)
+    return plan
