@@ -81,3 +81,30 @@ def test_logprobs_and_penalties_fall_back_to_eager(model_dir):
         engine.step()
     assert "log_softmax" not in rec.names("graph_node") + rec.names("launch")
     assert "apply_penalties" not in rec.names("graph_node") + rec.names("launch")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_warm_up_captures_every_batch_bucket(model_dir, async_scheduling):
+    """No first-use stall: before the server reports ready, every decode graph bucket has been
+    captured (a first 32-way wave once took 14.4 s on a fresh H200 against 1.2 s warm)."""
+    import asyncio
+
+    from atlas_core.engine import AsyncLLMEngine
+
+    engine = make_engine(model_dir, "mock", async_scheduling=async_scheduling)
+    aengine = AsyncLLMEngine(engine)
+    try:
+        asyncio.run(aengine.warm_up())
+    finally:
+        aengine.shutdown()
+    assert set(engine.runner.graphs) == set(batch_buckets(8)) == {1, 2, 4, 8}
+    assert not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_bucket_schedule_runs_each_size_once():
+    from atlas_core.engine.health import bucket_schedule
+
+    assert bucket_schedule([1, 2, 4, 8], 100) == [5, 4, 3, 3, 2, 2, 2, 2]
+    assert bucket_schedule([1, 2, 4, 8], 5) == [4, 3, 2, 2]      # 8 does not fit: up to 4
+    assert bucket_schedule([1, 2, 4, 8], 0) == []

@@ -129,7 +129,8 @@ def measure_cell(engine: Any, step_bytes: StepBytes, batch: int, context: int,
                         full_steps=decode_tokens)
     decode = [s for s in stamps if s[2] and s[1] == batch]
     if len(decode) < 3:
-        cell["status"] = f"skipped: {len(decode)} decode steps of the whole batch timed; raise --decode-tokens"
+        cell["status"] = (f"skipped: {len(decode)} decode steps of the whole batch timed; "
+                          "raise --decode-tokens")
         return cell
     steps, elapsed = len(decode) - 1, decode[-1][0] - decode[0][0]
     tokens = sum(n for _, n, _ in decode[1:])

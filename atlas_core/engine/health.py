@@ -1,18 +1,22 @@
 """Warm-up and the deep health check: short generations run through an AsyncLLMEngine.
 
 A server reports healthy only after :func:`warm_up` has run, so one-off costs (numba compiling
-the CPU kernels, CUDA graph captures, NVRTC cache loads) are paid before the first user request
-instead of by it. :func:`check` proves the whole path works (schedule, forward, sample, stream
-back) within a deadline, for readiness probes that must catch a stuck or broken engine.
+the CPU kernels, the CUDA graph of every decode batch-size bucket, NVRTC cache loads) are paid
+before the first user request instead of by it. :func:`check` proves the whole path works
+(schedule, forward, sample, stream back) within a deadline, for readiness probes that must catch
+a stuck or broken engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 
 from atlas_core.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 #: Prompt tokens of the warm-up requests.
 WARM_UP_PROMPT_SIZE = 8
@@ -56,8 +60,46 @@ async def warm_up(aengine) -> float:
     await asyncio.gather(
         _generate(aengine, _prompt(engine, WARM_UP_PROMPT_SIZE, max_tokens), sampled),
         _generate(aengine, _prompt(engine, WARM_UP_PROMPT_SIZE, max_tokens, offset=1), greedy))
+    await warm_graph_buckets(aengine)
     aengine.is_warm = True
     return time.monotonic() - start
+
+
+def bucket_schedule(buckets: list[int], limit: int) -> list[int]:
+    """``max_tokens`` of each warm-up request so that, after their shared prefill step, the
+    decode steps run exactly the batch sizes of ``buckets`` (the largest first, one step each):
+    the request of rank ``r`` (1-based) lives through every bucket of at least ``r`` sequences.
+    ``limit`` caps the requests (KV blocks, admission queue); larger buckets are left out."""
+    usable = [b for b in buckets if b <= limit]
+    if not usable:
+        return []
+    return [1 + sum(b >= r for b in usable) for r in range(1, max(usable) + 1)]
+
+
+async def warm_graph_buckets(aengine) -> None:
+    """Capture the decode graph of every batch-size bucket before the server reports ready (a
+    first 32-way wave once took 14.4 s on a fresh H200 against 1.2 s warm): one greedy request
+    per sequence of the largest bucket, ending so that each bucket's size decodes once. Nothing
+    to do on a backend without graphs."""
+    engine = aengine.engine
+    runner = engine.runner
+    buckets = list(getattr(runner, "buckets", ()) or ())
+    if not buckets or not getattr(runner, "use_graphs", False):
+        return
+    per_seq = -(-(WARM_UP_PROMPT_SIZE + len(buckets) + 2) // engine.args.block_size)
+    limit = min(engine.args.max_num_seqs, engine.block_manager.num_blocks // max(per_seq, 1),
+                engine.args.max_waiting or engine.args.max_num_seqs,
+                engine.args.max_prefill_tokens // WARM_UP_PROMPT_SIZE,
+                getattr(engine.kv_config, "num_state_slots", 0) or engine.args.max_num_seqs)
+    schedule = bucket_schedule(buckets, limit)
+    if not schedule:
+        return
+    log.info("warm-up: capturing the decode graphs of %d batch sizes (up to %d sequences)",
+             sum(b <= limit for b in buckets), len(schedule))
+    await asyncio.gather(*(
+        _generate(aengine, _prompt(engine, WARM_UP_PROMPT_SIZE, n, offset=2 + i),
+                  SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        for i, n in enumerate(schedule)))
 
 
 async def check(aengine, timeout: float) -> float:
