@@ -78,10 +78,6 @@ def lead_tokens(max_prefill_tokens: int, batch: int, context: int) -> int:
     return -(-batch * context // max(int(max_prefill_tokens), 1)) + 2
 
 
-def _lead_tokens(engine: Any, batch: int, context: int) -> int:
-    return lead_tokens(engine.args.max_prefill_tokens, batch, context)
-
-
 def kv_need(engine: Any, batch: int, tokens: int) -> tuple[int, int]:
     """``(blocks needed, blocks in the pool)`` for ``batch`` sequences of ``tokens`` tokens."""
     bs = engine.kv_config.block_size
@@ -90,7 +86,8 @@ def kv_need(engine: Any, batch: int, tokens: int) -> tuple[int, int]:
 
 def skip_reason(engine: Any, batch: int, context: int, decode_tokens: int) -> str | None:
     """Why a cell cannot run on this engine (``None``: it can)."""
-    tokens = context + decode_tokens + _lead_tokens(engine, batch, context) + 1
+    lead = lead_tokens(engine.args.max_prefill_tokens, batch, context)
+    tokens = context + decode_tokens + lead + 1
     model_max = int(engine.model.max_position_embeddings)
     if tokens > model_max:
         return (f"skipped: context {context} + {decode_tokens} decode tokens exceeds the "
@@ -125,8 +122,8 @@ def measure_cell(engine: Any, step_bytes: StepBytes, batch: int, context: int,
         return cell
     vocab = engine.model.vocab_size
     prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
-    ttft, stamps = _run(engine, prompts, decode_tokens + _lead_tokens(engine, batch, context),
-                        full_steps=decode_tokens)
+    lead = lead_tokens(engine.args.max_prefill_tokens, batch, context)
+    ttft, stamps = _run(engine, prompts, decode_tokens + lead, full_steps=decode_tokens)
     decode = [s for s in stamps if s[2] and s[1] == batch]
     if len(decode) < 3:
         cell["status"] = (f"skipped: {len(decode)} decode steps of the whole batch timed; "
