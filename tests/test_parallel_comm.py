@@ -114,3 +114,30 @@ def test_step_watchdog_aborts_the_comm_and_exits(monkeypatch):
     while not exits and time.monotonic() < deadline:
         time.sleep(0.05)
     assert aborted == [True] and exits == [3]
+
+
+def test_close_sends_what_is_queued_first(store, monkeypatch):
+    # A rank that finished a collective closed its sockets while its own contribution still
+    # sat in the sender thread's queue: the peer saw "rank 1 closed the connection" (flaky in
+    # CI). A slow send makes that race certain.
+    import threading
+
+    from atlas_core.parallel import cpu_comm
+
+    real_send = cpu_comm.Channel.send
+
+    def slow_send(self, item):
+        time.sleep(0.2)
+        return real_send(self, item)
+
+    made = {}
+    thread = threading.Thread(target=lambda: made.setdefault(
+        1, CpuComm(1, 2, store=StoreClient("127.0.0.1", store.port, 10), timeout=10)))
+    thread.start()
+    first = CpuComm(0, 2, store=StoreClient("127.0.0.1", store.port, 10), timeout=10)
+    thread.join(10)
+    monkeypatch.setattr(cpu_comm.Channel, "send", slow_send)
+    made[1].send(np.array([7.0]), 0)
+    made[1].close()
+    np.testing.assert_array_equal(first.recv(np.zeros(1), 1), [7.0])
+    first.close()

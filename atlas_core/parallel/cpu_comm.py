@@ -30,7 +30,15 @@ class _Peer:
         self.chan = chan
         self.outbox: queue.Queue = queue.Queue()
         self.error: Exception | None = None
-        threading.Thread(target=self._send_loop, daemon=True).start()
+        self.sender = threading.Thread(target=self._send_loop, daemon=True)
+        self.sender.start()
+
+    def close(self, timeout: float) -> None:
+        """Send what is queued (a peer may still be waiting for this rank's last
+        contribution), then close the connection."""
+        self.outbox.put(None)
+        self.sender.join(timeout)
+        self.chan.close()
 
     def _send_loop(self) -> None:
         while True:
@@ -158,6 +166,5 @@ class CpuComm(CommBackend):
 
     def close(self) -> None:
         for peer in self._peers.values():
-            peer.outbox.put(None)
-            peer.chan.close()
+            peer.close(self.timeout)
         self._peers.clear()
