@@ -28,6 +28,7 @@ t0=$SECONDS
 (ATLAS_CACHE_DIR=/tmp/cache-b timeout -s INT "$limit" compute-sanitizer --tool memcheck --error-exitcode 9 \
    python3 -m pytest -q -p no:cacheprovider plugins/atlas-cuda/tests/test_contract_cuda.py \
    plugins/atlas-cuda/tests/test_fast_paths_cuda.py plugins/atlas-cuda/tests/test_ops_cuda.py \
+   plugins/atlas-cuda/tests/test_quant_cuda.py \
    >"$OUT/memcheck.log" 2>&1; echo "memcheck exit $? at +$((SECONDS - t0)) s ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)" >>"$OUT/exits.txt"
  ATLAS_CACHE_DIR=/tmp/cache-b compute-sanitizer --tool memcheck python3 scripts/sanitizer_canary.py >"$OUT/canary.log" 2>&1
  echo "canary: $(grep -c 'Invalid __global__' "$OUT/canary.log") invalid accesses reported (expected > 0)" >>"$OUT/exits.txt") &

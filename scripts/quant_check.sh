@@ -7,6 +7,8 @@
 #           choice, scale indexing, GB10 layout).
 # bench:    atlas bench, random weights filled on the device, batch 1 and 8 at 512 tokens of
 #           context: qwen3-8b (bf16) beside qwen3-8b-fp8 and qwen3-8b-nvfp4.
+# skinny:   scripts/quant_skinny_bench.py: the decode kernels against NumPy, then qwen3-8b's
+#           projections 1-64 rows, skinny vs legacy kernels, % of the memory floor.
 # moebench: qwen3-30b-a3b-fp8 and qwen3.5-35b-a3b-nvfp4 at batch 1 (decode reads only the
 #           chosen experts; the prefill dequantizes every expert of a layer per chunk).
 # Expected run time on an H200 (NVRTC cache cold): install ~30 s, tests ~3 min (first builds of
@@ -49,9 +51,14 @@ bench() {  # name timeout args...
   timeout -s ABRT "$limit" python3 -X faulthandler -m atlas_core bench "$@" \
     --json "$OUT/bench-$name.json" 2>&1 | tee "$OUT/bench-$name.log" | grep -v "^\[bench" | tail -20
 }
+if has skinny; then
+  stamp skinny
+  timeout -s ABRT "${SKINNY_TIMEOUT:-240}" python3 -X faulthandler scripts/quant_skinny_bench.py \
+    2>&1 | tee "$OUT/skinny.log" | tail -40
+fi
 if has bench; then
   for model in qwen3-8b qwen3-8b-fp8 qwen3-8b-nvfp4; do
-    bench "$model" "${BENCH_TIMEOUT:-150}" --model "$model" --concurrency 1,8 --prompt-len 512 \
+    bench "$model" "${BENCH_TIMEOUT:-150}" --model "$model" --concurrency "${CONCURRENCY:-1,8}" --prompt-len 512 \
       --decode-tokens "${DECODE_TOKENS:-64}" --copy-mb 2048
   done
 fi

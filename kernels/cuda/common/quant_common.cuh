@@ -72,3 +72,73 @@ template <> struct QChunk<1> {
     e2m1x32_to_float(raw, f);
   }
 };
+
+// ---- Integer decoders of quant_skinny.cu (and the vector dequantization of quant_linear.cu):
+// codes into T pairs that carry a known power of two, fixed by one packed multiply. ----
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+  u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel)); return r;
+}
+
+template <typename T> struct QPair;
+template <> struct QPair<bf16> {
+  static constexpr int SH8 = 4, SH4 = 6;
+  __device__ __forceinline__ static float fp8_fix() { return __uint_as_float(247u << 23); }  // 2^120
+  __device__ __forceinline__ static float fp4_mul() { return __uint_as_float(245u << 23); }  // 2^118
+  __device__ __forceinline__ static float fp4_out() { return 256.f; }  // 2^(126 - 118)
+  __device__ __forceinline__ static u32 pair(float v) {
+    u32 r; asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(v)); return r;
+  }
+  // Both halves the f16 in bits 0-15 (lo) or 16-31 (hi) of h, times fp4_mul(): exact.
+  __device__ __forceinline__ static u32 scale_pair(u32 h, int hi) {
+    float f; unsigned short b = (unsigned short)(hi ? h >> 16 : h & 0xffff);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
+    return pair(f * fp4_mul());
+  }
+  __device__ __forceinline__ static u32 mul(u32 a, u32 b) {
+    u32 r; asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r;
+  }
+};
+template <> struct QPair<f16> {
+  static constexpr int SH8 = 7, SH4 = 9;
+  __device__ __forceinline__ static float fp8_fix() { return 256.f; }  // 2^8
+  __device__ __forceinline__ static float fp4_mul() { return 128.f; }  // 2^7
+  __device__ __forceinline__ static float fp4_out() { return 128.f; }  // 2^(14 - 7)
+  __device__ __forceinline__ static u32 pair(float v) {
+    u32 r; asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(r) : "f"(v)); return r;
+  }
+  __device__ __forceinline__ static u32 scale_pair(u32 h, int hi) {
+    u32 dup = prmt(h, 0, hi ? 0x3232 : 0x1010);
+    return mul(dup, 0x58005800u);  // 128 = 0x5800 in f16
+  }
+  __device__ __forceinline__ static u32 mul(u32 a, u32 b) {
+    u32 r; asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b)); return r;
+  }
+};
+
+// Two e4m3 codes (bits 0-15 of v) as an f16 pair (sm_89+ conversion).
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 v) {
+  u32 r; unsigned short b = (unsigned short)(v & 0xffff);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(b)); return r;
+}
+// A 16-byte weight load that does not allocate in L1 (streamed once; L1 keeps x).
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ u32 word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+// Codes 0 and 2 (ODD: 1 and 3) of four e4m3 bytes as a T pair, times the decoder's offset.
+template <typename T, int ODD> __device__ __forceinline__ u32 fp8_pair(u32 v) {
+  u32 u = ODD ? v >> 8 : v;
+  return ((u & 0x007f007fu) << QPair<T>::SH8) | ((u & 0x00800080u) << 8);
+}
+// Codes i and i + 4 of eight e2m1 nibbles as a T pair, times the decoder's offset.
+template <typename T> __device__ __forceinline__ u32 fp4_pair(u32 v, int i) {
+  u32 u = v >> (4 * i);
+  return ((u & 0x00070007u) << QPair<T>::SH4) | ((u & 0x00080008u) << 12);
+}
+
+// What a lane needs to turn one step's weight registers into MMAs.

@@ -7,6 +7,8 @@
 //                               a launch reads each weight byte once. S warps (runtime 1/2/4/8)
 //                               split K of one column and sum through shared memory.
 //   qdequant_{fp8,nvfp4}_*      the dequantized weight in T (prefill: the dense GEMM reads it).
+//   qdequant16_fp8_* / qdequant32_nvfp4_*  the same, one 16-byte load of codes a thread
+//                               (K a multiple of 16 / 32, FP8 blocks 16 wide): the prefill path.
 //   qfill_fp8 / qfill_bytes     random codes for benchmark weights, filled on the device.
 // Scale index of element (e, n, k) for fp8: e * s_lead + (n / bn) * s_row + k / bk (decoders
 // and scales: quant_common.cuh).
@@ -128,6 +130,72 @@ __device__ void qdequant_nvfp4_impl(T* out, const unsigned char* w, const unsign
   }
 }
 
+// The same, 16 fp8 codes (one 16-byte load) a thread: K and bk multiples of 16, so a chunk has
+// one scale. Codes decode exactly with integer ops (quant_common.cuh), then multiply the f32
+// scale and round once, as the reference does.
+template <typename T>
+__device__ void qdequant16_fp8_impl(T* out, const unsigned char* w, const float* scale, int N,
+                                    int K, int bn, int bk, int s_row, long long s_lead,
+                                    long long chunks) {
+  const u32 fix = QPair<bf16>::pair(QPair<bf16>::fp8_fix());
+  long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+    long long i = c * 16, row = i / K;
+    int k = (int)(i - row * K), n = (int)(row % N);
+    float s = scale[(row / N) * s_lead + (long long)(n / bn) * s_row + k / bk];
+    uint4 raw = ld_stream(w + i);
+    float f[16];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      u32 v = word_of(raw, j);
+      u32 ev = QPair<bf16>::mul(fp8_pair<bf16, 0>(v), fix);
+      u32 od = QPair<bf16>::mul(fp8_pair<bf16, 1>(v), fix);
+      f[4 * j] = __uint_as_float(ev << 16) * s;
+      f[4 * j + 1] = __uint_as_float(od << 16) * s;
+      f[4 * j + 2] = __uint_as_float(ev & 0xffff0000u) * s;
+      f[4 * j + 3] = __uint_as_float(od & 0xffff0000u) * s;
+    }
+    Vec8<T> a, b;
+    a.from_float(f);
+    b.from_float(f + 8);
+    a.store(out + i);
+    b.store(out + i + 8);
+  }
+}
+// 32 e2m1 codes (16 bytes, two groups of 16) a thread.
+template <typename T>
+__device__ void qdequant32_nvfp4_impl(T* out, const unsigned char* w, const unsigned char* scale,
+                                      const float* gscale, int N, int K, long long chunks) {
+  const u32 fix = QPair<bf16>::pair(__uint_as_float(253u << 23));  // 2^126
+  long long stride = (long long)gridDim.x * blockDim.x;
+  for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+    long long i = c * 32, row = i / K;  // element index
+    float g = gscale[row / N];
+    fp8 s0, s1;
+    s0.x = scale[i / 16];
+    s1.x = scale[i / 16 + 1];
+    float sc[2] = {to_f32(s0) * g, to_f32(s1) * g};
+    uint4 raw = ld_stream(w + i / 2);
+    float f[32];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      u32 v = word_of(raw, j);
+#pragma unroll
+      for (int p = 0; p < 4; p++) {  // codes 8 j + p and 8 j + p + 4
+        u32 e = QPair<bf16>::mul(fp4_pair<bf16>(v, p), fix);
+        f[8 * j + p] = __uint_as_float(e << 16) * sc[j >> 1];
+        f[8 * j + p + 4] = __uint_as_float(e & 0xffff0000u) * sc[j >> 1];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      Vec8<T> o;
+      o.from_float(f + 8 * q);
+      o.store(out + i + 8 * q);
+    }
+  }
+}
+
 #define QGEMV(T, S, MT)                                                                       \
   extern "C" __global__ void __launch_bounds__(256) qgemv_fp8_##S##_m##MT(                   \
       T* y, const T* x, const unsigned char* w, const float* scale, const T* bias, int M,     \
@@ -154,6 +222,18 @@ __device__ void qdequant_nvfp4_impl(T* out, const unsigned char* w, const unsign
                                                 const float* gscale, int N, int K,            \
                                                 long long total_bytes) {                      \
     qdequant_nvfp4_impl<T>(out, w, scale, gscale, N, K, total_bytes);                         \
+  }                                                                                           \
+  extern "C" __global__ void qdequant16_fp8_##S(T* out, const unsigned char* w,               \
+                                                const float* scale, int N, int K, int bn,     \
+                                                int bk, int s_row, long long s_lead,          \
+                                                long long chunks) {                           \
+    qdequant16_fp8_impl<T>(out, w, scale, N, K, bn, bk, s_row, s_lead, chunks);               \
+  }                                                                                           \
+  extern "C" __global__ void qdequant32_nvfp4_##S(T* out, const unsigned char* w,             \
+                                                  const unsigned char* scale,                 \
+                                                  const float* gscale, int N, int K,          \
+                                                  long long chunks) {                         \
+    qdequant32_nvfp4_impl<T>(out, w, scale, gscale, N, K, chunks);                            \
   }
 INSTANTIATE(QLINEAR)
 

@@ -1,7 +1,11 @@
 """Quantized linears of the cuda backend (``kernels/cuda/common/quant_*.cu``): the weight ops
 given a :class:`~atlas_core.ops.quant.QuantizedWeight` instead of an array.
 
-* At most :data:`QUANT_GEMV_ROWS` rows (policy ``gemv_rows``): W8A16 / W4A16 GEMVs that
+* 1 to :data:`QSKINNY_MAX_M` rows of bf16 / f16 activations, ``K`` a multiple of 128 (policy
+  ``quant_kernel`` ``auto``/``skinny``): the decode skinny GEMM of ``quant_skinny.cu``, weights
+  the tensor-core A operand, decoded with integer ops (no float conversions), each weight byte
+  read once a launch; 1 to 8 rows cost the same.
+* Else (policy ``legacy``, f32 activations, other shapes), at most :data:`QUANT_GEMV_ROWS` rows (policy ``gemv_rows``): W8A16 / W4A16 GEMVs that
   stream each weight byte once with 16-byte loads and dequantize in registers
   (``quant_linear.cu``).
 * Up to :data:`QGEMM_MAX_M` rows (bf16 / f16): the skinny tensor-core GEMM of
@@ -44,6 +48,14 @@ QUANT_GEMV_ROWS = 2
 #: Largest M the skinny quantized GEMM serves; above it the weight is dequantized for the GEMM.
 QGEMM_MAX_M = 64
 _ROW_TILES = (1, 2, 4, 8)
+#: Largest M the decode skinny GEMM (``quant_skinny.cu``) serves: 8 n-tiles of 8 rows.
+QSKINNY_MAX_M = 64
+#: Steps of weight loads a lane of ``qskinny_*`` keeps in flight, by (format, n-tiles); 1 where
+#: not listed. Measured, H200, qwen3-8b's four projections (scripts/quant_skinny_bench.py,
+#: 2026-11-27), us a layer at 1 / 8 / 16 rows, depth 1 / 2 / 3: FP8 69.7 / 76.1 / 72.2 at one
+#: row (more registers cost occupancy); NVFP4 (half the bytes a step) 72.1 / 70.6 / 57.7 at one
+#: row, 61.6 at 8 rows with 3, and 96.0 (1) / 96.9 (3) at 16.
+SKINNY_DEPTH = {("nvfp4", 1): 3, ("nvfp4", 2): 3}
 #: Elements one 16-byte load of weight data holds, by format (FP8 formats: 16).
 ELEMS = {"nvfp4": 32}
 _GRID_CAP = 1 << 15
@@ -87,6 +99,25 @@ def gemv_splits(N: int, K: int, fmt: str, num_sms: int) -> int:
     return s
 
 
+def skinny_splits(N: int, K: int, num_sms: int) -> int:
+    """Warps S splitting K of one 16-row weight tile in ``qskinny_*``: doubled while the grid
+    (``N / 16 * S / 8`` blocks) has fewer than two blocks per SM and every warp keeps at least
+    two 128-element steps."""
+    tiles, s = -(-N // 16), 1
+    while s < 8 and -(-tiles * s // 8) < 2 * num_sms and K // (128 * s * 2) >= 2:
+        s *= 2
+    return s
+
+
+def skinny_servable(x: Any, w: QuantizedWeight) -> bool:
+    """Whether ``qskinny_*`` takes these operands: bf16 / f16 activations, one matrix, ``K`` a
+    multiple of 128, 16-byte aligned rows and FP8 blocks a multiple of 128 wide."""
+    K = w.shape[-1]
+    if x.dtype.itemsize != 2 or w.lead or K % 128 or x.ptr % 16 or w.data.ptr % 16:
+        return False
+    return w.format != "fp8_block" or w.block_size[1] % 128 == 0
+
+
 def gemm_columns(N: int, num_sms: int) -> int:
     """Column groups of 8 (TN) a warp of the skinny GEMM takes: the most (4, 2, 1) that still
     leave a block per SM."""
@@ -126,6 +157,11 @@ class QuantOps:
         if x.shape[-1] != K:
             raise ValueError(f"linear: x has {x.shape[-1]} columns, the weight {K}")
         M = x.size // K if K else 0
+        if (0 < M <= QSKINNY_MAX_M and self.ctx.policy.quant_kernel != "legacy"
+                and skinny_servable(x, weight)):
+            y = self.ctx.out((*x.shape[:-1], N), x.dtype)
+            self.skinny(y, x, weight, bias, M, N, K)
+            return y
         servable = gemv_servable(x, weight)
         mma = x.dtype.itemsize == 2
         rows = self.ctx.policy.gemv_rows or QUANT_GEMV_ROWS
@@ -153,6 +189,21 @@ class QuantOps:
             ctx.launch(k, -(-N * s // 8), 256, y, x, w.data, *scale, bias, M, N, K, m0, s,
                        *extra, pdl=ctx.pdl)
 
+    def skinny(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
+               bias: DeviceArray | None, M: int, N: int, K: int) -> None:
+        """One ``qskinny_*`` launch (``M`` at most :data:`QSKINNY_MAX_M`): 8 warps a block, each
+        16 weight rows and a 1/S share of K (:func:`skinny_splits`), ``8 * NT`` rows of x."""
+        ctx = self.ctx
+        v = variant_of(x.dtype)
+        fmt, scale, extra = kernel_operands(w)
+        nt = next(t for t in (1, 2, 4, 8) if 8 * t >= M)
+        s = skinny_splits(N, K, ctx.num_sms)
+        d = SKINNY_DEPTH.get((fmt, nt), 1)
+        k = ctx.kernels.kernel("quant_skinny", v, f"qskinny_{fmt}_{v}_n{nt}_d{d}")
+        tiles = -(-N // 16)
+        ctx.launch(k, -(-tiles * s // 8), 256, y, x, w.data, *scale, bias, M, N, K, s,
+                   *extra, pdl=ctx.pdl)
+
     def gemm(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
              bias: DeviceArray | None, M: int, N: int, K: int) -> None:
         """One ``qgemm_*`` launch (``M`` at most :data:`QGEMM_MAX_M`): 8 warps a block, each
@@ -177,11 +228,24 @@ class QuantOps:
         total = out.size
         if not total:
             return out
-        if w.format == "nvfp4":
+        vector = w.data.ptr % 16 == 0 and K % 32 == 0 and (
+            w.format != "fp8_block" or w.block_size[1] % 16 == 0)
+        if w.format == "nvfp4" and vector:
+            chunks = total // 32
+            self.ctx.launch(self.ctx.kernels.kernel("quant_linear", v, f"qdequant32_nvfp4_{v}"),
+                            min(-(-chunks // 256), _GRID_CAP), 256, out, w.data, w.scale,
+                            w.global_scale, N, K, np.int64(chunks))
+        elif w.format == "nvfp4":
             nbytes = total // 2
             self.ctx.launch(self.ctx.kernels.kernel("quant_linear", v, f"qdequant_nvfp4_{v}"),
                             min(-(-nbytes // 256), _GRID_CAP), 256, out, w.data, w.scale,
                             w.global_scale, N, K, np.int64(nbytes))
+        elif vector:
+            bn, bk, s_row, s_lead = fp8_scale_args(w)
+            chunks = total // 16
+            self.ctx.launch(self.ctx.kernels.kernel("quant_linear", v, f"qdequant16_fp8_{v}"),
+                            min(-(-chunks // 256), _GRID_CAP), 256, out, w.data, w.scale, N, K,
+                            bn, bk, s_row, np.int64(s_lead), np.int64(chunks))
         else:
             bn, bk, s_row, s_lead = fp8_scale_args(w)
             self.ctx.launch(self.ctx.kernels.kernel("quant_linear", v, f"qdequant_fp8_{v}"),

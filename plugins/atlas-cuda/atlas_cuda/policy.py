@@ -53,6 +53,10 @@ KNOBS = (
          "rows up to which a linear takes the decode GEMV kernels (dense and quantized): auto "
          "(measured per target) or 1-8; more rows take the tensor-core path (cuBLASLt / mma, "
          "the quantized skinny GEMM)"),
+    Knob("quant_kernel", "ATLAS_CUDA_QUANT_KERNEL", ("auto", "skinny", "legacy"),
+         "quantized linears of 1-64 rows: auto/skinny (tensor-core skinny GEMM, weights decoded "
+         "with integer ops) or legacy (f32 GEMV up to gemv_rows rows, then the older skinny "
+         "GEMM)"),
     Knob("gdn_fused", "ATLAS_CUDA_GDN_FUSED", None,
          "gated_delta_rule_decode as two fused kernels (0: the four separate ops)"),
     Knob("gdn_prefill", "ATLAS_CUDA_GDN_PREFILL", ("auto", "chunked", "sequential"),
@@ -85,6 +89,7 @@ class KernelPolicy:
     moe_fused: str = "auto"
     gemv_tile: tuple[int, int] | None = None
     gemv_rows: int | None = None
+    quant_kernel: str = "auto"
     gdn_fused: bool = True
     gdn_prefill: str = "auto"
     gdn_decode: str = "auto"

@@ -15,7 +15,7 @@ from atlas_core.api import E2M1_LUT, QuantizedWeight, dequantize, quantize
 from atlas_core.api import quant_layout as layout
 from atlas_cuda.ops import build_op_table
 from atlas_cuda.ops_moe import MoeOps
-from atlas_cuda.ops_quant import fp8_scale_args, gemv_splits
+from atlas_cuda.ops_quant import fp8_scale_args, gemv_splits, skinny_splits
 from atlas_cuda.policy import KernelPolicy
 from atlas_cuda.quant_moe import QuantMoeOps
 
@@ -48,8 +48,11 @@ class DevWorkspace:
         return Dev(shape, dtype)
 
 
-def _table():
-    ctx = fake_context(KernelPolicy(gemm="mma"), backend=ScratchBackend())
+def _table(quant_kernel="legacy"):
+    """An op table on a fake context; the older GEMV / skinny GEMM unless told
+    (``quant_kernel="auto"``: the decode skinny kernel of quant_skinny.cu)."""
+    ctx = fake_context(KernelPolicy(gemm="mma", quant_kernel=quant_kernel),
+                       backend=ScratchBackend())
     ctx.workspace = DevWorkspace()
     return ctx, build_op_table(ctx, OpRegistry.load())
 
@@ -124,7 +127,7 @@ def test_more_rows_dequantize_into_a_reused_scratch_then_run_the_gemm():
     table.linear(Dev((65, 512), bfloat16), w)
     table.linear(Dev((65, 512), bfloat16), w)
     names = [launch[0] for launch in ctx.kernels.launches]
-    assert names == ["qdequant_nvfp4_bf16", "gemm_bf16_64x128"] * 2
+    assert names == ["qdequant32_nvfp4_bf16", "gemm_bf16_64x128"] * 2
     assert ctx.backend.allocated == [256 * 512 * 2], "one scratch buffer, reused"
 
 
@@ -133,7 +136,8 @@ def test_shapes_the_gemv_cannot_take_go_through_the_dequantize_path():
     table.linear(Dev((1, 48), bfloat16), _weight("nvfp4", 64, 48))
     table.linear(Dev((1, 64), bfloat16, ptr=8), _weight("fp8_channel", 64, 64))
     names = [launch[0] for launch in ctx.kernels.launches]
-    assert names[0] == "qdequant_nvfp4_bf16" and "qdequant_fp8_bf16" in names
+    assert names[0] == "qdequant_nvfp4_bf16", "K = 48: the scalar dequantization"
+    assert "qdequant16_fp8_bf16" in names
     assert not any(n.startswith("qgemv") for n in names)
 
 
@@ -178,7 +182,8 @@ def test_prefill_experts_are_dequantized_into_their_own_slots():
                                       _weight("nvfp4", 256, 128, (8,)), None, None)
     assert seen["gate_up"].shape == (8, 256, 256) and seen["down"].shape == (8, 256, 128)
     assert seen["gate_up"].ptr != seen["down"].ptr
-    assert [n for n, *_ in ctx.kernels.launches] == ["qdequant_fp8_bf16", "qdequant_nvfp4_bf16"]
+    assert [n for n, *_ in ctx.kernels.launches] == ["qdequant16_fp8_bf16",
+                                                     "qdequant32_nvfp4_bf16"]
 
 
 def test_moe_blocks_with_quantized_experts_run_unfused():
@@ -240,7 +245,7 @@ def test_a_target_with_the_fp4_mma_on_runs_nvfp4_prefill_there_once_swizzled():
     table.linear(Dev((100, 512), bfloat16), _weight("fp8_block", 256, 512))
     names = [launch[0] for launch in ctx.kernels.launches]
     assert names == ["nvfp4_swizzle_scales", "nvfp4_act_quant_bf16", "nvfp4_gemm_bf16",
-                     "nvfp4_act_quant_bf16", "nvfp4_gemm_bf16", "qdequant_fp8_bf16",
+                     "nvfp4_act_quant_bf16", "nvfp4_gemm_bf16", "qdequant16_fp8_bf16",
                      "gemm_bf16_64x128"]
     gemm = ctx.kernels.launches[2]
     assert gemm[1] == (256 // 32, -(-100 // 16))
@@ -251,7 +256,7 @@ def test_the_fp4_mma_stays_off_where_the_target_says_so():
     ctx, table = _table()
     ctx.kernels.target = target()
     table.linear(Dev((100, 512), bfloat16), _weight("nvfp4", 256, 512))
-    assert ctx.kernels.launches[0][0] == "qdequant_nvfp4_bf16"
+    assert ctx.kernels.launches[0][0] == "qdequant32_nvfp4_bf16"
 
 
 @pytest.mark.parametrize("rows,m,want", [(8, 4, "qgemv_fp8_bf16_m4"), (2, 2, "qgemv_fp8_bf16_m2"),
@@ -261,9 +266,97 @@ def test_policy_gemv_rows_moves_the_crossover_to_the_skinny_gemm(rows, m, want):
     """``gemv_rows`` (``ATLAS_CUDA_GEMV_ROWS``): rows above it take the tensor-core GEMM, for
     quantized weights as for dense ones (the dense linear's cuBLASLt / mma path)."""
     ctx, table = _table()
-    ctx.set_policy(KernelPolicy(gemm="mma", gemv_rows=rows))
+    ctx.set_policy(KernelPolicy(gemm="mma", gemv_rows=rows, quant_kernel="legacy"))
     table.linear(Dev((m, 4096), bfloat16), _weight("fp8_block", 4096, 4096))
     table.linear(Dev((m, 4096), bfloat16), Dev((4096, 4096), bfloat16))
     (quant, *_), (dense, *_) = ctx.kernels.launches
     assert quant == want
     assert dense.startswith("gemvn_" if m <= rows else "gemm_bf16_")
+
+
+@pytest.mark.parametrize("m,nt", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (33, 8), (64, 8)])
+def test_decode_rows_take_one_skinny_launch_by_default(m, nt):
+    ctx, table = _table("auto")
+    table.linear(Dev((m, 4096), bfloat16), _weight("fp8_block", 4096, 4096))
+    table.linear(Dev((m, 1024), bfloat16), _weight("nvfp4", 512, 1024))
+    (fp8, grid, _, args, pdl), (fp4, grid4, _, args4, _) = ctx.kernels.launches
+    s = skinny_splits(4096, 4096, 132)
+    assert fp8 == f"qskinny_fp8_bf16_n{nt}_d1" and pdl
+    assert grid == 4096 // 16 * s // 8
+    assert args[-7:] == (m, 4096, 4096, s, 128, 128, 32)
+    assert fp4 == f"qskinny_nvfp4_bf16_n{nt}_d{3 if nt <= 2 else 1}" and grid4 == -(-512 // 16 * skinny_splits(
+        512, 1024, 132) // 8)
+    assert args4[2] is not None and args4[-4:] == (m, 512, 1024, skinny_splits(512, 1024, 132))
+
+
+def test_shapes_the_skinny_kernel_cannot_take_fall_back():
+    ctx, table = _table("auto")
+    table.linear(Dev((1, 4096), np.float32), _weight("fp8_block", 256, 4096))  # f32 x
+    table.linear(Dev((2, 1088), bfloat16), _weight("nvfp4", 64, 1088))  # K % 128
+    table.linear(Dev((1, 4096), bfloat16), _weight("fp8_block", 64, 4096, ptr=8))  # unaligned
+    table.linear(Dev((65, 4096), bfloat16), _weight("fp8_block", 64, 4096))  # > 64 rows
+    names = [launch[0] for launch in ctx.kernels.launches]
+    assert not any(n.startswith("qskinny") for n in names), names
+
+
+def test_skinny_splits_fill_the_gpu_but_keep_two_steps_a_warp():
+    assert skinny_splits(4096, 4096, 132) == 8
+    assert skinny_splits(24576, 4096, 132) == 2
+    assert skinny_splits(151936, 4096, 132) == 1
+    assert skinny_splits(4096, 256, 132) == 1
+
+
+def _f16_bits(bits):
+    return np.asarray(bits, np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)
+
+
+def _bf16_bits(bits):
+    return (np.asarray(bits, np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_skinny_integer_decoders_carry_a_known_power_of_two(kind):
+    """quant_skinny.cu's fp8_pair / fp4_pair: the magnitude shifted into T's exponent and
+    mantissa, the sign to bit 15, worth the code times 2^-120 / 2^-126 (bf16) or 2^-8 / 2^-14
+    (f16), subnormal codes included."""
+    sh8, sh4, off8, off4, view = ((4, 6, 120, 126, _bf16_bits) if kind == "bf16"
+                                  else (7, 9, 8, 14, _f16_bits))
+    codes = np.arange(256, dtype=np.uint32)
+    got = view(((codes & 0x7F) << sh8) | ((codes & 0x80) << 8)) * 2.0 ** off8
+    want = codes.astype(np.uint8).view(float8_e4m3fn).astype(np.float64)
+    finite = ~np.isnan(want)
+    np.testing.assert_array_equal(got[finite], want[finite])
+    nib = np.arange(16, dtype=np.uint32)
+    got4 = view(((nib & 7) << sh4) | ((nib & 8) << 12)) * 2.0 ** off4
+    np.testing.assert_array_equal(got4, E2M1_LUT)
+
+
+def _skinny_fragments(fmt, w_rows, x_rows):
+    """The A (weight, 16 x 16) and B (x, 16 x 8) tiles quant_skinny.cu hands mma.sync per
+    substep for one 128-wide K step, built from the lanes' registers as the kernel fills them:
+    lane (g, t) owns codes [32 t, 32 t + 32) of rows g and g + 8; FP8 substep st pairs codes
+    4 st + {0, 2} (fragment columns 2t, 2t + 1) and 4 st + {1, 3} (2t + 8, 2t + 9), NVFP4 substep
+    st codes 8 (st // 2) + 2 (st % 2) + {0, 4} and + {1, 5}."""
+    for st in range(8):
+        a, b = np.zeros((16, 16)), np.zeros((16, 8))
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            if fmt == "fp8":
+                lo, hi = [4 * st, 4 * st + 2], [4 * st + 1, 4 * st + 3]
+            else:
+                base = 8 * (st // 2) + 2 * (st % 2)
+                lo, hi = [base, base + 4], [base + 1, base + 5]
+            for cols, phys in (((2 * t, 2 * t + 1), lo), ((2 * t + 8, 2 * t + 9), hi)):
+                for c, p in zip(cols, phys):
+                    kk = 32 * t + p
+                    a[g, c], a[g + 8, c] = w_rows[g, kk], w_rows[g + 8, kk]
+                    b[c, g] = x_rows[g, kk]
+        yield a, b
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_skinny_k_permutation_is_a_plain_dot_product(fmt):
+    w = rng.standard_normal((16, 128))
+    x = rng.standard_normal((8, 128))
+    acc = sum(a @ b for a, b in _skinny_fragments(fmt, w, x))
+    np.testing.assert_allclose(acc, w @ x.T, rtol=1e-12, atol=1e-12)

@@ -108,3 +108,68 @@ def test_device_fill_of_random_codes(cuda_backend):
     raw = be.empty((1 << 16,), np.uint8)
     be.fill_random(raw, 4, 0.0, 0.0)
     assert len(np.unique(be.to_host(raw))) == 256
+
+
+def _one_hot_rows(m, k, dtype):
+    """``m`` rows of x, row i selecting weight column ``(37 * i) % k``: y[i] is then exactly a
+    column of the dequantized weight (times 1.0), so any decode error shows bit for bit."""
+    x = np.zeros((m, k), dtype)
+    x[np.arange(m), (37 * np.arange(m)) % k] = 1
+    return x
+
+
+@pytest.mark.parametrize("dtype", [bfloat16, np.float16])
+@pytest.mark.parametrize("m", [1, 7, 8, 20, 64])
+def test_skinny_decodes_every_fp8_code_exactly(cuda_backend, dtype, m):
+    """All 254 finite e4m3 codes (subnormals included) through the skinny kernel's integer
+    decode and its power-of-two fix-up, with a power-of-two scale: exact."""
+    be = cuda_backend
+    n, k = 32, 256
+    codes = np.arange(n * k) % 256
+    codes = np.where((codes & 0x7f) == 0x7f, 0, codes).astype(np.uint8)  # no NaN codes
+    rng.shuffle(codes)
+    data = codes.reshape(n, k).view(float8_e4m3fn)
+    q = QuantizedWeight("fp8_channel", data, np.full(n, 0.25, np.float32), (n, k), dtype)
+    x = _one_hot_rows(m, k, dtype)
+    y = be.to_host(be.ops.linear(be.from_host(x), upload(be, q))).astype(np.float32)
+    want = np.asarray(ref.linear(x, q), np.float32)
+    np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("dtype", [bfloat16, np.float16])
+@pytest.mark.parametrize("m", [1, 9, 64])
+def test_skinny_decodes_every_nvfp4_code_exactly(cuda_backend, dtype, m):
+    """Every byte (two e2m1 codes) under e4m3 group scales from subnormal to 448 and a
+    power-of-two global scale: the products are exact in bf16 and f16, so is the result."""
+    be = cuda_backend
+    n, k = 48, 512
+    data = (np.arange(n * k // 2) % 256).astype(np.uint8)
+    rng.shuffle(data)
+    scale_codes = rng.integers(1, 0x7f, (n, k // 16)).astype(np.uint8)  # finite, > 0
+    q = QuantizedWeight("nvfp4", data.reshape(n, k // 2), scale_codes.view(float8_e4m3fn),
+                        (n, k), dtype, (1, 16), np.asarray(2.0 ** -9, np.float32))
+    x = _one_hot_rows(m, k, dtype)
+    y = be.to_host(be.ops.linear(be.from_host(x), upload(be, q))).astype(np.float32)
+    want = np.asarray(ref.linear(x, q), np.float32)
+    np.testing.assert_array_equal(y, want)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "nvfp4"])
+def test_prefill_rows_dequantize_every_code_exactly(cuda_backend, fmt):
+    """More than 64 rows take the vector dequantization (16-byte loads of codes) and the dense
+    GEMM: one-hot rows of x read columns of the dequantized weight back, bit for bit."""
+    be = cuda_backend
+    n, k = 64, 512
+    if fmt == "nvfp4":
+        data = (np.arange(n * k // 2) % 256).astype(np.uint8).reshape(n, k // 2)
+        scales = rng.integers(1, 0x7f, (n, k // 16)).astype(np.uint8).view(float8_e4m3fn)
+        q = QuantizedWeight("nvfp4", data, scales, (n, k), bfloat16, (1, 16),
+                            np.asarray(2.0 ** -9, np.float32))
+    else:
+        codes = (np.arange(n * k) % 256).astype(np.uint8)
+        codes = np.where((codes & 0x7f) == 0x7f, 0, codes).astype(np.uint8)
+        q = QuantizedWeight("fp8_block", codes.reshape(n, k).view(float8_e4m3fn),
+                            np.full((1, 4), 0.5, np.float32), (n, k), bfloat16, (128, 128))
+    x = _one_hot_rows(80, k, bfloat16)
+    y = be.to_host(be.ops.linear(be.from_host(x), upload(be, q))).astype(np.float32)
+    np.testing.assert_array_equal(y, np.asarray(ref.linear(x, q), np.float32))
