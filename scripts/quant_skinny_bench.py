@@ -18,8 +18,7 @@ import numpy as np
 
 from atlas_core.api import QuantizedWeight, bfloat16, quantize
 from atlas_core.api import reference as ref
-from atlas_core.bench.random_model import fill_random_quantized
-from atlas_core.ops.quant import layout
+from atlas_core.bench.random_model import empty_quantized, fill_random_quantized
 from atlas_cuda.backend import CudaBackend
 from atlas_cuda.policy import KernelPolicy
 
@@ -34,13 +33,7 @@ def upload(be, q: QuantizedWeight) -> QuantizedWeight:
 
 
 def device_weight(be, fmt: str, n: int, k: int, seed: int) -> QuantizedWeight:
-    shapes = layout(fmt, (n, k), FORMATS[fmt] if fmt == "fp8_block" else None)
-    from atlas_core.ops._dtypes import float8_e4m3fn
-    dt = {"data": np.uint8 if fmt == "nvfp4" else float8_e4m3fn,
-          "scale": float8_e4m3fn if fmt == "nvfp4" else np.float32, "global_scale": np.float32}
-    arrs = {a: None if shapes[a] is None else be.empty(shapes[a], dt[a]) for a in dt}
-    w = QuantizedWeight(fmt, arrs["data"], arrs["scale"], (n, k), bfloat16,
-                        FORMATS[fmt] if fmt == "fp8_block" else (1, 16), arrs["global_scale"])
+    w = empty_quantized(be, fmt, FORMATS[fmt], (n, k), bfloat16)
     fill_random_quantized(be, w, seed, k ** -0.5)
     return w
 

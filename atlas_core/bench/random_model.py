@@ -48,16 +48,23 @@ def quantized_allocator(config: dict[str, Any], backend: Any):
         spec = module.specs[param]
         if not (spec.quantizable and param.endswith(QUANTIZED_SUFFIXES)):
             return None
-        shapes = layout(fmt[0], spec.shape, fmt[1])
-        dtypes = {"data": "uint8" if fmt[0] == "nvfp4" else "float8_e4m3fn",
-                  "scale": "float8_e4m3fn" if fmt[0] == "nvfp4" else "float32",
-                  "global_scale": "float32"}
-        arrays = {k: None if shapes[k] is None else backend.empty(shapes[k], _dtype(dtypes[k]))
-                  for k in dtypes}
-        return QuantizedWeight(fmt[0], arrays["data"], arrays["scale"], spec.shape,
-                               module.dtype, fmt[1], arrays["global_scale"])
+        return empty_quantized(backend, fmt[0], fmt[1], spec.shape, module.dtype)
 
     return allocate
+
+
+def empty_quantized(backend: Any, fmt: str, block_size: tuple[int, int] | None,
+                    shape: tuple[int, ...], dtype: Any) -> QuantizedWeight:
+    """A :class:`QuantizedWeight` of ``shape`` in ``fmt`` whose arrays are uninitialised
+    ``backend`` allocations (fill them with :func:`fill_random_quantized`)."""
+    shapes = layout(fmt, shape, block_size)
+    dtypes = {"data": "uint8" if fmt == "nvfp4" else "float8_e4m3fn",
+              "scale": "float8_e4m3fn" if fmt == "nvfp4" else "float32",
+              "global_scale": "float32"}
+    arrays = {k: None if shapes[k] is None else backend.empty(shapes[k], _dtype(dtypes[k]))
+              for k in dtypes}
+    return QuantizedWeight(fmt, arrays["data"], arrays["scale"], shape, dtype, block_size,
+                           arrays["global_scale"])
 
 
 def _dtype(name: str) -> Any:

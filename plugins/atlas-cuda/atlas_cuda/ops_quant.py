@@ -228,7 +228,7 @@ class QuantOps:
         total = out.size
         if not total:
             return out
-        vector = w.data.ptr % 16 == 0 and K % 32 == 0 and (
+        vector = w.data.ptr % 16 == 0 and K % (32 if w.format == "nvfp4" else 16) == 0 and (
             w.format != "fp8_block" or w.block_size[1] % 16 == 0)
         if w.format == "nvfp4" and vector:
             chunks = total // 32
