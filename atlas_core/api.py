@@ -10,7 +10,8 @@ module imports pluggy and nothing else: importing a plugin stays free.
 
 Groups:
 
-- Hooks: :data:`hookimpl`, the ``Register`` callable type, :class:`Registry`,
+- Hooks: :data:`hookimpl`, the ``Register`` callable type, :func:`registers` and
+  :func:`registers_ops` (hook implementations built from a plugin's tables), :class:`Registry`,
   :func:`make_plugin_manager`, :func:`resolve`, :class:`PluginError`.
 - Contracts (ABCs of :mod:`atlas_core.interfaces`): :class:`GpuBackend`,
   :class:`ModelWeightLoader`, :class:`TransformerLayer`, :class:`CommBackend`,
@@ -44,6 +45,8 @@ from typing import Any
 _EXPORTS = {
     "hookimpl": "atlas_core.hookspecs:hookimpl",
     "Register": "atlas_core.hookspecs:Register",
+    "registers": "atlas_core.hookspecs:registers",
+    "registers_ops": "atlas_core.hookspecs:registers_ops",
     "PluginError": "atlas_core.plugins:PluginError",
     "Registry": "atlas_core.plugins:Registry",
     "make_plugin_manager": "atlas_core.plugins:make_plugin_manager",

@@ -15,7 +15,7 @@ A plugin is any module (or object) with functions of these names decorated with
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pluggy
 
@@ -136,3 +136,98 @@ HOOK_NAMES = (
     "register_kernel_sources",
     "register_kernel_targets",
 )
+
+
+# -- Building hook implementations from data ---------------------------------------------------
+# Most plugins register a table of lazy strings under a hook; these build that hook from the
+# table, so a plugin module binds it to the hook's name: ``register_layers = registers(LAYERS)``
+# (pluggy reads the module's attribute of that name). Their names must not start with
+# ``register_``: those are hook specs.
+
+HookImpl = Callable[[Register], None]
+
+
+def registers(entries: Mapping[str, object]) -> HookImpl:
+    """A hook implementation that registers every ``name: factory`` item of ``entries``.
+
+    For any hook whose plugins register a table, e.g. in a model family's ``plugin.py``::
+
+        LAYERS = {"mla_attention": "atlas_deepseek.mla:MLAttention"}
+        LOADERS = {"DeepseekV3ForCausalLM": "atlas_deepseek.loader:DeepseekV3Loader"}
+
+        register_layers = registers(LAYERS)
+        register_weight_loaders = registers(LOADERS)
+
+    The mapping is read when the hook is called, in its order, so items a plugin adds to it
+    at import time (after binding the hook) are registered too.
+
+    Since: 0.2
+    """
+
+    @hookimpl
+    def hook(register: Register) -> None:
+        for name, factory in entries.items():
+            register(name, factory)
+
+    hook.__qualname__ = hook.__name__ = "registers"
+    return hook
+
+
+def registers_ops(ops: Iterable[Any], *, columns: Sequence[str] = (),
+                  classes: Mapping[str, str] | None = None) -> HookImpl:
+    """A ``register_ops`` implementation declaring op specs and registering their backend
+    implementations.
+
+    Args:
+        ops: each an :class:`~atlas_core.ops.spec.OpSpec`, or a tuple ``(spec, impl, ...)``
+            with one ``impl`` per backend of ``columns``, in that order. An ``impl`` is the
+            implementation (a lazy ``"pkg.module:Class.method"`` / ``"pkg.module:function"``
+            string or a callable); ``True``: the method named like the op of that backend's
+            class in ``classes``; ``None`` or ``False``: none (the backend runs the op's unfused
+            definition, or, for numpy, its reference).
+        columns: the backends the tuples' implementations are for, e.g. ``("numpy", "cuda")``.
+        classes: backend -> ``"pkg.module:Class"``. A backend not in ``columns`` gets, for every
+            op, the method of the op's name of its class (``f"{cls}.{spec.name}"``).
+
+    Per op, in order: ``register(spec.name, spec)``, then its ``columns`` implementations, then
+    those of the other ``classes``, each ``register(spec.name, impl, backend=backend)``. ``ops``
+    is read once, here (so a malformed table fails the plugin's import)::
+
+        register_ops = registers_ops(OPS, columns=("numpy",), classes={"cuda": CUDA_OPS})
+
+    Raises:
+        ValueError: a tuple without one implementation per column, or ``True`` for a backend
+            without a class.
+
+    Since: 0.2
+    """
+    columns = tuple(columns)
+    classes = dict(classes or {})
+    plan: list[tuple[Any, list[tuple[str, Any]]]] = []
+    for entry in ops:
+        spec, *impls = entry if isinstance(entry, tuple) else (entry,)
+        if impls and len(impls) != len(columns):
+            raise ValueError(f"op {spec.name!r}: {len(impls)} implementations for columns "
+                             f"{columns!r}")
+        backends: list[tuple[str, Any]] = []
+        for backend, impl in zip(columns, impls):
+            if impl is True:
+                if backend not in classes:
+                    raise ValueError(f"op {spec.name!r}: True for backend {backend!r}, which has "
+                                     "no class in classes")
+                impl = f"{classes[backend]}.{spec.name}"
+            if impl is not None and impl is not False:
+                backends.append((backend, impl))
+        backends += [(backend, f"{cls}.{spec.name}") for backend, cls in classes.items()
+                     if backend not in columns]
+        plan.append((spec, backends))
+
+    @hookimpl
+    def hook(register: Register) -> None:
+        for spec, backends in plan:
+            register(spec.name, spec)
+            for backend, impl in backends:
+                register(spec.name, impl, backend=backend)
+
+    hook.__qualname__ = hook.__name__ = "registers_ops"
+    return hook

@@ -3,7 +3,7 @@ the MLA and grouped-routing ops (specs, CUDA implementations) and the CUDA sourc
 importing this imports nothing heavy; the CUDA part (``atlas-deepseek[cuda]``) is imported only
 when the cuda backend builds its op table. atlas-mistral builds its layers from these kinds."""
 
-from atlas_core.api import OpSpec, hookimpl
+from atlas_core.api import OpSpec, hookimpl, registers, registers_ops
 
 LAYERS = {
     "mla_attention": "atlas_deepseek.mla:MLAttention",
@@ -38,24 +38,9 @@ OPS = (
 CUDA_OPS = "atlas_deepseek.cuda.mla_ops:MlaCudaOps"
 
 
-@hookimpl
-def register_layers(register):
-    for kind, factory in LAYERS.items():
-        register(kind, factory)
-
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
-
-
-@hookimpl
-def register_ops(register):
-    for spec, on_cuda in OPS:
-        register(spec.name, spec)
-        if on_cuda:
-            register(spec.name, f"{CUDA_OPS}.{spec.name}", backend="cuda")
+register_layers = registers(LAYERS)
+register_weight_loaders = registers(LOADERS)
+register_ops = registers_ops(OPS, columns=("cuda",), classes={"cuda": CUDA_OPS})
 
 
 @hookimpl

@@ -2,7 +2,7 @@
 sources). Lazy strings: importing this imports nothing heavy; the CUDA part
 (``atlas-gemma4[cuda]``) is imported only when the cuda backend builds its op table."""
 
-from atlas_core.api import OpSpec, hookimpl
+from atlas_core.api import OpSpec, hookimpl, registers, registers_ops
 
 LAYERS = {
     "gemma4_attention": "atlas_gemma4.attention:Gemma4Attention",
@@ -25,23 +25,9 @@ OPS = tuple(OpSpec(name, f"{_REF}:{name}", cases=f"atlas_gemma4.gemma4_cases:{na
 CUDA_OPS = "atlas_gemma4.cuda.gemma4_ops:Gemma4CudaOps"
 
 
-@hookimpl
-def register_layers(register):
-    for kind, factory in LAYERS.items():
-        register(kind, factory)
-
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
-
-
-@hookimpl
-def register_ops(register):
-    for spec in OPS:
-        register(spec.name, spec)
-        register(spec.name, f"{CUDA_OPS}.{spec.name}", backend="cuda")
+register_layers = registers(LAYERS)
+register_weight_loaders = registers(LOADERS)
+register_ops = registers_ops(OPS, classes={"cuda": CUDA_OPS})
 
 
 @hookimpl

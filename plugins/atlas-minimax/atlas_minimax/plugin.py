@@ -2,7 +2,7 @@
 and CUDA sources. Lazy strings: importing this imports nothing heavy; the CUDA part
 (``atlas-minimax[cuda]``) is imported only when the cuda backend builds its op table."""
 
-from atlas_core.api import OpSpec, hookimpl
+from atlas_core.api import OpSpec, hookimpl, registers, registers_ops
 
 LAYERS = {
     "minimax_m2_attention": "atlas_minimax.attention:MiniMaxM2Attention",
@@ -19,22 +19,9 @@ MOE_ROUTE_BIASED = OpSpec("moe_route_biased", "atlas_minimax.routing:moe_route_b
 CUDA_OPS = "atlas_minimax.cuda.routing_ops:MiniMaxCudaOps"
 
 
-@hookimpl
-def register_layers(register):
-    for kind, factory in LAYERS.items():
-        register(kind, factory)
-
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
-
-
-@hookimpl
-def register_ops(register):
-    register(MOE_ROUTE_BIASED.name, MOE_ROUTE_BIASED)
-    register(MOE_ROUTE_BIASED.name, f"{CUDA_OPS}.moe_route_biased", backend="cuda")
+register_layers = registers(LAYERS)
+register_weight_loaders = registers(LOADERS)
+register_ops = registers_ops((MOE_ROUTE_BIASED,), classes={"cuda": CUDA_OPS})
 
 
 @hookimpl

@@ -2,13 +2,9 @@
 MLA layers are atlas-deepseek's kinds (``mla_attention``, ``deepseek_moe``), the dense ones
 core's, looked up in the registry; importing this is free."""
 
-from atlas_core.api import hookimpl
+from atlas_core.api import registers
 
 LOADERS = {"Mistral4ForCausalLM": "atlas_mistral.loader:Mistral4Loader",
            "Mistral3ForConditionalGeneration": "atlas_mistral.mistral3:Mistral3Loader"}
 
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
+register_weight_loaders = registers(LOADERS)

@@ -2,7 +2,7 @@
 implementations, CUDA sources). Lazy strings: importing this is free; the CUDA part
 (``atlas-nemotron-h[cuda]``) is imported only when the cuda backend builds its op table."""
 
-from atlas_core.api import OpSpec, hookimpl
+from atlas_core.api import OpSpec, hookimpl, registers, registers_ops
 
 LAYERS = {
     "mamba2": "atlas_nemotron_h.mamba2:Mamba2Mixer",
@@ -44,26 +44,9 @@ OPS = (
 )
 
 
-@hookimpl
-def register_layers(register):
-    for kind, factory in LAYERS.items():
-        register(kind, factory)
-
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
-
-
-@hookimpl
-def register_ops(register):
-    for spec, numpy_impl, cuda_impl in OPS:
-        register(spec.name, spec)
-        if numpy_impl is not None:
-            register(spec.name, numpy_impl, backend="numpy")
-        if cuda_impl is not None:
-            register(spec.name, cuda_impl, backend="cuda")
+register_layers = registers(LAYERS)
+register_weight_loaders = registers(LOADERS)
+register_ops = registers_ops(OPS, columns=("numpy", "cuda"))
 
 
 @hookimpl

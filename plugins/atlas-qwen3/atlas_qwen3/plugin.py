@@ -1,6 +1,6 @@
 """Registers the weight loaders of this family. Lazy strings: importing this imports nothing heavy."""
 
-from atlas_core.api import hookimpl
+from atlas_core.api import registers
 
 LOADERS = {
     "Qwen3ForCausalLM": "atlas_qwen3.loaders:Qwen3Loader",
@@ -9,8 +9,4 @@ LOADERS = {
     "MistralForCausalLM": "atlas_qwen3.loaders:MistralLoader",
 }
 
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
+register_weight_loaders = registers(LOADERS)

@@ -8,7 +8,7 @@ as their text model alone."""
 
 from importlib.util import find_spec
 
-from atlas_core.api import OpSpec, hookimpl
+from atlas_core.api import OpSpec, hookimpl, registers, registers_ops
 
 LAYERS = {
     "gated_deltanet": "atlas_qwen35.gated_deltanet:GatedDeltaNet",
@@ -29,18 +29,8 @@ if find_spec("atlas_qwen3vl") is not None:
         "Qwen3_5MoeForConditionalGeneration": "atlas_qwen3vl.qwen35:Qwen3_5MoeVisionLoader",
     })
 
-
-@hookimpl
-def register_layers(register):
-    for kind, factory in LAYERS.items():
-        register(kind, factory)
-
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
-
+register_layers = registers(LAYERS)
+register_weight_loaders = registers(LOADERS)
 
 _REF = "atlas_qwen35.gdn_reference"
 _CASES = "atlas_qwen35.gdn_cases"
@@ -68,14 +58,7 @@ OPS = (
 )
 CUDA_OPS = "atlas_qwen35.cuda.gdn_ops:GdnOps"
 
-
-@hookimpl
-def register_ops(register):
-    for spec, numpy_impl in OPS:
-        register(spec.name, spec)
-        if numpy_impl is not None:
-            register(spec.name, numpy_impl, backend="numpy")
-        register(spec.name, f"{CUDA_OPS}.{spec.name}", backend="cuda")
+register_ops = registers_ops(OPS, columns=("numpy",), classes={"cuda": CUDA_OPS})
 
 
 @hookimpl

@@ -3,7 +3,7 @@
 (``atlas-qwen3vl[cuda]``, imported only when the cuda backend builds its op table). Lazy
 strings: importing this is free."""
 
-from atlas_core.api import OpSpec, hookimpl
+from atlas_core.api import OpSpec, hookimpl, registers, registers_ops
 
 LOADERS = {
     "Qwen3VLForConditionalGeneration": "atlas_qwen3vl.loaders:Qwen3VLLoader",
@@ -21,18 +21,8 @@ OPS = tuple(OpSpec(name, f"{_REF}:{name}", cases=f"{_CASES}:{name}_cases")
 
 CUDA_OPS = "atlas_qwen3vl.cuda.vision_ops:VisionCudaOps"
 
-
-@hookimpl
-def register_weight_loaders(register):
-    for architecture, factory in LOADERS.items():
-        register(architecture, factory)
-
-
-@hookimpl
-def register_ops(register):
-    for spec in OPS:
-        register(spec.name, spec)
-        register(spec.name, f"{CUDA_OPS}.{spec.name}", backend="cuda")
+register_weight_loaders = registers(LOADERS)
+register_ops = registers_ops(OPS, classes={"cuda": CUDA_OPS})
 
 
 @hookimpl
