@@ -36,18 +36,32 @@ def reshape_and_cache(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache
     flat_v[slots] = (f32(v[keep]) / kv_scale).astype(v_cache.dtype)
 
 
+def causal_softmax(scores: np.ndarray, q_pos: np.ndarray) -> np.ndarray:
+    """Causal softmax of attention scores: key ``j`` is hidden from query ``i`` when
+    ``j > q_pos[i]``; the rest is a max-subtracted softmax over the key axis.
+
+    Args:
+        scores: ``[num_heads, n_q, n_kv]`` float32 (already scaled).
+        q_pos: ``[n_q]`` position of each query among the keys.
+
+    Returns:
+        ``[num_heads, n_q, n_kv]`` float32 probabilities.
+    """
+    mask = np.arange(scores.shape[-1])[None, :] > q_pos[:, None]
+    scores = np.where(mask[None], -np.inf, scores)
+    scores -= scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float) -> np.ndarray:
     # q: [n_q, num_heads, head_dim]; k, v: [n_kv, num_kv_heads, head_dim] (float32)
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     group = num_heads // num_kv_heads
     kh = np.repeat(k, group, axis=1)
     vh = np.repeat(v, group, axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, kh) * scale
-    mask = np.arange(k.shape[0])[None, :] > q_pos[:, None]
-    scores = np.where(mask[None], -np.inf, scores)
-    scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    probs = causal_softmax(np.einsum("qhd,khd->hqk", q, kh) * scale, q_pos)
     return np.einsum("hqk,khd->qhd", probs, vh)
 
 

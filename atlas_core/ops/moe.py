@@ -41,6 +41,49 @@ def moe_route(router_logits: np.ndarray, top_k: int, renormalize: bool,
     return weights.astype(np.float32), ids.astype(np.int32)
 
 
+def select_grouped_topk(scores: np.ndarray, choice: np.ndarray, top_k: int, num_groups: int = 1,
+                        topk_groups: int = 1, renormalize: bool = True,
+                        routed_scaling_factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Group-limited top-k expert choice (DeepSeek-V3's ``noaux_tc``), shared by the routers
+    of several families (not an op of its own).
+
+    Experts form ``num_groups`` consecutive groups; a group scores the sum of its two best
+    ``choice`` values and only the ``topk_groups`` best groups compete. The ``top_k`` largest
+    ``choice`` values among their experts win (ties: lower index first); the weights are
+    ``scores`` at the winners, divided by ``sum + 1e-20`` when ``renormalize``, then times
+    ``routed_scaling_factor``.
+
+    Args:
+        scores: ``[num_tokens, num_experts]`` float32 router scores (the weights).
+        choice: ``[num_tokens, num_experts]`` float32 scores the experts are chosen by (e.g.
+            ``scores + e_score_correction_bias``).
+        top_k: experts per token.
+        num_groups, topk_groups: ``n_group`` (dividing ``num_experts``; 1: plain top-k) and
+            ``topk_group``.
+        renormalize: ``norm_topk_prob``.
+        routed_scaling_factor: multiplies the final weights.
+
+    Returns:
+        ``(topk_weights [num_tokens, top_k] float32, topk_ids [num_tokens, top_k] int32)`` in
+        descending ``choice`` order.
+    """
+    tokens, experts = choice.shape
+    if num_groups > 1:
+        grouped = choice.reshape(tokens, num_groups, experts // num_groups)
+        best_two = -np.sort(-grouped, axis=-1)[..., :2].sum(axis=-1)
+        keep = np.argsort(-best_two, axis=-1, kind="stable")[:, :topk_groups]
+        allowed = np.zeros((tokens, num_groups), dtype=bool)
+        np.put_along_axis(allowed, keep, True, axis=-1)
+        mask = np.repeat(allowed, experts // num_groups, axis=-1)
+        choice = np.where(mask, choice, -np.inf)
+    ids = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
+    weights = np.take_along_axis(scores, ids, axis=-1)
+    if renormalize:
+        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
+    weights = weights * np.float32(routed_scaling_factor)
+    return weights.astype(np.float32), ids.astype(np.int32)
+
+
 def moe_experts(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, topk_weights: np.ndarray,
                 topk_ids: np.ndarray, activation: str = "silu") -> np.ndarray:
     """Weighted sum of each token's chosen experts' gated MLPs.

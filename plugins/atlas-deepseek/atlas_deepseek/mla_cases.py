@@ -42,108 +42,102 @@ def _id(dtype, shape) -> str:
     return f"{dtype}-h{shape[0]}-c{shape[1]}-r{shape[2]}"
 
 
-def mla_latent_cache_cases() -> list[OpCase]:
-    """Five tokens into a NaN-poisoned cache (one skipped with slot -1), both rope layouts."""
+def _cases(op: str, build, shapes=SHAPES) -> list[OpCase]:
+    """The cases of ``op`` for every dtype and shape: ``build(rng, dtype, *shape)`` (``rng``
+    seeded from ``op``, dtype and shape) yields ``(id suffix, args, kwargs)`` per case."""
     cases = []
     for dtype in DTYPES:
-        for shape in SHAPES:
-            _, rank, rope, _, _ = shape
-            rng = make_rng("mla_latent_cache", dtype, shape)
-            kv_a = randn(rng, (5, rank + rope), dtype)
-            weight = (1.0 + 0.1 * rng.standard_normal(rank)).astype(np.float32).astype(kv_a.dtype)
-            positions = rng.integers(0, MAX_POS, 5).astype(np.int32)
-            slots = rng.permutation(NUM_BLOCKS * BLOCK_SIZE)[:5].astype(np.int32)
-            slots[2] = -1
-            for neox in (False, True):
-                cache = poisoned((NUM_BLOCKS, BLOCK_SIZE, 1, rank + rope), dtype)
-                cases.append(OpCase(f"{_id(dtype, shape)}-{'neox' if neox else 'pairs'}",
-                                    (kv_a, weight, 1e-6, positions, _rope_table(rope), cache,
-                                     slots), {"kv_lora_rank": rank, "is_neox": neox}))
+        for shape in shapes:
+            rng = make_rng(op, dtype, shape)
+            cases += [OpCase(_id(dtype, shape) + suffix, args, kwargs)
+                      for suffix, args, kwargs in build(rng, dtype, *shape)]
     return cases
+
+
+def _latent_cache(rng, dtype, heads, rank, rope, nope, v):
+    kv_a = randn(rng, (5, rank + rope), dtype)
+    weight = (1.0 + 0.1 * rng.standard_normal(rank)).astype(np.float32).astype(kv_a.dtype)
+    positions = rng.integers(0, MAX_POS, 5).astype(np.int32)
+    slots = rng.permutation(NUM_BLOCKS * BLOCK_SIZE)[:5].astype(np.int32)
+    slots[2] = -1
+    for neox in (False, True):
+        cache = poisoned((NUM_BLOCKS, BLOCK_SIZE, 1, rank + rope), dtype)
+        yield (f"-{'neox' if neox else 'pairs'}",
+               (kv_a, weight, 1e-6, positions, _rope_table(rope), cache, slots),
+               {"kv_lora_rank": rank, "is_neox": neox})
+
+
+def _rope_query(rng, dtype, heads, rank, rope, nope, v):
+    q = randn(rng, (7, heads, nope + rope), dtype)
+    positions = rng.integers(0, MAX_POS, 7).astype(np.int32)
+    for neox, beta in ((False, 0.0), (True, 0.1)):
+        yield (f"-neox{int(neox)}-beta{beta:g}", (q, positions, _rope_table(rope)),
+               {"nope_dim": nope, "is_neox": neox, "attn_scale_beta": beta,
+                "attn_scale_original": 8})
+
+
+def _absorb_query(rng, dtype, heads, rank, rope, nope, v):
+    q_nope = randn(rng, (6, heads, nope), dtype)
+    kv_b = randn(rng, (heads * (nope + v), rank), dtype, rank ** -0.5)
+    yield "", (q_nope, kv_b), {}
+
+
+def _absorb_output(rng, dtype, heads, rank, rope, nope, v):
+    o_lat = randn(rng, (6, heads, rank), dtype)
+    kv_b = randn(rng, (heads * (nope + v), rank), dtype, rank ** -0.5)
+    yield "", (o_lat, kv_b, v), {}
+
+
+def _absorbed_attention(rng, dtype, heads, rank, rope, nope, v):
+    seq_lens, cu, tables = _batch(rng)
+    cache = _cache(rng, dtype, rank, rope)
+    scale = (rank + rope) ** -0.5
+    for name, rows in (("mixed", cu), ("decode", np.arange(4, dtype=np.int32))):
+        n = int(rows[-1])
+        q_lat = randn(rng, (n, heads, rank), dtype)
+        q_pe = randn(rng, (n, heads, rope), dtype)
+        yield f"-{name}", (q_lat, q_pe, cache, tables, seq_lens, rows, scale), {}
+
+
+def _gather_latent(rng, dtype, heads, rank, rope, nope, v):
+    seq_lens, _, tables = _batch(rng)
+    yield "", (_cache(rng, dtype, rank, rope), tables, seq_lens, int(seq_lens.sum()), rank), {}
+
+
+def _expanded_attention(rng, dtype, heads, rank, rope, nope, v):
+    seq_lens, cu, _ = _batch(rng)
+    n, ctx = int(cu[-1]), int(seq_lens.sum())
+    yield "", (randn(rng, (n, heads, nope), dtype), randn(rng, (n, heads, rope), dtype),
+               randn(rng, (ctx, heads, nope + v), dtype), randn(rng, (ctx, rope), dtype),
+               seq_lens, cu, (nope + rope) ** -0.5), {}
+
+
+def mla_latent_cache_cases() -> list[OpCase]:
+    """Five tokens into a NaN-poisoned cache (one skipped with slot -1), both rope layouts."""
+    return _cases("mla_latent_cache", _latent_cache)
 
 
 def mla_rope_query_cases() -> list[OpCase]:
     """Seven tokens, both rope layouts, with and without Llama-4 scaling."""
-    cases = []
-    for dtype in DTYPES:
-        for shape in SHAPES:
-            heads, _, rope, nope, _ = shape
-            rng = make_rng("mla_rope_query", dtype, shape)
-            q = randn(rng, (7, heads, nope + rope), dtype)
-            positions = rng.integers(0, MAX_POS, 7).astype(np.int32)
-            for neox, beta in ((False, 0.0), (True, 0.1)):
-                cases.append(OpCase(f"{_id(dtype, shape)}-neox{int(neox)}-beta{beta:g}",
-                                    (q, positions, _rope_table(rope)),
-                                    {"nope_dim": nope, "is_neox": neox, "attn_scale_beta": beta,
-                                     "attn_scale_original": 8}))
-    return cases
+    return _cases("mla_rope_query", _rope_query)
 
 
 def mla_absorb_query_cases() -> list[OpCase]:
-    cases = []
-    for dtype in DTYPES:
-        for shape in SHAPES:
-            heads, rank, _, nope, v = shape
-            rng = make_rng("mla_absorb_query", dtype, shape)
-            q_nope = randn(rng, (6, heads, nope), dtype)
-            kv_b = randn(rng, (heads * (nope + v), rank), dtype, rank ** -0.5)
-            cases.append(OpCase(_id(dtype, shape), (q_nope, kv_b)))
-    return cases
+    return _cases("mla_absorb_query", _absorb_query)
 
 
 def mla_absorb_output_cases() -> list[OpCase]:
-    cases = []
-    for dtype in DTYPES:
-        for shape in SHAPES:
-            heads, rank, _, nope, v = shape
-            rng = make_rng("mla_absorb_output", dtype, shape)
-            o_lat = randn(rng, (6, heads, rank), dtype)
-            kv_b = randn(rng, (heads * (nope + v), rank), dtype, rank ** -0.5)
-            cases.append(OpCase(_id(dtype, shape), (o_lat, kv_b, v)))
-    return cases
+    return _cases("mla_absorb_output", _absorb_output)
 
 
 def mla_absorbed_attention_cases() -> list[OpCase]:
     """The mixed batch of :data:`BATCH`, and a decode-only batch of the same sequences."""
-    cases = []
-    for dtype in DTYPES:
-        for shape in SHAPES:
-            heads, rank, rope, _, _ = shape
-            rng = make_rng("mla_absorbed_attention", dtype, shape)
-            seq_lens, cu, tables = _batch(rng)
-            cache = _cache(rng, dtype, rank, rope)
-            scale = (rank + rope) ** -0.5
-            for name, rows in (("mixed", cu), ("decode", np.arange(4, dtype=np.int32))):
-                n = int(rows[-1])
-                q_lat = randn(rng, (n, heads, rank), dtype)
-                q_pe = randn(rng, (n, heads, rope), dtype)
-                cases.append(OpCase(f"{_id(dtype, shape)}-{name}",
-                                    (q_lat, q_pe, cache, tables, seq_lens, rows, scale)))
-    return cases
+    return _cases("mla_absorbed_attention", _absorbed_attention)
 
 
 def mla_gather_latent_cases() -> list[OpCase]:
-    cases = []
-    for dtype in DTYPES:
-        for shape in SHAPES[:2]:
-            _, rank, rope, _, _ = shape
-            rng = make_rng("mla_gather_latent", dtype, shape)
-            seq_lens, _, tables = _batch(rng)
-            cases.append(OpCase(_id(dtype, shape), (_cache(rng, dtype, rank, rope), tables,
-                                                    seq_lens, int(seq_lens.sum()), rank)))
-    return cases
+    return _cases("mla_gather_latent", _gather_latent, SHAPES[:2])
 
 
 def mla_expanded_attention_cases() -> list[OpCase]:
-    cases = []
-    for dtype in DTYPES:
-        for shape in SHAPES[:2]:
-            heads, _, rope, nope, v = shape
-            rng = make_rng("mla_expanded_attention", dtype, shape)
-            seq_lens, cu, _ = _batch(rng)
-            n, ctx = int(cu[-1]), int(seq_lens.sum())
-            args = (randn(rng, (n, heads, nope), dtype), randn(rng, (n, heads, rope), dtype),
-                    randn(rng, (ctx, heads, nope + v), dtype), randn(rng, (ctx, rope), dtype),
-                    seq_lens, cu, (nope + rope) ** -0.5)
-            cases.append(OpCase(_id(dtype, shape), args))
-    return cases
+    return _cases("mla_expanded_attention", _expanded_attention, SHAPES[:2])

@@ -137,17 +137,9 @@ def mla_absorb_output(o_lat: np.ndarray, kv_b_weight: np.ndarray, v_head_dim: in
     return np.einsum("thc,hvc->thv", f32(o_lat), w_uv).astype(o_lat.dtype)
 
 
-def _softmax_rows(scores: np.ndarray) -> np.ndarray:
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores)
-    return probs / probs.sum(axis=-1, keepdims=True)
-
-
-def _causal(scores: np.ndarray, length: int) -> np.ndarray:
+def _causal_softmax(scores: np.ndarray, length: int) -> np.ndarray:
     # scores: [heads, n_q, length]; query i sits at position length - n_q + i
-    n_q = scores.shape[1]
-    mask = np.arange(length)[None, :] > np.arange(length - n_q, length)[:, None]
-    return np.where(mask[None], -np.inf, scores)
+    return reference.causal_softmax(scores, np.arange(length - scores.shape[1], length))
 
 
 def mla_absorbed_attention(q_lat: np.ndarray, q_pe: np.ndarray, cache: np.ndarray,
@@ -183,7 +175,7 @@ def mla_absorbed_attention(q_lat: np.ndarray, q_pe: np.ndarray, cache: np.ndarra
         c, k_pe = rows[:, :rank], rows[:, rank:]
         scores = (np.einsum("qhc,kc->hqk", f32(q_lat[s:e]), c)
                   + np.einsum("qhr,kr->hqk", f32(q_pe[s:e]), k_pe)) * scale
-        probs = _softmax_rows(_causal(scores, length))
+        probs = _causal_softmax(scores, length)
         out[s:e] = np.einsum("hqk,kc->qhc", probs, c)
     return out.astype(q_lat.dtype)
 
@@ -242,7 +234,7 @@ def mla_expanded_attention(q_nope: np.ndarray, q_pe: np.ndarray, kv: np.ndarray,
         if e > s:
             scores = (np.einsum("qhn,khn->hqk", f32(q_nope[s:e]), ctx[..., :nope])
                       + np.einsum("qhr,kr->hqk", f32(q_pe[s:e]), f32(k_pe[start:start + length])))
-            probs = _softmax_rows(_causal(scores * scale, length))
+            probs = _causal_softmax(scores * scale, length)
             out[s:e] = np.einsum("hqk,khv->qhv", probs, ctx[..., nope:])
         start += length
     return out.astype(q_nope.dtype)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.api import f32
+from atlas_core.api import f32, reference
 
 #: Router score functions: DeepSeek-V3 scores with a sigmoid, Mistral-4 with a softmax.
 SCORING = ("sigmoid", "softmax")
@@ -50,18 +50,5 @@ def moe_route_grouped(router_logits: np.ndarray, correction_bias: np.ndarray | N
     """
     scores = router_scores(router_logits, scoring)
     choice = scores if correction_bias is None else scores + f32(correction_bias)[None, :]
-    tokens, experts = choice.shape
-    if num_groups > 1:
-        grouped = choice.reshape(tokens, num_groups, experts // num_groups)
-        best_two = -np.sort(-grouped, axis=-1)[..., :2].sum(axis=-1)
-        keep = np.argsort(-best_two, axis=-1, kind="stable")[:, :topk_groups]
-        allowed = np.zeros((tokens, num_groups), dtype=bool)
-        np.put_along_axis(allowed, keep, True, axis=-1)
-        mask = np.repeat(allowed, experts // num_groups, axis=-1)
-        choice = np.where(mask, choice, -np.inf)
-    ids = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
-    weights = np.take_along_axis(scores, ids, axis=-1)
-    if renormalize:
-        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
-    weights = weights * np.float32(routed_scaling_factor)
-    return weights.astype(np.float32), ids.astype(np.int32)
+    return reference.select_grouped_topk(scores, choice, top_k, num_groups, topk_groups,
+                                         renormalize, routed_scaling_factor)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.api import f32
+from atlas_core.api import f32, reference
 
 
 def relu2(x: np.ndarray) -> np.ndarray:
@@ -51,20 +51,8 @@ def nemotron_h_moe_route(x: np.ndarray, router_weight: np.ndarray,
     logits = f32(x) @ f32(router_weight).T
     scores = 1.0 / (1.0 + np.exp(-logits))
     choice = scores + f32(correction_bias)[None, :]
-    num_tokens, num_experts = choice.shape
-    if n_group > 1:
-        grouped = choice.reshape(num_tokens, n_group, num_experts // n_group)
-        best2 = -np.sort(-grouped, axis=-1)[:, :, :2].sum(axis=-1)
-        keep = np.argsort(-best2, axis=-1, kind="stable")[:, :topk_group]
-        mask = np.zeros((num_tokens, n_group), dtype=bool)
-        np.put_along_axis(mask, keep, True, axis=-1)
-        choice = np.where(np.repeat(mask, num_experts // n_group, axis=-1), choice, -np.inf)
-    ids = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]
-    weights = np.take_along_axis(scores, ids, axis=-1)
-    if renormalize:
-        weights = weights / (weights.sum(axis=-1, keepdims=True) + 1e-20)
-    weights = weights * np.float32(routed_scaling_factor)
-    return weights.astype(np.float32), ids.astype(np.int32)
+    return reference.select_grouped_topk(scores, choice, top_k, n_group, topk_group, renormalize,
+                                         routed_scaling_factor)
 
 
 def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,

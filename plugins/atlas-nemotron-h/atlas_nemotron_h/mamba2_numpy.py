@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_nemotron_h import mamba2_reference as reference
-from atlas_nemotron_h.mamba2_reference import _runs, discretize, split_xbc
+from atlas_nemotron_h.mamba2_reference import discretize, split_xbc, state_runs
 
 try:
     import numba
@@ -57,7 +57,7 @@ def _scan(xbc, dt, A_log, dt_bias, D, ssm_states, cu_seqlens, seq_lens, state_in
             xbc, dt, A_log, dt_bias, D, ssm_states, cu_seqlens, seq_lens, state_indices,
             num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, state_size=state_size,
             dt_min=dt_min, dt_max=dt_max)
-    runs = [r for r in _runs(cu_seqlens, seq_lens, state_indices) if r[1] > r[0]]
+    runs = [r for r in state_runs(cu_seqlens, seq_lens, state_indices) if r[1] > r[0]]
     out = np.zeros((xbc.shape[0], num_heads, head_dim), dtype=np.float32)
     if runs:
         x, b, c = (np.ascontiguousarray(v) for v in

@@ -11,63 +11,27 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_core.testing.contracts_cases import OpCase
-from atlas_core.testing.contracts_ops import DTYPES, make_rng, poisoned, randn
+from atlas_core.testing.contracts_ops import DTYPES, make_rng, randn
+from atlas_core.testing.recurrent_cases import (DECODE, LAYOUTS, NUM_SLOTS, RECURRENT_TOL_SCALE,
+                                                conv1d_args, conv1d_cases, decode_pools,
+                                                seq_layout, state_pool)
 
-#: Query rows per sequence, tokens cached before this step, and state slots (-1: padding row).
-NUM_Q = [5, 20, 1, 9]
-CONTEXT = [3, 0, 2, 0]
-SLOTS = [4, 1, -1, 2]
-NUM_SLOTS = 6
-#: A decode step: one query row per sequence (a fresh one, a padding row).
-DECODE = ([1] * 4, [6, 0, 3, 1], [0, 5, -1, 3])
-#: State recurrences amplify rounding; their outputs get this much looser tolerance.
-RECURRENT_TOL_SCALE = 10.0
 #: (num_heads, head_dim, n_groups, state_size); the last is Nemotron-3 Nano's per-group shape.
 SSM_SHAPES = [(4, 8, 2, 16), (2, 16, 1, 32), (8, 64, 1, 128)]
 LIMITS = dict(dt_min=0.001, dt_max=float("inf"))
 
 
-def _layout(num_q, context, slots):
-    cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
-    return cu, (np.array(num_q) + np.array(context)).astype(np.int32), np.array(slots, np.int32)
-
-
-def _pool(rng, shape, seq_lens, num_q, slots) -> np.ndarray:
-    pool = poisoned(shape, "float32")
-    for n_ctx, n_q, slot in zip(seq_lens, num_q, slots):
-        if slot >= 0 and n_ctx > n_q:
-            pool[slot] = rng.standard_normal(shape[1:]) * 0.5
-    return pool
-
-
-def _conv_case(name, dtype, bias, activation, layout):
-    rng = make_rng(name, dtype, bias, activation)
-    dim, k = 40, 4
-    cu, seq_lens, slots = _layout(*layout)
-    pool = _pool(rng, (NUM_SLOTS, k - 1, dim), seq_lens, layout[0], slots)
-    x, w = randn(rng, (int(cu[-1]), dim), dtype), randn(rng, (dim, k), dtype, 0.5)
-    b = randn(rng, (dim,), dtype) if bias else None
-    return x, w, b, pool, cu, seq_lens, slots
-
-
 def mamba2_conv1d_cases() -> list[OpCase]:
     """Mixed prefill/decode layout, with and without bias and activation."""
-    cases = []
-    for dtype in DTYPES:
-        for bias, act in ((True, "silu"), (False, None)):
-            x, w, b, pool, cu, seq_lens, slots = _conv_case("mamba2_conv1d", dtype, bias, act,
-                                                            (NUM_Q, CONTEXT, SLOTS))
-            cases.append(OpCase(f"{dtype}-bias{int(bias)}-{act}",
-                                (x, w, b, pool, cu, seq_lens, slots, act)))
-    return cases
+    return conv1d_cases("mamba2_conv1d")
 
 
 def mamba2_conv1d_update_cases() -> list[OpCase]:
     """One token per sequence, a padding row and a fresh sequence among them."""
     cases = []
     for dtype in DTYPES:
-        x, w, b, pool, _, seq_lens, slots = _conv_case("mamba2_conv1d_update", dtype, True,
-                                                       "silu", DECODE)
+        x, w, b, pool, _, seq_lens, slots = conv1d_args(
+            make_rng("mamba2_conv1d_update", dtype, True, "silu"), dtype, True, DECODE)
         cases.append(OpCase(dtype, (x, w, b, pool, seq_lens, slots, "silu")))
     return cases
 
@@ -87,11 +51,11 @@ def _scan_cases(form: str) -> list[OpCase]:
         for shape in SSM_SHAPES[:2]:
             for layout in ("mixed", "decode"):
                 rng = make_rng("mamba2_ssd", form, dtype, shape, layout)
-                num_q, context, slot_list = ((NUM_Q, CONTEXT, SLOTS) if layout == "mixed"
-                                             else DECODE)
-                cu, seq_lens, slots = _layout(num_q, context, slot_list)
+                num_q, context, slot_list = LAYOUTS[layout]
+                cu, seq_lens, slots = seq_layout(num_q, context, slot_list)
                 xbc, (dt, a_log, dt_bias, d) = _ssm_inputs(rng, shape, int(cu[-1]), dtype)
-                pool = _pool(rng, (NUM_SLOTS, shape[0], shape[1], shape[3]), seq_lens, num_q, slots)
+                pool = state_pool(rng, (NUM_SLOTS, shape[0], shape[1], shape[3]), seq_lens, num_q,
+                                  slots)
                 kwargs = dict(num_heads=shape[0], head_dim=shape[1], n_groups=shape[2],
                               state_size=shape[3], **LIMITS)
                 if form == "chunked":
@@ -118,9 +82,7 @@ def mamba2_decode_case(dtype: str, shape: tuple[int, int, int, int]) -> OpCase:
     heads, head_dim, groups, state = shape
     k, inner = 4, heads * head_dim
     conv_dim = inner + 2 * groups * state
-    cu, seq_lens, slots = _layout(*DECODE)
-    pools = (_pool(rng, (NUM_SLOTS, k - 1, conv_dim), seq_lens, [1] * 4, slots),
-             _pool(rng, (NUM_SLOTS, heads, head_dim, state), seq_lens, [1] * 4, slots))
+    (cu, seq_lens, slots), pools = decode_pools(rng, (k - 1, conv_dim), (heads, head_dim, state))
     xbc, (dt, a_log, dt_bias, d) = _ssm_inputs(rng, shape, 4, dtype)
     args = (xbc, randn(rng, (4, inner), dtype), dt, randn(rng, (conv_dim, k), dtype, 0.5),
             randn(rng, (conv_dim,), dtype), a_log, dt_bias, d, randn(rng, (inner,), dtype),

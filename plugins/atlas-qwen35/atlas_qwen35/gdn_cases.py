@@ -11,62 +11,30 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_core.testing.contracts_cases import OpCase
-from atlas_core.testing.contracts_ops import DTYPES, make_rng, poisoned, randn
+from atlas_core.testing.contracts_ops import DTYPES, make_rng, randn
+from atlas_core.testing.recurrent_cases import (LAYOUTS, NUM_SLOTS, RECURRENT_TOL_SCALE,
+                                                conv1d_args, conv1d_cases, decode_pools,
+                                                seq_layout, state_pool)
 from atlas_qwen35.gdn_reference import gdn_gating
 
-#: Query rows per sequence, tokens cached before this step, and state slots (-1: padding row).
-NUM_Q = [5, 20, 1, 9]
-CONTEXT = [3, 0, 2, 0]
-SLOTS = [4, 1, -1, 2]
-NUM_SLOTS = 6
-#: A decode step: one query row per sequence.
-DECODE = ([1] * 4, [6, 0, 3, 1], [0, 5, -1, 3])
-#: Delta-rule state recurrences amplify rounding; their outputs get this much looser tolerance.
-RECURRENT_TOL_SCALE = 10.0
 #: (num_k_heads, num_v_heads, head_k_dim, head_v_dim).
 DELTA_HEADS = [(2, 4, 16, 8), (1, 1, 32, 32)]
-
-
-def _layout(num_q, context, slots):
-    cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
-    return cu, (np.array(num_q) + np.array(context)).astype(np.int32), np.array(slots, np.int32)
-
-
-def _pool(rng, shape, seq_lens, num_q, slots) -> np.ndarray:
-    # NaN everywhere except the slots a sequence continues from.
-    pool = poisoned(shape, "float32")
-    for n_ctx, n_q, slot in zip(seq_lens, num_q, slots):
-        if slot >= 0 and n_ctx > n_q:
-            pool[slot] = rng.standard_normal(shape[1:]) * 0.5
-    return pool
+#: The conv decode step: one token per sequence, a padding row and a fresh sequence among them.
+CONV_DECODE = ([1] * 4, [6, 0, 2, 1], [3, 0, -1, 5])
 
 
 def causal_conv1d_cases() -> list[OpCase]:
     """Mixed prefill/decode layout, with and without bias and activation."""
-    cases = []
-    for dtype in DTYPES:
-        for bias, activation in ((True, "silu"), (False, None)):
-            rng = make_rng("causal_conv1d", dtype, bias, activation)
-            dim, k = 40, 4
-            cu, seq_lens, slots = _layout(NUM_Q, CONTEXT, SLOTS)
-            pool = _pool(rng, (NUM_SLOTS, k - 1, dim), seq_lens, NUM_Q, slots)
-            args = (randn(rng, (int(cu[-1]), dim), dtype), randn(rng, (dim, k), dtype, 0.5),
-                    randn(rng, (dim,), dtype) if bias else None, pool, cu, seq_lens, slots,
-                    activation)
-            cases.append(OpCase(f"{dtype}-bias{int(bias)}-{activation}", args))
-    return cases
+    return conv1d_cases("causal_conv1d")
 
 
 def causal_conv1d_update_cases() -> list[OpCase]:
     """One token per sequence, a padding row and a fresh sequence among them."""
     cases = []
     for dtype in DTYPES:
-        rng = make_rng("causal_conv1d_update", dtype)
-        dim, k = 40, 4
-        seq_lens, slots = np.array([7, 1, 3, 2], np.int32), np.array([3, 0, -1, 5], np.int32)
-        pool = _pool(rng, (NUM_SLOTS, k - 1, dim), seq_lens, [1] * 4, slots)
-        cases.append(OpCase(dtype, (randn(rng, (4, dim), dtype), randn(rng, (dim, k), dtype, 0.5),
-                                    randn(rng, (dim,), dtype), pool, seq_lens, slots, "silu")))
+        x, w, b, pool, _, seq_lens, slots = conv1d_args(make_rng("causal_conv1d_update", dtype),
+                                                        dtype, True, CONV_DECODE)
+        cases.append(OpCase(dtype, (x, w, b, pool, seq_lens, slots, "silu")))
     return cases
 
 
@@ -77,13 +45,12 @@ def _delta_rule_cases(form: str) -> list[OpCase]:
             for layout in ("mixed", "decode"):
                 rng = make_rng("gated_delta_rule", dtype, form, heads, layout)
                 num_k, num_v, dk, dv = heads
-                num_q, context, slot_list = ((NUM_Q, CONTEXT, SLOTS) if layout == "mixed"
-                                             else DECODE)
-                cu, seq_lens, slots = _layout(num_q, context, slot_list)
+                num_q, context, slot_list = LAYOUTS[layout]
+                cu, seq_lens, slots = seq_layout(num_q, context, slot_list)
                 n = int(cu[-1])
                 g, beta = gdn_gating(randn(rng, (n, 2 * num_v)),
                                      np.log(rng.uniform(0.5, 4, num_v)), randn(rng, (num_v,)))
-                pool = _pool(rng, (NUM_SLOTS, num_v, dk, dv), seq_lens, num_q, slots)
+                pool = state_pool(rng, (NUM_SLOTS, num_v, dk, dv), seq_lens, num_q, slots)
                 kwargs = dict(num_k_heads=num_k, num_v_heads=num_v, head_k_dim=dk, head_v_dim=dv)
                 if form == "chunked":
                     kwargs["chunk_size"] = 16
@@ -110,9 +77,7 @@ def gated_delta_rule_decode_case(dtype: str, heads: tuple[int, int, int, int]) -
     rng = make_rng("gated_delta_rule_decode", dtype, heads)
     num_k, num_v, dk, dv = heads
     k, conv_dim = 4, 2 * num_k * dk + num_v * dv
-    cu, seq_lens, slots = _layout(*DECODE)
-    pools = (_pool(rng, (NUM_SLOTS, k - 1, conv_dim), seq_lens, [1] * 4, slots),
-             _pool(rng, (NUM_SLOTS, num_v, dk, dv), seq_lens, [1] * 4, slots))
+    (cu, seq_lens, slots), pools = decode_pools(rng, (k - 1, conv_dim), (num_v, dk, dv))
     args = (randn(rng, (4, conv_dim), dtype), randn(rng, (4, num_v * dv), dtype),
             randn(rng, (4, 2 * num_v), dtype), randn(rng, (conv_dim, k), dtype, 0.5),
             np.log(rng.uniform(0.5, 4, num_v)).astype(np.float32),

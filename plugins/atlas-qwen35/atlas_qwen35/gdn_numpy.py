@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_qwen35 import gdn_reference as reference
-from atlas_qwen35.gdn_reference import _runs, _split_qkv
+from atlas_qwen35.gdn_reference import _split_qkv, state_runs
 
 try:
     import numba
@@ -69,7 +69,7 @@ def _gated_delta_rule(qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indi
             qkv, g, beta, ssm_states, cu_seqlens, seq_lens, state_indices,
             num_k_heads=num_k_heads, num_v_heads=num_v_heads, head_k_dim=head_k_dim,
             head_v_dim=head_v_dim, scale=scale, use_qk_l2norm=use_qk_l2norm)
-    runs = [r for r in _runs(cu_seqlens, seq_lens, state_indices) if r[1] > r[0]]
+    runs = [r for r in state_runs(cu_seqlens, seq_lens, state_indices) if r[1] > r[0]]
     out = np.zeros((qkv.shape[0], num_v_heads, head_v_dim), dtype=np.float32)
     if runs:
         # q, k: [H, num_tokens, dk] -> [num_tokens, H, dk] (row-wise normalisation and scaling)
