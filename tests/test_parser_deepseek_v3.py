@@ -15,6 +15,8 @@ from atlas_core.parsers import (ReasoningParser, default_reasoning_parser_for,
 from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.tokenizer import render_chat_template
 
+from test_parser_support import streamed
+
 TEMPLATE = real_models_dir() / "deepseek-v3" / "deepseek-ai-DeepSeek-V3.1.jinja"
 B, E = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CB, CE, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -26,24 +28,6 @@ V3 = (f'{B}{CB}function{SEP}get_weather\n```json\n{{"city": "Rome"}}\n```{CE}\n'
 
 def parser():
     return get_tool_parser("deepseek_v3")()
-
-
-def streamed(text: str, rng: random.Random | None):
-    """``(content, [(name, arguments)])`` of ``text`` fed in chunks of 1 (``rng`` None) or 1-9."""
-    p, content, calls, pos = parser(), "", {}, 0
-    events = []
-    while pos < len(text):
-        size = 1 if rng is None else rng.randint(1, 9)
-        events.append(p.feed(text[pos:pos + size]))
-        pos += size
-    events.append(p.finish())
-    for event in events:
-        content += event.content
-        for d in event.tool_calls:
-            if d.name is not None:
-                calls[d.index] = [d.name, ""]
-            calls[d.index][1] += d.arguments
-    return content, [tuple(c) for c in calls.values()]
 
 
 def test_v31_calls_and_content_before():
@@ -65,10 +49,10 @@ def test_v3_fenced_calls():
 def test_every_chunking_streams_like_the_whole(text):
     whole = parser().parse(text)
     expected = (whole.content, [(c.name, c.arguments) for c in whole.tool_calls])
-    assert streamed(text, None) == expected
+    assert streamed(parser(), text, None) == expected
     rng = random.Random(7)
     for _ in range(20):
-        assert streamed(text, rng) == expected
+        assert streamed(parser(), text, rng) == expected
     assert "｜" not in expected[0]
 
 

@@ -14,6 +14,8 @@ from atlas_core.parsers import default_tool_parser_for, get_tool_parser
 from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.tokenizer import render_chat_template
 
+from test_parser_support import streamed
+
 TEMPLATE = real_models_dir() / "minimax-m2" / "MiniMax-M2.jinja"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
@@ -26,26 +28,6 @@ CALL = ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city
 
 def parser(tools=(WEATHER,)):
     return get_tool_parser("minimax_m2")(list(tools))
-
-
-def streamed(p, text: str, rng: random.Random | None):
-    """``(content, [(name, arguments, pieces)])`` of ``text`` fed in chunks of 1 (``rng``
-    None) or 1-9 characters."""
-    content, calls, pos = "", {}, 0
-    events = []
-    while pos < len(text):
-        size = 1 if rng is None else rng.randint(1, 9)
-        events.append(p.feed(text[pos:pos + size]))
-        pos += size
-    events.append(p.finish())
-    for event in events:
-        content += event.content
-        for d in event.tool_calls:
-            if d.name is not None:
-                calls[d.index] = [d.name, "", 0]
-            calls[d.index][1] += d.arguments
-            calls[d.index][2] += bool(d.arguments)
-    return content, [tuple(c) for c in calls.values()]
 
 
 def test_calls_typed_by_schema_and_content_before():
@@ -73,7 +55,8 @@ def test_json_values_and_unknown_tools():
 def test_streaming_equals_whole(seed):
     text = "Sure.\n" + CALL
     whole = parser().parse(text)
-    content, calls = streamed(parser(), text, None if seed is None else random.Random(seed))
+    rng = None if seed is None else random.Random(seed)
+    content, calls = streamed(parser(), text, rng, pieces=True)
     assert content == whole.content
     assert [(n, a) for n, a, _ in calls] == [(c.name, c.arguments) for c in whole.tool_calls]
     if seed is None:
@@ -99,7 +82,7 @@ def test_fuzz_streaming_equals_whole():
         text = "".join(rng.choice(parts) for _ in range(rng.randint(1, 8)))
         whole = parser().parse(text)
         expected = (whole.content, [(c.name, c.arguments) for c in whole.tool_calls])
-        content, calls = streamed(parser(), text, random.Random(len(text)))
+        content, calls = streamed(parser(), text, random.Random(len(text)), pieces=True)
         assert (content, [(n, a) for n, a, _ in calls]) == expected, text
 
 

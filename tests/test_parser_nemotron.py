@@ -14,6 +14,8 @@ from atlas_core.parsers import (default_reasoning_parser_for, default_tool_parse
 from atlas_core.testing.fixtures import real_models_dir
 from atlas_core.tokenizer import render_chat_template
 
+from test_parser_support import streamed
+
 V2 = real_models_dir() / "nemotron" / "NVIDIA-Nemotron-Nano-v2.jinja"
 NANO3 = real_models_dir() / "nemotron" / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja"
 CALL = ('<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
@@ -24,23 +26,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 def parser():
     return get_tool_parser("nemotron_v2")([WEATHER])
-
-
-def streamed(p, text: str, rng: random.Random | None):
-    """``(content, [(name, arguments)])`` of ``text`` fed in chunks of 1 (``rng`` None) or 1-9
-    characters."""
-    content, calls, pos, events = "", {}, 0, []
-    while pos < len(text):
-        size = 1 if rng is None else rng.randint(1, 9)
-        events.append(p.feed(text[pos:pos + size]))
-        pos += size
-    for event in events + [p.finish()]:
-        content += event.content
-        for d in event.tool_calls:
-            if d.name is not None:
-                calls[d.index] = [d.name, ""]
-            calls[d.index][1] += d.arguments
-    return content, [tuple(c) for c in calls.values()]
 
 
 def test_list_of_calls_with_object_and_string_arguments():

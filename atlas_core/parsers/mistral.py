@@ -10,7 +10,7 @@ import re
 import string
 
 from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, arguments_json
-from atlas_core.parsers.hermes import call_from_json
+from atlas_core.parsers.hermes import calls_from_json
 from atlas_core.parsers.json_calls import JsonArguments, json_call_head, skip_space
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -85,11 +85,8 @@ class MistralToolParser(ToolParser):
             value, end = _DECODER.raw_decode(text, pos)
         except ValueError:
             return CallMatch("invalid", len(text)) if final else CallMatch("incomplete")
-        items = value if isinstance(value, list) else [value]
-        calls = [call_from_json(item) for item in items]
-        if not calls or None in calls:
-            return CallMatch("invalid", end)
-        return CallMatch("complete", end, calls)
+        calls = calls_from_json(value)
+        return CallMatch("complete", end, calls) if calls else CallMatch("invalid", end)
 
     def _named_form(self, text: str, start: int, pos: int, final: bool) -> CallMatch:
         args_at = text.find(ARGS, pos)

@@ -3,21 +3,20 @@
 
 from __future__ import annotations
 
-import json
-
-from atlas_core.parsers.base import CallHead, CallMatch, ToolParser, through_close_tag
-from atlas_core.parsers.hermes import call_from_json
+from atlas_core.parsers.base import CallHead, CallMatch
+from atlas_core.parsers.hermes import TaggedJsonToolParser, calls_from_json
 from atlas_core.parsers.json_calls import json_call_head, skip_space
 
 OPEN, CLOSE = "<TOOLCALL>", "</TOOLCALL>"
 
 
-class NemotronV2ToolParser(ToolParser):
+class NemotronV2ToolParser(TaggedJsonToolParser):
     """Calls as a JSON list inside ``<TOOLCALL>`` ... ``</TOOLCALL>`` (NVIDIA Nemotron-Nano-v2
     and Nemotron-H chat templates). Each call of the list streams as soon as its name is read."""
 
     name = "nemotron_v2"
     markers = (OPEN,)
+    open_tag, close_tag = OPEN, CLOSE
 
     def match_head(self, text: str, start: int, final: bool, continued: bool = False) -> CallHead:
         short = CallHead("none" if final else "incomplete")
@@ -40,19 +39,7 @@ class NemotronV2ToolParser(ToolParser):
             return CallMatch("complete", after) if final else CallMatch("incomplete")
         if text[after] == ",":
             return CallMatch("complete", after + 1, more=True)
-        return through_close_tag(text, after, CLOSE, final)
+        return super().match_tail(text, after, final, head)
 
-    def match_call(self, text: str, start: int, final: bool) -> CallMatch:
-        close = text.find(CLOSE, start + len(OPEN))
-        if close < 0:
-            return CallMatch("invalid", len(text)) if final else CallMatch("incomplete")
-        end = close + len(CLOSE)
-        try:
-            value = json.loads(text[start + len(OPEN):close])
-        except ValueError:
-            return CallMatch("invalid", end)
-        items = value if isinstance(value, list) else [value]
-        calls = [call_from_json(item) for item in items]
-        if not calls or None in calls:
-            return CallMatch("invalid", end)
-        return CallMatch("complete", end, calls)
+    def calls_from_value(self, value: object) -> list[tuple[str, str, str | None]] | None:
+        return calls_from_json(value)
