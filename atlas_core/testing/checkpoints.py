@@ -5,6 +5,11 @@
 ``model.safetensors`` (or two shards and an index), ``generation_config.json``, and a small
 deterministic byte-level BPE ``tokenizer.json`` + ``tokenizer_config.json`` with a ChatML chat
 template. HF transformers loads the same directory, which is what the logit-parity tests use.
+
+For HF parity the other way round, :func:`save_hf_checkpoint` has transformers itself build and
+save the tiny model (random weights from :func:`randomize_hf_weights`, the same tokenizer);
+:func:`hf_float64_model` and :func:`hf_logits` give the reference logits. These import torch and
+transformers when called, never when this module is imported.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -111,3 +116,91 @@ def write_tiny_checkpoint(architecture: str, path: str | os.PathLike, *, dtype: 
                   "pad_token_id": ids["<|endoftext|>"], "do_sample": False}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return path
+
+
+def randomize_hf_weights(model: Any, seed: int) -> None:
+    """Give an HF torch model weights that keep activations O(1) and make routing matter:
+    fan-in scaled matrices, norms near 1, ``e_score_correction_bias`` of the size of the sigmoid
+    score spread, unit noise for embeddings and vectors. Integer tensors and the rotary
+    embedding's buffers keep their values."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if not tensor.is_floating_point() or "rotary_emb" in name:
+                continue
+            noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                value = 1.0 + 0.1 * noise
+            elif name.endswith("e_score_correction_bias"):
+                value = 0.2 * noise
+            elif name.endswith("embed_tokens.weight") or tensor.dim() < 2:
+                value = noise
+            else:
+                value = noise / tensor.shape[-1] ** 0.5
+            tensor.copy_(value.to(tensor.dtype))
+
+
+def save_hf_checkpoint(path: str | os.PathLike, architecture: str, *, seed: int = 0,
+                       dtype: str = "float32", registry: Registry | None = None,
+                       randomize: Callable[[Any, int], None] = randomize_hf_weights,
+                       chat_template: str | os.PathLike | None = None,
+                       **overrides: Any) -> Path:
+    """``<architecture>(config).save_pretrained(path)`` by HF transformers, with the tiny
+    tokenizer.
+
+    Args:
+        path: output directory (created).
+        architecture: a class name of both transformers and a registered loader.
+        seed: weights seed.
+        dtype: torch dtype the weights are saved in (``"float32"``, ``"bfloat16"``).
+        registry: plugin registry (default: a fresh one).
+        randomize: ``(model, seed)`` setting the weights (default :func:`randomize_hf_weights`).
+        chat_template: a Jinja file put in ``tokenizer_config.json`` instead of the ChatML one.
+        **overrides: fields replacing the loader's :func:`tiny_config` (``text_config`` for a
+            multimodal wrapper).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+    """
+    import torch
+    import transformers
+
+    config = tiny_config(architecture, registry, **overrides)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    text = config.get("text_config", config)
+    ids = write_tokenizer(path, text["vocab_size"], text["max_position_embeddings"])
+    config.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                  pad_token_id=ids["<|endoftext|>"])
+    model_cls = getattr(transformers, architecture)
+    model = model_cls(model_cls.config_class(**config)).eval()
+    randomize(model, seed)
+    model.to(getattr(torch, dtype)).save_pretrained(path)
+    if chat_template is not None:
+        tok_config = json.loads((path / "tokenizer_config.json").read_text())
+        tok_config["chat_template"] = Path(chat_template).read_text(encoding="utf-8")
+        (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    return path
+
+
+def hf_float64_model(architecture: str, path: str | os.PathLike) -> Any:
+    """HF's ``architecture`` model of ``path``, loaded in float32 with eager experts and run in
+    float64: the reference that float32 Atlas logits are compared with."""
+    import torch
+    import transformers
+
+    model = getattr(transformers, architecture).from_pretrained(
+        path, dtype=torch.float32, experts_implementation="eager")
+    return model.to(torch.float64).eval()
+
+
+def hf_logits(model: Any, ids: list[int]) -> np.ndarray:
+    """An HF model's logits at every position of ``ids``, ``[len(ids), vocab]``: float64 for a
+    float64 model, else float32."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    return (logits if logits.dtype == torch.float64 else logits.float()).numpy()

@@ -4,16 +4,25 @@ The fake really uses the paged KV cache: ``forward`` writes each token id into i
 and reads every row's context back through the block table, so wrong slot mappings, block
 tables or prefix-cache hits change the logits and fail the tests that compare runs. Works on
 backends whose arrays are NumPy arrays (``numpy``, ``mock``).
+
+The engine helpers at the end drive any engine, fake or real: :func:`make_engine` (a small
+engine over a checkpoint directory), :func:`run_requests`, :func:`assert_same_completion`,
+:func:`assert_engine_drained` (hybrid models: every block and state slot back) and
+:func:`assert_graph_decode_steps` (the mock backend's decode discipline).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from atlas_core.engine.sampling_params import SamplingParams
 from atlas_core.interfaces.layer import KVCacheSpec
+
+#: Greedy, 5 tokens with the top-3 logprobs, past end of sequence: :func:`run_requests`'s default.
+GREEDY = SamplingParams(temperature=0, max_tokens=5, logprobs=3, ignore_eos=True)
 
 
 class FakeCausalLM:
@@ -145,3 +154,68 @@ def run_to_completion(engine) -> dict:
             if out.finished:
                 final[out.request_id] = out
     return final
+
+
+def make_engine(path, backend: str = "numpy", **engine_kwargs):
+    """A real :class:`~atlas_core.engine.LLMEngine` over the checkpoint directory ``path`` on
+    ``backend``: 64 KV blocks of 8 tokens and 4 sequences unless ``engine_kwargs`` say
+    otherwise (they go to :class:`~atlas_core.engine.args.EngineArgs`)."""
+    from atlas_core.engine.args import EngineArgs
+    from atlas_core.engine.llm_engine import LLMEngine
+
+    engine_kwargs = {"num_kv_blocks": 64, "max_num_seqs": 4, "block_size": 8, **engine_kwargs}
+    return LLMEngine.from_args(EngineArgs(model=str(path), backend=backend, **engine_kwargs))
+
+
+def run_requests(engine, prompts: Sequence[Sequence[int]], params: SamplingParams = GREEDY) -> list:
+    """Add ``prompts`` as requests ``r0, r1, ...`` with ``params``, step until idle, and return
+    their final :class:`RequestOutput` in prompt order."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    outs = run_to_completion(engine)
+    return [outs[f"r{i}"] for i in range(len(prompts))]
+
+
+def assert_same_completion(a, b, exact: bool = False) -> None:
+    """The first completions of request outputs ``a`` and ``b`` have the same tokens and top
+    logprobs: equal when ``exact``, else within ``rtol=1e-4, atol=1e-5`` (BLAS rounds a
+    projection differently for different batch shapes)."""
+    ca, cb = a.outputs[0], b.outputs[0]
+    assert ca.token_ids == cb.token_ids
+    for la, lb in zip(ca.logprobs, cb.logprobs):
+        va, vb = [v for _, v in la.top], [v for _, v in lb.top]
+        if exact:
+            assert va == vb
+        else:
+            np.testing.assert_allclose(va, vb, rtol=1e-4, atol=1e-5)
+
+
+def assert_engine_drained(engine) -> None:
+    """A hybrid model's engine holds nothing: no KV block in use, every recurrent-state slot
+    free, no unfinished request."""
+    assert engine.block_manager.num_used_blocks == 0
+    states = engine.state_cache
+    assert states.num_free_slots == states.num_slots
+    assert not engine.has_unfinished_requests()
+
+
+def assert_graph_decode_steps(engine, steps: int, num_seqs: int) -> list[Any]:
+    """Step an engine on the ``mock`` backend ``steps`` times, each recorded, and check that
+    every step is a decode of ``num_seqs`` sequences replayed from one captured graph: no
+    allocation, one host sync, one graph launch and no eager launch.
+
+    Returns:
+        The steps' :class:`~atlas_core.backends.mock_backend.Recording`, in order, for the
+        caller's own checks (captures, captured nodes).
+    """
+    backend = engine.backend
+    records = []
+    for _ in range(steps):
+        with backend.record() as rec:
+            outs = engine.step()
+        assert len(outs) == num_seqs
+        assert rec.count("alloc") == 0, rec.names("alloc")
+        assert rec.host_syncs == 1
+        assert rec.count("graph_launch") == 1 and rec.count("launch") == 0
+        records.append(rec)
+    return records

@@ -5,6 +5,10 @@ For model tests only (the engine's ``ModelRunner`` is the production path)::
     runner = ForwardRunner(model, backend)
     logits = runner.step([[1, 2, 3], [4, 5]], all_logits=True)   # mixed prefill
     tokens = runner.greedy([[1, 2, 3]], num_tokens=8)
+
+Logit-parity helpers over a runner: :func:`greedy_logits` (a batched prefill then greedy decode
+steps, every position's logits), :func:`prefill_in_chunks`; and for comparing logits,
+:func:`logprobs` and :func:`assert_logits_close`.
 """
 
 from __future__ import annotations
@@ -126,3 +130,47 @@ class ForwardRunner:
             if i + 1 < num_tokens:
                 last = self.step([[t] for t in tokens])
         return out
+
+
+def greedy_logits(runner: ForwardRunner, prompts: Sequence[Sequence[int]],
+                  decode_steps: int) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Prefill ``prompts`` together (sequences ``0..``), then run ``decode_steps`` batched
+    greedy decode steps.
+
+    Returns:
+        Per sequence, its token ids (prompt, then the greedy tokens) and the logits of every one
+        of them, ``[len(ids), vocab]``: what one forward of a reference model over the ids gives.
+    """
+    runner.reset()
+    logits = runner.step(prompts, all_logits=True)
+    rows: list[list[np.ndarray]] = [[r] for r in logits]
+    sequences = [list(p) for p in prompts]
+    for _ in range(decode_steps):
+        tokens = [int(np.argmax(r[-1])) for r in logits]
+        for seq, token in zip(sequences, tokens):
+            seq.append(token)
+        logits = runner.step([[t] for t in tokens])
+        for out, r in zip(rows, logits):
+            out.append(r)
+    return sequences, [np.concatenate(out) for out in rows]
+
+
+def prefill_in_chunks(runner: ForwardRunner, ids: Sequence[int], cuts: Sequence[int]) -> np.ndarray:
+    """Prefill ``ids`` as sequence 0 of a reset runner in chunks split at ``cuts`` (e.g.
+    ``(7, 16, 17)``: four chunks); the logits of every position, ``[len(ids), vocab]``."""
+    runner.reset()
+    bounds = [0, *cuts, len(ids)]
+    return np.concatenate([runner.step([list(ids[a:b])], all_logits=True)[0]
+                           for a, b in zip(bounds, bounds[1:])])
+
+
+def logprobs(logits: np.ndarray) -> np.ndarray:
+    """Log-softmax over the last axis (compares runs whose logits may differ by a constant)."""
+    x = logits - logits.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def assert_logits_close(ours: np.ndarray, ref: np.ndarray, rtol: float = 2e-5) -> None:
+    """``max |ours - ref| <= rtol * max(1, max |ref|)`` over every logit."""
+    err, scale = np.abs(ours - ref).max(), max(1.0, float(np.abs(ref).max()))
+    assert err <= rtol * scale, f"max abs error {err:.3g} over logits of scale {scale:.3g}"

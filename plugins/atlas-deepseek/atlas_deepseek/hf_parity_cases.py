@@ -1,7 +1,8 @@
 """HF-parity cases of the MLA families, imported only by tests (torch and transformers are
 imported inside the functions that need them, never when this module is imported).
 
-:func:`save_hf_checkpoint` writes a tiny checkpoint with HF transformers itself;
+:func:`save_hf_checkpoint` (:mod:`atlas_core.testing.checkpoints`'s, imported here for the
+tests that import it from this module) writes a tiny checkpoint with HF transformers itself;
 :class:`MLAModelContract` is the HF-parity suite every MLA architecture's tests subclass
 (atlas-deepseek for ``DeepseekV3ForCausalLM``, atlas-mistral for ``Mistral4ForCausalLM``),
 setting :attr:`~MLAModelContract.architecture` and providing a ``registry`` fixture.
@@ -27,9 +28,8 @@ import numpy as np
 import pytest
 
 from atlas_core.api import EngineArgs, LLMEngine, SamplingParams, load_model
-from atlas_core.testing.checkpoints import tiny_config
-from atlas_core.testing.forward import ForwardRunner
-from atlas_core.testing.tiny_tokenizer import write_tokenizer
+from atlas_core.testing.checkpoints import hf_logits, save_hf_checkpoint
+from atlas_core.testing.forward import ForwardRunner, logprobs, prefill_in_chunks
 
 FP32_ATOL = 2e-5
 BATCH_ATOL = 1e-5
@@ -37,56 +37,9 @@ BF16_MEAN_ATOL = 0.03
 BLOCK = 8
 
 
-def randomize(model: Any, seed: int) -> None:
-    """Weights that keep activations O(1) and make routing matter: fan-in scaled matrices,
-    norms near 1, correction biases of the size of the sigmoid score spread."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            if not tensor.is_floating_point() or "rotary_emb" in name:
-                continue
-            noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                value = 1.0 + 0.1 * noise
-            elif name.endswith("e_score_correction_bias"):
-                value = 0.2 * noise
-            elif name.endswith("embed_tokens.weight") or tensor.dim() < 2:
-                value = noise
-            else:
-                value = noise / tensor.shape[-1] ** 0.5
-            tensor.copy_(value.to(tensor.dtype))
-
-
-def save_hf_checkpoint(path: Path, architecture: str, *, seed: int = 0, dtype: str = "float32",
-                       registry: Any = None, **overrides: Any) -> Path:
-    """``<architecture>(config).save_pretrained(path)`` for the loader's tiny config (plus
-    ``overrides``), random weights (:func:`randomize`), the tiny tokenizer."""
-    import torch
-    import transformers
-
-    config = tiny_config(architecture, registry, **overrides)
-    path.mkdir(parents=True, exist_ok=True)
-    text = config.get("text_config", config)
-    ids = write_tokenizer(path, text["vocab_size"], text["max_position_embeddings"])
-    config.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-                  pad_token_id=ids["<|endoftext|>"])
-    model_cls = getattr(transformers, architecture)
-    model = model_cls(model_cls.config_class(**config)).eval()
-    randomize(model, seed)
-    model.to(getattr(torch, dtype)).save_pretrained(path)
-    return path
-
-
 def prompt(n: int, seed: int = 1) -> list[int]:
     """``n`` random ids below the tiny tokenizer's special tokens."""
     return np.random.default_rng(seed).integers(0, 377, n).tolist()
-
-
-def logprobs(logits: np.ndarray) -> np.ndarray:
-    x = logits - logits.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def engine_tokens(path: Path, prompts: list[list[int]], max_tokens: int = 6,
@@ -136,13 +89,6 @@ class MLAModelContract:
                                                                       dtype=torch.float32)
         return load_model(checkpoint, "numpy", registry=registry), hf.eval()
 
-    @staticmethod
-    def hf_logits(hf: Any, ids: list[int]) -> np.ndarray:
-        import torch
-
-        with torch.no_grad():
-            return hf(torch.tensor([ids])).logits[0].float().numpy()
-
     def test_fp32_logits_match_hf_prefill_and_decode(self, pair):
         model, hf = pair
         runner = ForwardRunner(model, model.backend, max_seq_len=64, block_size=BLOCK)
@@ -150,9 +96,9 @@ class MLAModelContract:
             ids = prompt(n, seed=n)
             runner.reset()
             got = runner.step([ids], all_logits=True)[0]
-            np.testing.assert_allclose(got, self.hf_logits(hf, ids), rtol=0, atol=FP32_ATOL)
+            np.testing.assert_allclose(got, hf_logits(hf, ids), rtol=0, atol=FP32_ATOL)
             decoded = runner.step([[3]], all_logits=True)[0]
-            np.testing.assert_allclose(decoded, self.hf_logits(hf, ids + [3])[-1:], rtol=0,
+            np.testing.assert_allclose(decoded, hf_logits(hf, ids + [3])[-1:], rtol=0,
                                        atol=FP32_ATOL)
 
     def test_greedy_32_tokens_match_hf_generate(self, pair):
@@ -188,11 +134,8 @@ class MLAModelContract:
         ids = prompt(45, seed=4)
         runner = ForwardRunner(model, model.backend, max_seq_len=64, block_size=BLOCK)
         one_shot = runner.step([ids], all_logits=True)[0]
-        runner.reset()
-        chunks = [runner.step([ids[a:b]], all_logits=True)[0]
-                  for a, b in ((0, 7), (7, 16), (16, 17), (17, 45))]
-        np.testing.assert_allclose(logprobs(np.concatenate(chunks)), logprobs(one_shot), rtol=0,
-                                   atol=BATCH_ATOL)
+        chunked = prefill_in_chunks(runner, ids, (7, 16, 17))
+        np.testing.assert_allclose(logprobs(chunked), logprobs(one_shot), rtol=0, atol=BATCH_ATOL)
 
     def test_engine_warm_prefix_cache_equals_cold_and_hf(self, pair, checkpoint):
         import torch
@@ -227,7 +170,7 @@ class MLAModelContract:
         model = load_model(path, "numpy", registry=registry)
         ids = prompt(24)
         got = ForwardRunner(model, model.backend, max_seq_len=32).step([ids], all_logits=True)[0]
-        assert np.abs(got - self.hf_logits(hf.eval(), ids)).mean() < BF16_MEAN_ATOL
+        assert np.abs(got - hf_logits(hf.eval(), ids)).mean() < BF16_MEAN_ATOL
 
     def test_kv_cache_holds_the_latent_only(self, pair, checkpoint, caplog):
         model, _ = pair

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from atlas_core.api import EngineArgs, LLMEngine, Registry, SamplingParams
+from atlas_core.api import Registry, SamplingParams
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.fake_model import assert_graph_decode_steps, make_engine
 
 ARCHS = ("DeepseekV3ForCausalLM", "Mistral4ForCausalLM")
 
@@ -18,11 +19,6 @@ def model_dir(request, tmp_path_factory):
     if request.param not in registry.names("weight_loaders"):
         pytest.skip(f"{request.param}'s plugin is not installed")
     return write_tiny_checkpoint(request.param, tmp_path_factory.mktemp("mla"), registry=registry)
-
-
-def make_engine(model_dir, backend, **kwargs):
-    return LLMEngine.from_args(EngineArgs(model=str(model_dir), backend=backend, num_kv_blocks=64,
-                                          max_num_seqs=4, block_size=8, **kwargs))
 
 
 def add(engine, n):
@@ -38,17 +34,9 @@ def test_decode_replays_graphs_without_allocating(model_dir):
     with backend.record() as rec:
         engine.step()
     assert {"mla_gather_latent", "mla_expanded_attention"} <= set(rec.names("launch"))
-    for step in range(4):
-        with backend.record() as rec:
-            outs = engine.step()
-        assert len(outs) == 3
-        assert rec.count("alloc") == 0, rec.names("alloc")
-        assert rec.host_syncs == 1
-        assert rec.count("graph_launch") == 1 and rec.count("launch") == 0
-        if step == 0:
-            assert {"mla_latent_cache", "mla_rope_query", "mla_absorb_query",
-                    "mla_absorbed_attention", "mla_absorb_output",
-                    "moe_route_grouped"} <= set(rec.names("capture_node"))
+    first = assert_graph_decode_steps(engine, steps=4, num_seqs=3)[0]
+    assert {"mla_latent_cache", "mla_rope_query", "mla_absorb_query", "mla_absorbed_attention",
+            "mla_absorb_output", "moe_route_grouped"} <= set(first.names("capture_node"))
 
 
 def test_graph_decode_equals_eager_numpy(model_dir):

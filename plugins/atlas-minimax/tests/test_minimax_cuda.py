@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_core.api import LLM, Registry, SamplingParams
+from atlas_core.api import Registry
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
-from atlas_core.testing.gpu import cuda_backend_or_skip
+from atlas_core.testing.gpu import assert_cuda_greedy_equals_numpy, cuda_backend_or_skip
 from atlas_core.testing.contracts_cases import check_case
 
 pytestmark = pytest.mark.gpu
@@ -42,19 +42,8 @@ def test_routing_at_a_prefill_batch_spans_several_blocks(cuda, dtype):
                OpCase(f"{dtype}-300x256", (logits, bias, 8, True)))
 
 
-def _greedy(path, backend: str, prompts):
-    llm = LLM(str(path), backend=backend, num_kv_blocks=64, max_num_seqs=4, block_size=8,
-              max_prefill_tokens=16)
-    params = SamplingParams(temperature=0, max_tokens=32, logprobs=3, ignore_eos=True)
-    return [o.outputs[0] for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
-
-
 def test_cuda_greedy_equals_numpy(cuda, tmp_path):
     path = write_tiny_checkpoint("MiniMaxM2ForCausalLM", tmp_path, registry=Registry(), seed=4)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 370, n).tolist() for n in (11, 5, 23)]
-    got, want = _greedy(path, "cuda", prompts), _greedy(path, "numpy", prompts)
-    for g, w in zip(got, want):
-        assert g.token_ids == w.token_ids
-        for lg, lw in zip(g.logprobs, w.logprobs):
-            np.testing.assert_allclose([v for _, v in lg.top], [v for _, v in lw.top], atol=1e-4)
+    assert_cuda_greedy_equals_numpy(path, prompts, atol=1e-4)

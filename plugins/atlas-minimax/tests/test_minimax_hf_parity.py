@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from atlas_core.api import EngineArgs, LLMEngine, SamplingParams, load_model
-from atlas_core.testing.forward import ForwardRunner
+from atlas_core.testing.checkpoints import hf_logits
+from atlas_core.testing.forward import ForwardRunner, logprobs, prefill_in_chunks
 from minimax_checkpoints import save_hf_checkpoint
 
 torch = pytest.importorskip("torch")
@@ -35,16 +36,6 @@ def pair(checkpoint, registry):
 
 def prompt(n: int, seed: int = 1) -> list[int]:
     return np.random.default_rng(seed).integers(0, 377, n).tolist()
-
-
-def hf_logits(hf, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return hf(torch.tensor([ids])).logits[0].float().numpy()
-
-
-def logprobs(logits: np.ndarray) -> np.ndarray:
-    x = logits - logits.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def test_fp32_logits_match_hf(pair):
@@ -91,11 +82,8 @@ def test_chunked_prefill_equals_one_shot(pair):
     ids = prompt(45, seed=4)
     runner = ForwardRunner(model, model.backend, max_seq_len=64)
     one_shot = runner.step([ids], all_logits=True)[0]
-    runner.reset()
-    chunks = [runner.step([ids[a:b]], all_logits=True)[0]
-              for a, b in ((0, 7), (7, 16), (16, 17), (17, 45))]
-    np.testing.assert_allclose(logprobs(np.concatenate(chunks)), logprobs(one_shot), rtol=0,
-                               atol=BATCH_ATOL)
+    chunked = prefill_in_chunks(runner, ids, (7, 16, 17))
+    np.testing.assert_allclose(logprobs(chunked), logprobs(one_shot), rtol=0, atol=BATCH_ATOL)
 
 
 def _engine_tokens(path, ids: list[int], **kwargs) -> list[int]:

@@ -6,25 +6,25 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("cuda.core")
-compiler = pytest.importorskip("atlas_cuda.compiler")
+from atlas_core.testing.gpu import (assert_kernel_module_compiles, assert_kernel_module_found,
+                                    nvrtc_compiler_or_skip, plugin_kernel_sources)
+
+compiler = nvrtc_compiler_or_skip()
 
 ARCHS = ("sm_90a", "sm_121")
 
 
 def _sources():
-    from atlas_cuda.targets import generic_kernel_dir
     from atlas_nccl.cuda_ops import kernel_dir
-    return compiler.KernelSources([generic_kernel_dir() / "common", kernel_dir()])
+    return plugin_kernel_sources(kernel_dir())
 
 
 def test_parallel_module_is_found_after_the_generic_sources():
     sources = _sources()
-    assert "parallel" in sources.modules()
+    assert_kernel_module_found(sources, "parallel")
     assert sources.variants("parallel") == list(compiler.DTYPE_VARIANTS)
-    assert sources.find("parallel.cu").parent == sources.search_dirs[-1]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_parallel_kernels_compile(arch):
-    assert len(compiler.compile_module(_sources(), "parallel", "bf16", arch, None)) > 0
+    assert_kernel_module_compiles(_sources(), "parallel", arch, variants=["bf16"])

@@ -4,15 +4,13 @@ template. Imported by the tests of this folder."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from atlas_core.testing.checkpoints import tiny_config
+from atlas_core.testing import checkpoints
 from atlas_core.testing.fixtures import real_models_dir
-from atlas_core.testing.tiny_tokenizer import write_tokenizer
 
 ARCH = "NemotronHForCausalLM"
 TEMPLATES = {"nano3": real_models_dir() / "nemotron" / "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
@@ -47,22 +45,9 @@ def save_hf_checkpoint(path: Path, *, seed: int = 0, dtype: str = "float32", reg
     """``NemotronHForCausalLM(config).save_pretrained(path)`` for this plugin's tiny config
     (plus ``overrides``), random weights, the tiny tokenizer; a real chat template
     (``"nano3"`` or ``"nano_v2"``) when ``template``."""
-    import torch
-    import transformers
-
-    config = tiny_config(ARCH, registry, **overrides)
-    path.mkdir(parents=True, exist_ok=True)
-    ids = write_tokenizer(path, config["vocab_size"], config["max_position_embeddings"])
-    config.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-                  pad_token_id=ids["<|endoftext|>"])
-    model = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**config)).eval()
-    randomize(model, seed)
-    model.to(getattr(torch, dtype)).save_pretrained(path)
-    if template is not None:
-        tok_config = json.loads((path / "tokenizer_config.json").read_text())
-        tok_config["chat_template"] = TEMPLATES[template].read_text(encoding="utf-8")
-        (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    return path
+    return checkpoints.save_hf_checkpoint(
+        path, ARCH, seed=seed, dtype=dtype, registry=registry, randomize=randomize,
+        chat_template=TEMPLATES[template] if template is not None else None, **overrides)
 
 
 def prompt(seed: int, n: int, vocab: int = 370) -> list[int]:

@@ -5,47 +5,18 @@ a projection differently for different row counts); a warm restore is bitwise.""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from nemotron_checkpoints import prompt
 
-from atlas_core.api import EngineArgs, LLMEngine, SamplingParams, load_model
-from atlas_core.testing.fake_model import run_to_completion
+from atlas_core.api import SamplingParams, load_model
+from atlas_core.testing.fake_model import (GREEDY, assert_graph_decode_steps, make_engine,
+                                           run_to_completion)
+from atlas_core.testing.fake_model import (assert_engine_drained as assert_all_free,
+                                           assert_same_completion as assert_same,
+                                           run_requests as run)
 from atlas_core.testing.forward import ForwardRunner
 
 pytestmark = pytest.mark.timeout(180)
-
-GREEDY = SamplingParams(temperature=0, max_tokens=5, logprobs=3, ignore_eos=True)
-
-
-def make_engine(path, **kwargs):
-    kwargs = {"num_kv_blocks": 64, "max_num_seqs": 4, "block_size": 8, **kwargs}
-    return LLMEngine.from_args(EngineArgs(model=str(path), backend="numpy", **kwargs))
-
-
-def run(engine, prompts, params=GREEDY):
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
-    outs = run_to_completion(engine)
-    return [outs[f"r{i}"] for i in range(len(prompts))]
-
-
-def assert_same(a, b, exact=False):
-    ca, cb = a.outputs[0], b.outputs[0]
-    assert ca.token_ids == cb.token_ids
-    for la, lb in zip(ca.logprobs, cb.logprobs):
-        va, vb = [v for _, v in la.top], [v for _, v in lb.top]
-        if exact:
-            assert va == vb
-        else:
-            np.testing.assert_allclose(va, vb, rtol=1e-4, atol=1e-5)
-
-
-def assert_all_free(engine):
-    assert engine.block_manager.num_used_blocks == 0
-    states = engine.state_cache
-    assert states.num_free_slots == states.num_slots
-    assert not engine.has_unfinished_requests()
 
 
 def test_greedy_equals_forward_runner(checkpoint, registry, backend):
@@ -119,19 +90,10 @@ def test_abort_frees_slots_and_blocks(checkpoint):
 
 
 def test_mock_decode_steps_allocate_nothing_and_sync_once(checkpoint):
-    engine = LLMEngine.from_args(EngineArgs(model=str(checkpoint), backend="mock",
-                                            num_kv_blocks=64, max_num_seqs=4, block_size=8,
-                                            async_scheduling=False))
-    backend = engine.backend
+    engine = make_engine(checkpoint, "mock", async_scheduling=False)
     for i in range(3):
         engine.add_request(f"r{i}", prompt(50 + i, 6 + i), SamplingParams(
             temperature=0.7, seed=i, max_tokens=6, ignore_eos=True))
     engine.step()
-    for step in range(4):
-        with backend.record() as rec:
-            outs = engine.step()
-        assert len(outs) == 3
-        assert rec.count("alloc") == 0, rec.names("alloc")
-        assert rec.host_syncs == 1
-        assert rec.count("graph_launch") == 1 and rec.count("launch") == 0
-        assert rec.count("capture") == (1 if step == 0 else 0)
+    records = assert_graph_decode_steps(engine, steps=4, num_seqs=3)
+    assert [rec.count("capture") for rec in records] == [1, 0, 0, 0]    # captured once

@@ -13,7 +13,8 @@ import pytest
 from nemotron_checkpoints import prompt
 
 from atlas_core.api import load_model
-from atlas_core.testing.forward import ForwardRunner
+from atlas_core.testing.checkpoints import hf_float64_model, hf_logits
+from atlas_core.testing.forward import ForwardRunner, assert_logits_close, greedy_logits
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -22,41 +23,21 @@ pytestmark = pytest.mark.reference
 RTOL = 2e-5
 DECODE_STEPS = 3
 GREEDY_TOKENS = 32
-
-
-def assert_close(ours: np.ndarray, ref: np.ndarray) -> None:
-    err, scale = np.abs(ours - ref).max(), max(1.0, float(np.abs(ref).max()))
-    assert err <= RTOL * scale, f"max abs error {err:.3g} over logits of scale {scale:.3g}"
+ARCH = "NemotronHForCausalLM"
 
 
 @pytest.fixture(scope="module")
 def hf(checkpoint):
-    model = transformers.NemotronHForCausalLM.from_pretrained(
-        checkpoint, dtype=torch.float32, experts_implementation="eager")
-    return model.to(torch.float64).eval()
-
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
+    return hf_float64_model(ARCH, checkpoint)
 
 
 def test_prefill_and_decode_match_hf(checkpoint, backend, registry, hf):
     model = load_model(checkpoint, backend, registry=registry)
     batch = [prompt(1, 37), prompt(2, 5), prompt(3, 16), prompt(4, 1)]
     runner = ForwardRunner(model, backend, max_seqs=len(batch))
-    logits = runner.step(batch, all_logits=True)
-    ours = [[rows] for rows in logits]
-    sequences = [list(p) for p in batch]
-    for _ in range(DECODE_STEPS):
-        tokens = [int(np.argmax(rows[-1])) for rows in logits]
-        for seq, token in zip(sequences, tokens):
-            seq.append(token)
-        logits = runner.step([[t] for t in tokens])
-        for out, rows in zip(ours, logits):
-            out.append(rows)
-    for seq, out in zip(sequences, ours):
-        assert_close(np.concatenate(out), hf_logits(hf, seq)[:len(seq)])
+    sequences, ours = greedy_logits(runner, batch, DECODE_STEPS)
+    for seq, logits in zip(sequences, ours):
+        assert_logits_close(logits, hf_logits(hf, seq)[:len(seq)], RTOL)
 
 
 def test_32_greedy_tokens_match_hf(checkpoint, backend, registry, hf):
@@ -105,12 +86,8 @@ def test_latent_moe_and_odd_mamba_sizes_match_hf(registry, backend, tmp_path_fac
     path = save_hf_checkpoint(tmp_path_factory.mktemp("variant") / "m", registry=registry,
                               seed=2, **VARIANT)
     model = load_model(path, backend, registry=registry)
-    hf64 = transformers.NemotronHForCausalLM.from_pretrained(
-        path, dtype=torch.float32, experts_implementation="eager").to(torch.float64).eval()
+    hf64 = hf_float64_model(ARCH, path)
     batch = [prompt(7, 19), prompt(8, 4)]
-    runner = ForwardRunner(model, backend, max_seqs=2)
-    logits = runner.step(batch, all_logits=True)
-    nxt = [int(np.argmax(rows[-1])) for rows in logits]
-    decoded = runner.step([[t] for t in nxt])
-    for ids, rows, token, step in zip(batch, logits, nxt, decoded):
-        assert_close(np.concatenate([rows, step]), hf_logits(hf64, ids + [token]))
+    sequences, ours = greedy_logits(ForwardRunner(model, backend, max_seqs=2), batch, 1)
+    for seq, logits in zip(sequences, ours):    # the prompt, then one greedy token
+        assert_logits_close(logits, hf_logits(hf64, seq), RTOL)

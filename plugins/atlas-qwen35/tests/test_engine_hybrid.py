@@ -7,48 +7,26 @@ import numpy as np
 import pytest
 from qwen35_cases import ARCHS
 
-from atlas_core.api import EngineArgs, LLMEngine, SamplingParams, load_model
-from atlas_core.testing.fake_model import run_to_completion
+from atlas_core.api import SamplingParams, load_model
+# test_engine_hybrid_prefix.py imports GREEDY, make_engine, run and assert_same from here too.
+from atlas_core.testing.fake_model import (GREEDY, assert_engine_drained,
+                                           assert_graph_decode_steps, make_engine,
+                                           run_to_completion)
+from atlas_core.testing.fake_model import (assert_same_completion as assert_same,
+                                           run_requests as run)
 from atlas_core.testing.forward import ForwardRunner
 
 pytestmark = pytest.mark.timeout(120)
-
-GREEDY = SamplingParams(temperature=0, max_tokens=5, logprobs=3, ignore_eos=True)
-
-
-def make_engine(path, backend="numpy", **kwargs):
-    kwargs = {"num_kv_blocks": 64, "max_num_seqs": 4, "block_size": 8, **kwargs}
-    return LLMEngine.from_args(EngineArgs(model=str(path), backend=backend, **kwargs))
 
 
 def prompt(seed: int, n: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 370, n).tolist()
 
 
-def run(engine, prompts, params=GREEDY):
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
-    outs = run_to_completion(engine)
-    return [outs[f"r{i}"] for i in range(len(prompts))]
-
-
-def assert_same(a, b, exact=False):
-    ca, cb = a.outputs[0], b.outputs[0]
-    assert ca.token_ids == cb.token_ids
-    for la, lb in zip(ca.logprobs, cb.logprobs):
-        va, vb = [v for _, v in la.top], [v for _, v in lb.top]
-        if exact:
-            assert va == vb
-        else:
-            np.testing.assert_allclose(va, vb, rtol=1e-4, atol=1e-5)
-
-
 def assert_all_free(engine):
-    assert engine.block_manager.num_used_blocks == 0
+    assert_engine_drained(engine)
     states = engine.state_cache
-    assert states.num_free_slots == states.num_slots
     assert not states.ref_counts and not states.pending_saves and not states.pending_restores
-    assert not engine.has_unfinished_requests()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -140,17 +118,10 @@ def test_n_greater_than_one(checkpoints):
 
 def test_mock_decode_steps_allocate_nothing_and_sync_once(checkpoints):
     engine = make_engine(checkpoints["Qwen3_5MoeForCausalLM"], backend="mock", async_scheduling=False)
-    backend = engine.backend
     for i in range(3):
         engine.add_request(f"r{i}", prompt(50 + i, 6 + i), SamplingParams(
             temperature=0.7, seed=i, max_tokens=6, ignore_eos=True))
     engine.step()
-    for step in range(5):
-        with backend.record() as rec:
-            outs = engine.step()
-        assert len(outs) == 3
-        assert rec.count("alloc") == 0, rec.names("alloc")
-        assert rec.host_syncs == 1
-        assert rec.count("graph_launch") == 1 and rec.count("launch") == 0
-        assert rec.count("capture") == (1 if step == 0 else 0)
+    records = assert_graph_decode_steps(engine, steps=5, num_seqs=3)
+    assert [rec.count("capture") for rec in records] == [1, 0, 0, 0, 0]    # captured once
     assert not engine.has_unfinished_requests()

@@ -8,35 +8,20 @@ tied-embedding Qwen3.5 model has logits up to ~60).
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from qwen35_cases import ARCHS, prompts
 
 from atlas_core.api import load_model
-from atlas_core.testing.forward import ForwardRunner
+from atlas_core.testing.checkpoints import hf_float64_model as hf_model
+from atlas_core.testing.checkpoints import hf_logits
+from atlas_core.testing.forward import ForwardRunner, assert_logits_close, greedy_logits
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.reference
 RTOL = 2e-5
 DECODE_STEPS = 3
-
-
-def assert_close(ours: np.ndarray, ref: np.ndarray) -> None:
-    err, scale = np.abs(ours - ref).max(), max(1.0, float(np.abs(ref).max()))
-    assert err <= RTOL * scale, f"max abs error {err:.3g} over logits of scale {scale:.3g}"
-
-
-def hf_model(arch: str, path) -> "torch.nn.Module":
-    model = getattr(transformers, arch).from_pretrained(path, dtype=torch.float32,
-                                                        experts_implementation="eager")
-    return model.to(torch.float64).eval()
-
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -45,19 +30,10 @@ def test_prefill_and_decode_match_hf(arch, checkpoints, backend, registry):
     hf = hf_model(arch, checkpoints[arch])
     batch = prompts()
     runner = ForwardRunner(model, backend, max_seqs=len(batch))
-    logits = runner.step(batch, all_logits=True)
-    ours = [[rows] for rows in logits]
-    sequences = [list(p) for p in batch]
-    for _ in range(DECODE_STEPS):
-        tokens = [int(np.argmax(rows[-1])) for rows in logits]
-        for seq, token in zip(sequences, tokens):
-            seq.append(token)
-        logits = runner.step([[t] for t in tokens])
-        for out, rows in zip(ours, logits):
-            out.append(rows)
+    sequences, ours = greedy_logits(runner, batch, DECODE_STEPS)
     # One HF pass over prompt + generated tokens gives the prefill rows and every decode step's.
-    for seq, out in zip(sequences, ours):
-        assert_close(np.concatenate(out), hf_logits(hf, seq)[:len(seq)])
+    for seq, logits in zip(sequences, ours):
+        assert_logits_close(logits, hf_logits(hf, seq)[:len(seq)], RTOL)
 
 
 @pytest.mark.parametrize("arch", ["Qwen3_5ForConditionalGeneration",
@@ -70,4 +46,4 @@ def test_vl_wrapper_text_path_matches_hf(arch, registry, backend, tmp_path):
     hf = hf_model(arch, path)
     prompt = prompts()[0]
     ours = ForwardRunner(model, backend, max_seqs=1).step([prompt], all_logits=True)[0]
-    assert_close(ours, hf_logits(hf, prompt))
+    assert_logits_close(ours, hf_logits(hf, prompt), RTOL)

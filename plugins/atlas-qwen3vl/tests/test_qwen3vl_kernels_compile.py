@@ -6,27 +6,23 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("cuda.core")
-compiler = pytest.importorskip("atlas_cuda.compiler")
+from atlas_core.testing.gpu import (assert_kernel_module_compiles, assert_kernel_module_found,
+                                    nvrtc_compiler_or_skip, plugin_kernel_sources)
+
+nvrtc_compiler_or_skip()
 
 ARCHS = ("sm_90a", "sm_121")
 
 
 def _sources():
-    from atlas_cuda.targets import generic_kernel_dir
-
     from atlas_qwen3vl.cuda import kernel_dir
-    return compiler.KernelSources([generic_kernel_dir() / "common", kernel_dir()])
+    return plugin_kernel_sources(kernel_dir())
 
 
 def test_the_vision_kernels_are_found_after_the_generic_sources():
-    sources = _sources()
-    assert "vision" in sources.modules()
-    assert sources.find("vision.cu").parent == sources.search_dirs[-1]
+    assert_kernel_module_found(_sources(), "vision")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_vision_kernels_compile_for_every_dtype(arch):
-    sources = _sources()
-    for variant in sources.variants("vision"):
-        assert len(compiler.compile_module(sources, "vision", variant, arch, None)) > 0
+    assert_kernel_module_compiles(_sources(), "vision", arch)
