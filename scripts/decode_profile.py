@@ -1,6 +1,7 @@
-"""Where a batch-1 decode step's device time goes: build a named bench shape with random weights,
-capture its decode graph, time the replay with events, then replay it once between
-``cuProfilerStart``/``cuProfilerStop`` so ``ncu --profile-from-start off`` times every kernel node.
+"""Where a decode step's device time goes: build a named bench shape with random weights, capture
+its decode graph (batch 1, or ``--batch B`` sequences), time the replay with events, then replay
+it once between ``cuProfilerStart``/``cuProfilerStop`` so ``ncu --profile-from-start off`` times
+every kernel node.
 
     ncu --profile-from-start off --graph-profiling node --clock-control none \\
         --cache-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \\
@@ -19,19 +20,37 @@ import sys
 from collections import defaultdict
 
 
-def run(model_name: str, reps: int, context: int) -> None:
+def batch_graph(model, backend, batch: int, context: int):
+    """The decode graph of ``batch`` sequences after ``context``-token prompts (built only from
+    engine APIs older trees share, so an A/B can run this file on a copy of an old commit)."""
+    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+    longest = context + 384
+    engine = LLMEngine(model, backend, EngineArgs(
+        model=None, max_num_seqs=batch, max_prefill_tokens=max(context, 2048),
+        max_seq_len=longest, num_kv_blocks=batch * -(-longest // 16) + 8,
+        enable_prefix_caching=False))
+    for i in range(batch):
+        engine.add_request(f"r{i}", [1 + (i * 7 + j) % 1000 for j in range(context)],
+                           SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    bucket = min(b for b in engine.runner.graphs if b >= batch)
+    return engine, engine.runner.graphs[bucket][0]
+
+
+def run(model_name: str, reps: int, context: int, batch: int) -> None:
     from cuda.bindings import driver
 
-    from atlas_core.bench.graph_timing import decode_graph, replay_ms
+    from atlas_core.bench.graph_timing import replay_ms
     from atlas_core.bench.random_model import build_random_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine.loading import create_backend
     backend, registry = create_backend("cuda")
     model = build_random_model(shape_config(model_name), backend, registry)
-    _engine, graph = decode_graph(model, backend, context)
+    _engine, graph = batch_graph(model, backend, batch, context)
     ms = replay_ms(backend, graph, reps)
-    print(f"# {model_name}: graph replay {ms:.3f} ms median of {reps}, {model.num_layers} layers",
-          file=sys.stderr)
+    print(f"# {model_name}: batch {batch} graph replay {ms:.3f} ms median of {reps}, "
+          f"{model.num_layers} layers", file=sys.stderr)
     driver.cuProfilerStart()
     graph.replay()
     backend.synchronize()
@@ -90,6 +109,7 @@ def main() -> None:
     p.add_argument("model", nargs="?")
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--context", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
     p.add_argument("--summarize")
     p.add_argument("--graph-ms", type=float)
     p.add_argument("--layers", type=int)
@@ -98,7 +118,7 @@ def main() -> None:
     if a.summarize:
         summarize(a.summarize, a.graph_ms, a.layers, a.first)
     else:
-        run(a.model, a.reps, a.context)
+        run(a.model, a.reps, a.context, a.batch)
 
 
 if __name__ == "__main__":
