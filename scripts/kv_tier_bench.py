@@ -2,9 +2,10 @@
 tier and from the disk tier; the disk tier's read bandwidth against the raw O_DIRECT read
 bandwidth of the same directory, measured in the same run. Prints one table.
 
-    python scripts/kv_tier_bench.py --model /models/Qwen3-8B --offload-dir /nvme/atlas-kv \
+    python scripts/kv_tier_bench.py --model qwen3-8b --offload-dir /nvme/atlas-kv \
         [--prompt-tokens 32768] [--kv-host-gb 16] [--storage auto|io_uring|posix]
 
+``--model``: a checkpoint directory, or a named bench shape (random weights on the device).
 Each row runs the same prompt with ``max_tokens=1``: ``cold`` (nothing cached), ``gpu`` (the
 device prefix cache), ``host`` (device cache dropped after spilling to host memory), ``disk``
 (device and host dropped, page cache dropped when the script may, blocks read back through the
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+from atlas_core.bench.random_model import engine_for
+from atlas_core.engine import SamplingParams
 from atlas_core.engine.kv_tiers import close_kv_tiers
 
 CHUNK, DEPTH = 4 << 20, 32
@@ -154,12 +156,12 @@ def main() -> None:
     p.add_argument("--kv-host-gb", type=float, default=16.0)
     p.add_argument("--storage", default="auto")
     p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
     a = p.parse_args()
-    args = EngineArgs(model=a.model, backend=a.backend, max_num_seqs=1,
-                      max_seq_len=a.prompt_tokens + 16, num_kv_blocks=a.num_kv_blocks,
-                      kv_host_gb=a.kv_host_gb, kv_offload_dir=a.offload_dir,
-                      kv_offload_gb=4 * a.kv_host_gb, kv_storage=a.storage)
-    engine = LLMEngine.from_args(args)
+    engine = engine_for(a.model, a.backend, max_num_seqs=1, max_seq_len=a.prompt_tokens + 16,
+                        max_prefill_tokens=a.max_prefill_tokens, num_kv_blocks=a.num_kv_blocks,
+                        kv_host_gb=a.kv_host_gb, kv_offload_dir=a.offload_dir,
+                        kv_offload_gb=4 * a.kv_host_gb, kv_storage=a.storage)
     vocab = engine.model.vocab_size
     rng = np.random.default_rng(0)
     tokens = rng.integers(100, vocab - 100, a.prompt_tokens).tolist()

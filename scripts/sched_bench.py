@@ -8,6 +8,8 @@ ends, for ``--duration`` seconds; plus a ``--long-prompt``-token prompt (4 outpu
 policy runs on a fresh engine after a warm-up request; one JSON line per policy.
 
     python scripts/sched_bench.py MODEL [--backend cuda] [--tbt-deadline-ms 50]
+
+MODEL: a checkpoint directory, or a named bench shape (random weights on the device).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import time
 
 import numpy as np
 
-from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+from atlas_core.bench.random_model import engine_for
+from atlas_core.engine import SamplingParams
 
 
 def build_load(args, vocab: int) -> list[tuple[float, str, list[int], int]]:
@@ -42,10 +45,11 @@ def build_load(args, vocab: int) -> list[tuple[float, str, list[int], int]]:
 
 
 def run_policy(args, policy: str) -> dict:
-    engine = LLMEngine.from_args(EngineArgs(
-        model=args.model, backend=args.backend, max_num_seqs=args.max_num_seqs,
-        max_prefill_tokens=args.max_prefill_tokens, scheduling_policy=policy,
-        tbt_deadline_ms=args.tbt_deadline_ms, enable_prefix_caching=False))
+    engine = engine_for(args.model, args.backend, max_num_seqs=args.max_num_seqs,
+                        max_prefill_tokens=args.max_prefill_tokens, scheduling_policy=policy,
+                        tbt_deadline_ms=args.tbt_deadline_ms, enable_prefix_caching=False,
+                        max_seq_len=max(args.long_prompt, args.chat_prompt + args.chat_tokens) + 64,
+                        gpu_memory_utilization=args.gpu_memory_utilization)
     vocab = engine.model.vocab_size
     engine.add_request("warmup", list(range(100, 164)), SamplingParams(max_tokens=8))
     while engine.has_unfinished_requests():
@@ -96,6 +100,7 @@ def main() -> None:
     p.add_argument("--long-first", type=float, default=2.0)
     p.add_argument("--long-every", type=float, default=10.0)
     p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     args = p.parse_args()
     for policy in args.policies.split(","):
         print(json.dumps(run_policy(args, policy)), flush=True)

@@ -130,3 +130,18 @@ def build_random_model(config: dict[str, Any], backend: Any, registry: Any, *,
     fill_random_params(model, backend, seed)
     backend.synchronize()
     return model
+
+
+def engine_for(model: str, backend: str | None = None, **fields: Any) -> Any:
+    """An :class:`~atlas_core.engine.LLMEngine` for ``model``: a named bench shape
+    (:data:`~atlas_core.bench.shapes.SHAPES`; random weights made on the device, no checkpoint
+    on disk, token ids only) or a checkpoint directory / hub id. ``fields``: EngineArgs fields
+    (the measurement scripts under ``scripts/`` use this)."""
+    from atlas_core.bench.shapes import SHAPES, shape_config
+    from atlas_core.engine import EngineArgs, LLMEngine
+    if model not in SHAPES:
+        return LLMEngine.from_args(EngineArgs(model=model, backend=backend, **fields))
+    from atlas_core.engine.loading import create_backend
+    device, registry = create_backend(backend)
+    weights = build_random_model(shape_config(model), device, registry)
+    return LLMEngine(weights, device, EngineArgs(model=model, backend=backend, **fields))
