@@ -19,6 +19,8 @@ import csv
 import sys
 from collections import defaultdict
 
+import numpy as np
+
 
 def batch_graph(model, backend, batch: int, context: int):
     """The decode graph of ``batch`` sequences after ``context``-token prompts (built only from
@@ -29,8 +31,9 @@ def batch_graph(model, backend, batch: int, context: int):
         model=None, max_num_seqs=batch, max_prefill_tokens=max(context, 2048),
         max_seq_len=longest, num_kv_blocks=batch * -(-longest // 16) + 8,
         enable_prefix_caching=False))
+    rng = np.random.default_rng(0)  # random prompts: MoE routing spread as in `atlas bench`
     for i in range(batch):
-        engine.add_request(f"r{i}", [1 + (i * 7 + j) % 1000 for j in range(context)],
+        engine.add_request(f"r{i}", rng.integers(0, model.vocab_size, context).tolist(),
                            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
