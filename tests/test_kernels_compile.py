@@ -27,8 +27,8 @@ def _dirs(hw):
 
 
 #: Modules compiled to a cubin in the default run (every target): cheap ones that cover the
-#: mma.sync GEMM, the MoE, prefill attention and sampling code.
-CUBIN_SAMPLE = ("linear", "moe", "flash_attention", "rope_cache", "sampling")
+#: mma.sync GEMM, the MoE, prefill attention, sampling and logits-filter code.
+CUBIN_SAMPLE = ("linear", "moe", "flash_attention", "rope_cache", "sampling", "logits_filters")
 #: The slowest full compiles, started first so the pool's workers finish together.
 SLOWEST_FIRST = ("attention_decode", "attention_rope_decode", "gemv_norm", "moe_block",
                  "moe_experts1")

@@ -1,5 +1,5 @@
-"""DRY, XTC and top-n-sigma: the references by hand, exact distributions, the engine path and
-the host fallback for backends without the ops."""
+"""DRY, XTC and top-n-sigma: the references by hand, exact distributions (on numpy, and on cuda
+where there is a GPU), the engine path and the host fallback for backends without the ops."""
 
 import numpy as np
 import pytest
@@ -24,13 +24,26 @@ def _numpy():
     return Registry().create("gpu_backends", "numpy")
 
 
+@pytest.fixture(scope="module", params=["numpy", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request):
+    be = Registry().create("gpu_backends", request.param)
+    yield be
+    be.close()
+
+
+def _op(backend, name, *args):
+    """``backend.ops.<name>`` on host arrays (uploaded), its result downloaded."""
+    return np.asarray(backend.to_host(getattr(backend.ops, name)(
+        *(backend.from_host(a) for a in args))))
+
+
 def _sample_counts(backend, logits_rows, temperature=1.0):
     num = len(logits_rows)
-    out = backend.ops.sample(logits_rows, np.full(num, temperature, np.float32),
-                             np.zeros(num, np.int32), np.ones(num, np.float32),
-                             np.zeros(num, np.float32), np.arange(10_000, 10_000 + num, dtype=np.uint64),
-                             np.ones(num, np.int64))
-    return np.bincount(np.asarray(out), minlength=LOGITS.shape[0])
+    out = _op(backend, "sample", logits_rows, np.full(num, temperature, np.float32),
+              np.zeros(num, np.int32), np.ones(num, np.float32),
+              np.zeros(num, np.float32), np.arange(10_000, 10_000 + num, dtype=np.uint64),
+              np.ones(num, np.int64))
+    return np.bincount(out, minlength=LOGITS.shape[0])
 
 
 def _assert_follows(counts, probs):
@@ -79,35 +92,33 @@ def test_top_n_sigma_by_hand():
 
 
 @pytest.mark.parametrize("n_sigma", [0.5, 1.0])
-def test_top_n_sigma_frequencies(n_sigma):
-    be = _numpy()
+def test_top_n_sigma_frequencies(backend, n_sigma):
     rows = np.tile(LOGITS, (NUM, 1))
-    filtered = be.ops.apply_top_n_sigma(rows, np.full(NUM, n_sigma, np.float32))
+    filtered = _op(backend, "apply_top_n_sigma", rows, np.full(NUM, n_sigma, np.float32))
     probs = _softmax(ref.apply_top_n_sigma(LOGITS[None], np.array([n_sigma], np.float32))[0])
-    _assert_follows(_sample_counts(be, filtered), probs)
+    _assert_follows(_sample_counts(backend, filtered), probs)
 
 
 @pytest.mark.parametrize("probability", [1.0, 0.5])
-def test_xtc_frequencies(probability):
-    be = _numpy()
+def test_xtc_frequencies(backend, probability):
     rows = np.tile(LOGITS, (NUM, 1))
     seeds = np.arange(10_000, 10_000 + NUM, dtype=np.uint64)
-    filtered = be.ops.apply_xtc(rows, np.full(NUM, 0.1, np.float32),
-                                np.full(NUM, probability, np.float32), seeds, np.ones(NUM, np.int64))
+    filtered = _op(backend, "apply_xtc", rows, np.full(NUM, 0.1, np.float32),
+                   np.full(NUM, probability, np.float32), seeds, np.ones(NUM, np.int64))
     cut = _softmax(ref.apply_xtc(LOGITS[None], np.array([0.1], np.float32), np.array([1.0], np.float32),
                                  seeds[:1], np.ones(1, np.int64))[0])
-    _assert_follows(_sample_counts(be, filtered), probability * cut + (1 - probability) * _softmax(LOGITS))
+    _assert_follows(_sample_counts(backend, filtered),
+                    probability * cut + (1 - probability) * _softmax(LOGITS))
 
 
-def test_dry_frequencies_with_top_k():
-    be = _numpy()
+def test_dry_frequencies_with_top_k(backend):
     ctx = np.tile(np.array([0, 1, 2, 0, 1], np.int32), (NUM, 1))
-    filtered = be.ops.apply_dry(np.tile(LOGITS, (NUM, 1)), ctx, np.full(NUM, 0.8, np.float32),
-                                np.full(NUM, 1.75, np.float32), np.full(NUM, 2, np.int32),
-                                np.full((NUM, 1), -1, np.int32))
-    out = be.ops.sample(filtered, np.full(NUM, 0.9, np.float32), np.full(NUM, 4, np.int32),
-                        np.ones(NUM, np.float32), np.zeros(NUM, np.float32),
-                        np.arange(NUM, dtype=np.uint64), np.ones(NUM, np.int64))
+    filtered = _op(backend, "apply_dry", np.tile(LOGITS, (NUM, 1)), ctx,
+                   np.full(NUM, 0.8, np.float32), np.full(NUM, 1.75, np.float32),
+                   np.full(NUM, 2, np.int32), np.full((NUM, 1), -1, np.int32))
+    out = _op(backend, "sample", filtered, np.full(NUM, 0.9, np.float32), np.full(NUM, 4, np.int32),
+              np.ones(NUM, np.float32), np.zeros(NUM, np.float32),
+              np.arange(NUM, dtype=np.uint64), np.ones(NUM, np.int64))
     z = filtered[0] / 0.9
     probs = filter_probs(_softmax(z).astype(np.float32), 4, 1.0, 0.0)
     assert filtered[0, 2] == pytest.approx(LOGITS[2] - 0.8)
@@ -143,7 +154,7 @@ def test_engine_top_n_sigma_and_xtc_run_in_the_sampler():
 
 
 class _HostOnlyOps:
-    """An op table without the filter ops (what the CUDA backend has today)."""
+    """An op table without the filter ops (a backend that implements none of them)."""
 
     def __init__(self, ops):
         self._ops = ops

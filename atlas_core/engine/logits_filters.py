@@ -1,10 +1,11 @@
 """DRY, XTC and top-n-sigma in the sampler: per-row vectors, then the backend's ops.
 
 Rows that do not ask for a filter get parameters that switch it off, so the ops only change
-the rows that do. A backend without an implementation of one of these ops (the CUDA backend
-today) gets the NumPy reference on a host copy of the logits: the filters are never skipped.
-The host round trip copies ``rows x vocab`` float32 both ways and only runs in steps where
-some row asks for a filter.
+the rows that do. The numpy and CUDA backends implement the ops (CUDA: atlas-cuda's
+``logits_filters.cu`` kernels, on the device's logits); a backend without an implementation of
+one of them gets the NumPy reference on a host copy of the logits, so the filters are never
+skipped. That host round trip copies ``rows x vocab`` float32 both ways and only runs in steps
+where some row asks for a filter.
 """
 
 from __future__ import annotations

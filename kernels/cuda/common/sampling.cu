@@ -3,14 +3,7 @@
 // The sampler's random stream is the splitmix64 hash of (seed, step, index) used by the NumPy
 // reference, so seeded choices match it.
 #include "common.cuh"
-
-__device__ __forceinline__ double uniform(u64 seed, u64 step, u64 i) {
-  u64 z = seed * 0x9E3779B97F4A7C15ull + step * 0xBF58476D1CE4E5B9ull + i * 0x94D049BB133111EBull;
-  z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27; z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return ((double)(z >> 11) + 0.5) / 9007199254740992.0;
-}
+#include "splitmix.cuh"
 
 extern "C" __global__ void log_softmax_f32(float* out, const float* logits, int V) {
   __shared__ float scratch[32];

@@ -16,6 +16,8 @@ CUDA_OPS = {
     "atlas_cuda.ops_moe:MoeOps": ("moe_route", "moe_experts", "moe_block", "rms_norm_moe_block"),
     "atlas_cuda.ops_sampling:SamplingOps": (
         "argmax", "log_softmax", "topk", "apply_penalties", "sample"),
+    "atlas_cuda.ops_logits_filters:LogitsFilterOps": (
+        "apply_dry", "apply_xtc", "apply_top_n_sigma"),
     "atlas_cuda.ops_guided:GuidedOps": ("apply_token_bitmask",),
 }
 
