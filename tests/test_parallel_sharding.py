@@ -10,36 +10,35 @@ from atlas_core.engine import EngineArgs
 from atlas_core.parallel.config import ParallelConfig, from_rank_env
 from atlas_core.parallel.ops import embedding_shard, gather_vocab_shards, moe_remap_ids
 from atlas_core.parallel.sharding import ShardedCheckpoint, ShardingError, ShardPlan
+from atlas_core.testing.checkpoints import write_tiny_checkpoint
 
 CONFIG = {"hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
           "vocab_size": 101, "intermediate_size": 96, "num_experts": 8,
           "moe_intermediate_size": 32}
 
 
-class _Checkpoint:
-    def __init__(self, tensors):
-        self.tensors = tensors
-
-    def names(self):
-        return list(self.tensors)
-
-    def __contains__(self, name):
-        return name in self.tensors
-
-    def shape(self, name):
-        return self.tensors[name].shape
-
-    def get(self, name):
-        return self.tensors[name]
-
-    nbytes = 1000
+def _rank_view(path, rank, world, expert_parallel=False):
+    """Rank ``rank``'s plan, model (built from its local config) and checkpoint view."""
+    from atlas_core.model.loader import architecture, create_loader, read_config
+    from atlas_core.model.weight_loading import fp8_block_size
+    from atlas_core.parallel.layer_rules import checkpoint_cuts, reshard_specs
+    from atlas_core.plugins import Registry
+    from atlas_core.weights.checkpoint import Checkpoint
+    config = read_config(path)
+    loader = create_loader(Registry(), architecture(config))
+    resolved = loader.resolve_config(config)
+    plan = ShardPlan.from_config(resolved, rank, world, expert_parallel)
+    model = loader.build(plan.local_config(resolved))
+    reshard_specs(model, plan)
+    full = Checkpoint.open(path)
+    return plan, model, full, ShardedCheckpoint(full, plan, checkpoint_cuts(model, plan),
+                                                fp8_block_size(resolved))
 
 
 def test_kv_heads_are_replicated_when_fewer_than_ranks():
     plans = [ShardPlan.from_config(CONFIG, r, 4) for r in range(4)]
     assert [p.kv_rows() for p in plans] == [slice(0, 16), slice(0, 16), slice(16, 32),
                                             slice(16, 32)]
-    assert [p.q_rows() for p in plans][3] == slice(96, 128)
     local = plans[1].local_config(CONFIG)
     assert (local["num_attention_heads"], local["num_key_value_heads"], local["head_dim"],
             local["intermediate_size"], local["moe_intermediate_size"]) == (2, 1, 16, 24, 8)
@@ -52,38 +51,50 @@ def test_sizes_that_do_not_divide_are_refused_with_the_fix():
     with pytest.raises(ShardingError, match="num_experts .8. is not divisible"):
         ShardPlan.from_config({**CONFIG, "num_attention_heads": 6, "num_key_value_heads": 6,
                                "intermediate_size": 96}, 0, 6, expert_parallel=True)
-    with pytest.raises(ShardingError, match="quantized checkpoints"):
-        ShardPlan.from_config({**CONFIG, "quantization_config": {"quant_method": "fp8"}}, 0, 2)
+    with pytest.raises(ShardingError, match=r"linear_num_key_heads \(2\) is not divisible by "
+                                            "--tensor-parallel-size 4 .each GPU holds whole "
+                                            "Gated DeltaNet key-head groups"):
+        ShardPlan.from_config({**CONFIG, "linear_num_key_heads": 2,
+                               "linear_num_value_heads": 8}, 0, 4)
+    with pytest.raises(ShardingError, match="n_groups .1. is not divisible"):
+        ShardPlan.from_config({**CONFIG, "mamba_num_heads": 8, "n_groups": 1}, 0, 2)
 
 
-def test_sharded_checkpoint_slices_rows_columns_vocab_and_experts():
-    rng = np.random.default_rng(0)
-    tensors = {
-        "model.layers.0.self_attn.q_proj.weight": rng.random((128, 64)),
-        "model.layers.0.self_attn.o_proj.weight": rng.random((64, 128)),
-        "model.layers.0.self_attn.o_proj.bias": np.ones(64),
-        "model.layers.0.mlp.down_proj.weight": rng.random((64, 96)),
-        "model.layers.0.mlp.experts.gate_up_proj": rng.random((8, 64, 64)),
-        "model.embed_tokens.weight": rng.random((101, 64)),
-        "model.norm.weight": np.ones(64),
-    }
-    full = _Checkpoint(tensors)
-    r1 = ShardedCheckpoint(full, ShardPlan.from_config(CONFIG, 1, 2))
-    q = r1.get("model.layers.0.self_attn.q_proj.weight")
-    np.testing.assert_array_equal(q, tensors["model.layers.0.self_attn.q_proj.weight"][64:])
-    assert r1.shape("model.layers.0.self_attn.o_proj.weight") == (64, 64)
-    assert not r1.get("model.layers.0.self_attn.o_proj.bias").any()
-    assert r1.shape("model.layers.0.mlp.down_proj.weight") == (64, 48)
-    gate_up = tensors["model.layers.0.mlp.experts.gate_up_proj"]
-    np.testing.assert_array_equal(r1.get("model.layers.0.mlp.experts.gate_up_proj"),
-                                  np.concatenate([gate_up[:, 16:32], gate_up[:, 48:64]], axis=1))
+def test_sharded_checkpoint_slices_rows_columns_vocab_and_experts(tmp_path):
+    path = write_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path, vocab_size=381)
+    _, _, full, r1 = _rank_view(path, 1, 2)
+    attn, moe = "model.layers.0.self_attn.", "model.layers.0.mlp."
+    for name, rows in (("q_proj.weight", slice(32, 64)), ("k_proj.weight", slice(16, 32))):
+        np.testing.assert_array_equal(r1.get(attn + name), full.get(attn + name)[rows])
+    assert r1.shape(attn + "o_proj.weight") == (64, 32)
+    assert r1.shape("model.layers.1.mlp.down_proj.weight") == (64, 64)
+    np.testing.assert_array_equal(r1.get(moe + "experts.3.gate_proj.weight"),
+                                  full.get(moe + "experts.3.gate_proj.weight")[16:])
+    np.testing.assert_array_equal(r1.get(moe + "experts.3.down_proj.weight"),
+                                  full.get(moe + "experts.3.down_proj.weight")[:, 16:])
     embed = r1.get("model.embed_tokens.weight")
-    assert r1.shape("model.embed_tokens.weight") == embed.shape == (51, 64)
-    np.testing.assert_array_equal(embed[:50], tensors["model.embed_tokens.weight"][51:])
-    assert not embed[50].any()
-    assert r1.get("model.norm.weight") is tensors["model.norm.weight"]
-    ep = ShardedCheckpoint(full, ShardPlan.from_config(CONFIG, 1, 2, expert_parallel=True))
-    np.testing.assert_array_equal(ep.get("model.layers.0.mlp.experts.gate_up_proj"), gate_up[4:])
+    assert r1.shape("model.embed_tokens.weight") == embed.shape == (191, 64)
+    np.testing.assert_array_equal(embed[:190], full.get("model.embed_tokens.weight")[191:])
+    assert not embed[190].any()
+    np.testing.assert_array_equal(r1.get("model.norm.weight"), full.get("model.norm.weight"))
+    _, ep_model, _, ep = _rank_view(path, 1, 2, expert_parallel=True)
+    np.testing.assert_array_equal(ep.get(moe + "experts.5.up_proj.weight"),
+                                  full.get(moe + "experts.5.up_proj.weight"))
+    sources = ep_model.children["model.layers.0"].children["mlp"].specs["experts.down_proj"]
+    assert [s.name for s in sources.sources[0]] == [f"experts.{x}.down_proj.weight"
+                                                    for x in range(4, 8)]
+
+
+def test_fused_expert_tensors_are_cut_per_rank():
+    from atlas_core.parallel.cuts import Cut
+    gate_up = np.arange(8 * 64 * 4, dtype=np.float32).reshape(8, 64, 4)
+    cut = Cut(1, blocks=(32, 32))
+    np.testing.assert_array_equal(cut.take(gate_up, 1, 2),
+                                  np.concatenate([gate_up[:, 16:32], gate_up[:, 48:64]], axis=1))
+    assert cut.shape(gate_up.shape, 1, 2) == (8, 32, 4)
+    assert Cut(0, spans=((4, 8),)).take(gate_up, 1, 2).shape == (4, 64, 4)
+    bias = np.ones(4)
+    assert Cut(zeros=True).take(bias, 0, 2) is bias and not Cut(zeros=True).take(bias, 1, 2).any()
 
 
 def test_parallel_op_references():
@@ -133,11 +144,11 @@ def test_layers_the_transform_cannot_split_are_refused():
     from atlas_core.model.params import Module
     from atlas_core.parallel.transform import check_supported
 
-    class Mamba2Mixer(Module):
+    class RetNetMixer(Module):
         pass
 
-    with pytest.raises(ShardingError, match="Mamba2Mixer layers cannot be split across GPUs"):
-        check_supported(Mamba2Mixer())
+    with pytest.raises(ShardingError, match="RetNetMixer layers cannot be split across GPUs"):
+        check_supported(RetNetMixer())
 
 
 def test_launcher_world_size_sets_the_tensor_parallel_size(monkeypatch):

@@ -3,7 +3,8 @@ transform (model code stays unaware), driven by the engine in the front process.
 
 See docs/multi-gpu.md. The pieces: :mod:`.config` (sizes, ranks, the launcher's rank
 environment), :mod:`.store` (the rendezvous), :mod:`.cpu_comm` (a CommBackend over sockets),
-:mod:`.sharding` and :mod:`.transform` (what each rank holds and where it communicates),
+:mod:`.sharding`, :mod:`.cuts` and :mod:`.layer_rules` (what each rank holds, quantized
+weights included), :mod:`.transform` and :mod:`.parallel_ops` (where it communicates),
 :mod:`.step` (the step description), :mod:`.worker` and :mod:`.executor`.
 """
 

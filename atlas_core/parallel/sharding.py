@@ -1,40 +1,42 @@
-"""What each rank holds: the narrower config it builds, and its slice of every checkpoint tensor.
+"""What each rank holds: the narrower config it builds, and the checkpoint as it sees it.
 
-Tensor parallelism (Megatron layout): attention is split by heads (q/k/v rows, o_proj columns;
-KV heads are replicated when there are fewer than ranks), dense and expert MLPs by their
-intermediate size (gate/up rows, down columns), the embedding and lm_head by vocabulary rows.
-Expert parallelism gives each rank ``num_experts / N`` whole experts instead. Row-parallel
-biases (o_proj, down_proj) are kept by rank 0 only, so the all-reduce adds them once.
+Tensor parallelism (Megatron layout): attention is split by heads (KV heads replicated when
+there are fewer than ranks), Gated DeltaNet and Mamba-2 mixers by heads (whole key-head /
+B-C groups per rank), dense MLPs, shared experts and routed experts by their intermediate size,
+the embedding and lm_head by vocabulary rows. Expert parallelism gives each rank
+``num_experts / N`` whole experts instead (the rest stays tensor parallel). Which tensor is cut
+how is decided per layer by :mod:`atlas_core.parallel.layer_rules`.
 
 :class:`ShardedCheckpoint` presents a checkpoint as this rank sees it: the same tensor names,
 each with its slice's shape, read from the safetensors mmap (a row slice touches only its rows'
-pages; a column slice reads its columns of every row).
+pages; a column slice reads its columns of every row). A quantized weight's scales are cut with
+it (:mod:`atlas_core.parallel.cuts`).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-_Q = re.compile(r"self_attn\.q_proj\.(weight|bias)$")
-_KV = re.compile(r"self_attn\.[kv]_proj\.(weight|bias)$")
-_O = re.compile(r"self_attn\.o_proj\.weight$")
-_ROW_BIAS = re.compile(r"(self_attn\.o_proj|mlp\.down_proj)\.bias$")
-_MLP_IN = re.compile(r"mlp\.(gate_proj|up_proj)\.(weight|bias)$")
-_MLP_OUT = re.compile(r"mlp\.down_proj\.weight$")
-_EXPERT_IN = re.compile(r"mlp\.experts\.\d+\.(gate_proj|up_proj)\.weight$")
-_EXPERT_OUT = re.compile(r"mlp\.experts\.\d+\.down_proj\.weight$")
-_FUSED_IN = re.compile(r"mlp\.experts\.gate_up_proj$")
-_FUSED_OUT = re.compile(r"mlp\.experts\.down_proj$")
-_VOCAB = re.compile(r"(embed_tokens|lm_head)\.weight$")
+from atlas_core.model.weight_loading import WRAPPER_PREFIXES
+from atlas_core.parallel.cuts import Cut, ShardingError, packed_cut, scale_cut
+from atlas_core.weights.quant_tensors import fp8_scale_kind, scan_checkpoint
 
+__all__ = ["Cut", "ShardedCheckpoint", "ShardingError", "ShardPlan", "SPLIT_FIELDS"]
 
-class ShardingError(ValueError):
-    """The model cannot be split this way (sizes not divisible, an unsupported layer or format)."""
+#: config.json fields every rank holds ``1 / N`` of (where present), beyond the attention heads.
+SPLIT_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+                "moe_shared_expert_intermediate_size", "linear_num_key_heads",
+                "linear_num_value_heads", "mamba_num_heads", "n_groups")
+
+#: Why a field must divide, for the error.
+_WHY = {"linear_num_key_heads": "each GPU holds whole Gated DeltaNet key-head groups",
+        "linear_num_value_heads": "each GPU holds whole Gated DeltaNet key-head groups",
+        "mamba_num_heads": "each GPU holds whole Mamba-2 heads",
+        "n_groups": "each GPU holds whole Mamba-2 B/C groups with their heads"}
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,8 @@ class ShardPlan:
     num_heads: int
     num_kv_heads: int
     vocab_size: int
-    intermediate_size: int | None
-    moe_intermediate_size: int | None
     num_experts: int
+    split: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_config(cls, config: dict[str, Any], rank: int, world_size: int,
@@ -74,39 +75,33 @@ class ShardPlan:
             raise ShardingError(f"num_key_value_heads ({kv}) and --tensor-parallel-size {n} "
                                 "must divide one another (KV heads are split, or replicated "
                                 "when fewer than ranks)")
-        inter = config.get("intermediate_size")
-        moe_inter = config.get("moe_intermediate_size")
+        split = []
+        for name in SPLIT_FIELDS:
+            size = config.get(name)
+            if not isinstance(size, int) or size <= 0:
+                continue
+            if name == "moe_intermediate_size" and expert_parallel:
+                continue
+            if size % n:
+                why = f" ({_WHY[name]})" if name in _WHY else ""
+                raise ShardingError(f"{name} ({size}) is not divisible by --tensor-parallel-size "
+                                    f"{n}{why}; use {_divisors(size, n)}")
+            split.append((name, size))
         experts = int(config.get("num_experts") or 0)
-        for name, size in (("intermediate_size", inter),
-                           ("moe_intermediate_size", None if expert_parallel else moe_inter)):
-            if size and int(size) % n:
-                raise ShardingError(f"{name} ({size}) is not divisible by "
-                                    f"--tensor-parallel-size {n}")
         if expert_parallel and experts % n:
             raise ShardingError(f"num_experts ({experts}) is not divisible by "
                                 f"--tensor-parallel-size {n} (--enable-expert-parallel gives "
                                 "each rank num_experts / N experts)")
-        if config.get("quantization_config"):
-            raise ShardingError("quantized checkpoints cannot be split across GPUs yet; load "
-                                "the bf16 checkpoint, or run on one GPU")
         return cls(rank, n, expert_parallel, head_dim, heads, kv, int(config["vocab_size"]),
-                   int(inter) if inter else None, int(moe_inter) if moe_inter else None, experts)
+                   experts, tuple(split))
 
     @property
     def num_local_kv_heads(self) -> int:
         return max(1, self.num_kv_heads // self.world_size)
 
-    def q_rows(self) -> slice:
-        n = self.num_heads // self.world_size * self.head_dim
-        return slice(self.rank * n, (self.rank + 1) * n)
-
     def kv_rows(self) -> slice:
         first = self.rank * self.num_kv_heads // self.world_size
         return slice(first * self.head_dim, (first + self.num_local_kv_heads) * self.head_dim)
-
-    def part(self, size: int) -> slice:
-        n = size // self.world_size
-        return slice(self.rank * n, (self.rank + 1) * n)
 
     @property
     def num_local_experts(self) -> int:
@@ -130,56 +125,8 @@ class ShardPlan:
         n = self.world_size
         local = dict(config, num_attention_heads=self.num_heads // n,
                      num_key_value_heads=self.num_local_kv_heads, head_dim=self.head_dim)
-        if self.intermediate_size:
-            local["intermediate_size"] = self.intermediate_size // n
-        if self.moe_intermediate_size and not self.expert_parallel:
-            local["moe_intermediate_size"] = self.moe_intermediate_size // n
+        local.update({name: size // n for name, size in self.split})
         return local
-
-    def slicer(self, name: str) -> Callable[[np.ndarray], np.ndarray] | None:
-        """How this rank cuts checkpoint tensor ``name`` (None: it holds it whole)."""
-        if _Q.search(name):
-            return lambda a: a[self.q_rows()]
-        if _KV.search(name):
-            return lambda a: a[self.kv_rows()]
-        if _O.search(name):
-            return lambda a: a[:, self.q_rows()]
-        if _ROW_BIAS.search(name):
-            return lambda a: a if self.rank == 0 else np.zeros_like(a)
-        if _MLP_IN.search(name):
-            return lambda a: a[self.part(a.shape[0])]
-        if _MLP_OUT.search(name):
-            return lambda a: a[:, self.part(a.shape[1])]
-        if _VOCAB.search(name):
-            return self._vocab_rows
-        if self.expert_parallel:
-            if _FUSED_IN.search(name) or _FUSED_OUT.search(name):
-                start = self.expert_start
-                return lambda a: a[start:start + self.num_local_experts]
-            return None
-        if _EXPERT_IN.search(name):
-            return lambda a: a[self.part(a.shape[0])]
-        if _EXPERT_OUT.search(name):
-            return lambda a: a[:, self.part(a.shape[1])]
-        if _FUSED_IN.search(name):
-            return self._fused_gate_up
-        if _FUSED_OUT.search(name):
-            return lambda a: a[:, :, self.part(a.shape[2])]
-        return None
-
-    def _vocab_rows(self, a: np.ndarray) -> np.ndarray:
-        n, start = self.vocab_shard_size, self.vocab_start
-        rows = a[start:start + n]
-        if rows.shape[0] == n:
-            return rows
-        out = np.zeros((n, *a.shape[1:]), a.dtype)
-        out[:rows.shape[0]] = rows
-        return out
-
-    def _fused_gate_up(self, a: np.ndarray) -> np.ndarray:
-        half = a.shape[1] // 2
-        part = self.part(half)
-        return np.concatenate([a[:, part], a[:, half + part.start:half + part.stop]], axis=1)
 
 
 def _divisors(size: int, near: int) -> str:
@@ -193,11 +140,47 @@ class ShardedCheckpoint:
     Args:
         checkpoint: the whole checkpoint (safetensors by mmap).
         plan: the rank's :class:`ShardPlan`.
+        cuts: checkpoint tensor name -> its :class:`Cut` (tensors not named are held whole),
+            from :func:`atlas_core.parallel.layer_rules.checkpoint_cuts`.
+        block_size: the FP8 block shape of a quantized checkpoint.
+
+    Raises:
+        ShardingError: a quantized weight's cut does not fall on its scales' blocks.
     """
 
-    def __init__(self, checkpoint: Any, plan: ShardPlan) -> None:
+    def __init__(self, checkpoint: Any, plan: ShardPlan, cuts: dict[str, Cut],
+                 block_size: tuple[int, int] = (128, 128)) -> None:
         self.base, self.plan = checkpoint, plan
+        self.cuts = dict(cuts)
+        for name in checkpoint.names():
+            for old, new in WRAPPER_PREFIXES:
+                if name.startswith(old) and new + name[len(old):] in cuts:
+                    self.cuts.setdefault(name, cuts[new + name[len(old):]])
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._add_quantized(tuple(block_size))
+
+    def _add_quantized(self, block_size: tuple[int, int]) -> None:
+        """Cut every quantized weight's data and scales as its logical weight is cut."""
+        rank, n = self.plan.rank, self.plan.world_size
+        tensors, _ = scan_checkpoint(self.base)
+        for qt in tensors.values():
+            cut = self.cuts.get(qt.key)
+            if cut is None:
+                continue
+            if qt.kind == "nvfp4":
+                self.cuts[qt.name] = packed_cut(cut, qt.shape, rank, n, qt.name)
+                kinds = {qt.scale: "nvfp4"}
+            else:
+                kind = fp8_scale_kind(tuple(self.base.shape(qt.scale)), qt.shape, block_size)
+                if not kind:
+                    continue  # the loader names the scale that fits no layout
+                kinds = {qt.scale: kind}
+            kinds.update({c: "replicated" for c in qt.companions if c not in kinds})
+            for companion, scale_kind in kinds.items():
+                own = scale_cut(cut, scale_kind, qt.shape, tuple(self.base.shape(companion)),
+                                block_size, rank, n, qt.name)
+                if own is not None:
+                    self.cuts[companion] = own
 
     def names(self) -> list[str]:
         return self.base.names()
@@ -213,20 +196,11 @@ class ShardedCheckpoint:
 
     def shape(self, name: str) -> tuple[int, ...]:
         if name not in self._shapes:
-            self._shapes[name] = self._sliced_shape(name, self.base.shape(name))
+            full = tuple(self.base.shape(name))
+            cut = self.cuts.get(name)
+            self._shapes[name] = (full if cut is None else
+                                  cut.shape(full, self.plan.rank, self.plan.world_size))
         return self._shapes[name]
-
-    def _sliced_shape(self, name: str, full: tuple[int, ...]) -> tuple[int, ...]:
-        plan, cut = self.plan, self.plan.slicer(name)
-        if cut is None:
-            return full
-        if cut == plan._vocab_rows:
-            return (plan.vocab_shard_size, *full[1:])
-        if cut == plan._fused_gate_up:
-            return (full[0], 2 * (full[1] // 2 // plan.world_size), *full[2:])
-        # a zero-strided view has the slice's shape without reading or allocating anything
-        probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), full, (0,) * len(full))
-        return tuple(cut(probe).shape)
 
     def dtype(self, name: str) -> np.dtype:
         return self.base.dtype(name)
@@ -235,9 +209,11 @@ class ShardedCheckpoint:
         return self.base.file_of(name)
 
     def get(self, name: str) -> np.ndarray:
-        cut = self.plan.slicer(name)
+        cut = self.cuts.get(name)
         array = self.base.get(name)
-        return array if cut is None else np.ascontiguousarray(cut(array))
+        if cut is None:
+            return array
+        return np.ascontiguousarray(cut.take(array, self.plan.rank, self.plan.world_size))
 
     @property
     def nbytes(self) -> int:
