@@ -41,7 +41,27 @@ def batch_graph(model, backend, batch: int, context: int):
     return engine, engine.runner.graphs[bucket][0]
 
 
-def run(model_name: str, reps: int, context: int, batch: int) -> None:
+def engine_steps_ms(engine, batch: int, context: int, steps: int) -> float:
+    """Median wall-clock ms of ``engine.step()`` over ``steps`` steps that decode all ``batch``
+    sequences (same prompts as :func:`batch_graph`, greedy, so two trees decode the same
+    tokens and route them to the same experts)."""
+    import time
+
+    from atlas_core.engine import SamplingParams
+    rng = np.random.default_rng(0)
+    for i in range(batch):
+        engine.add_request(f"e{i}", rng.integers(0, engine.model.vocab_size, context).tolist(),
+                           SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
+    stamps = []
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        if len(outs) == batch and all(o.outputs[0].token_ids for o in outs):
+            stamps.append(time.perf_counter())
+    gaps = np.diff(stamps[1:-2])
+    return float(np.median(gaps) * 1e3)
+
+
+def run(model_name: str, reps: int, context: int, batch: int, steps: int) -> None:
     from cuda.bindings import driver
 
     from atlas_core.bench.graph_timing import replay_ms
@@ -54,6 +74,10 @@ def run(model_name: str, reps: int, context: int, batch: int) -> None:
     ms = replay_ms(backend, graph, reps)
     print(f"# {model_name}: batch {batch} graph replay {ms:.3f} ms median of {reps}, "
           f"{model.num_layers} layers", file=sys.stderr)
+    if steps:
+        ms = engine_steps_ms(_engine, batch, context, steps)
+        print(f"# {model_name}: batch {batch} engine step {ms:.3f} ms median of {steps}",
+              file=sys.stderr)
     driver.cuProfilerStart()
     graph.replay()
     backend.synchronize()
@@ -113,6 +137,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=0,
+                   help="also time this many engine.step() calls decoding the whole batch")
     p.add_argument("--summarize")
     p.add_argument("--graph-ms", type=float)
     p.add_argument("--layers", type=int)
@@ -121,7 +147,7 @@ def main() -> None:
     if a.summarize:
         summarize(a.summarize, a.graph_ms, a.layers, a.first)
     else:
-        run(a.model, a.reps, a.context, a.batch)
+        run(a.model, a.reps, a.context, a.batch, a.steps)
 
 
 if __name__ == "__main__":
