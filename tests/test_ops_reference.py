@@ -26,16 +26,18 @@ def _naive_attention(q, k, v, q_pos, scale):
     return out
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (4, 1), (8, 2)])
-def test_prefill_attention_matches_naive_loop(num_heads, num_kv_heads):
+def test_prefill_attention_matches_naive_loop(num_heads, num_kv_heads, causal):
     lens = [3, 18]
     cu = np.array([0, 3, 21], np.int32)
     q, k, v = (rng.standard_normal((21, h, 16)).astype(np.float32)
                for h in (num_heads, num_kv_heads, num_kv_heads))
-    out = ref.prefill_attention(q, k, v, cu, 0.25)
+    out = ref.prefill_attention(q, k, v, cu, 0.25, causal=causal)
     for b, n in enumerate(lens):
         s = slice(cu[b], cu[b + 1])
-        np.testing.assert_allclose(out[s], _naive_attention(q[s], k[s], v[s], np.arange(n), 0.25),
+        q_pos = np.arange(n) if causal else np.full(n, n - 1)  # bidirectional: every key
+        np.testing.assert_allclose(out[s], _naive_attention(q[s], k[s], v[s], q_pos, 0.25),
                                    rtol=1e-5, atol=1e-5)
 
 

@@ -1,7 +1,7 @@
 """Attention for the numpy backend: paged attention by a numba kernel, prefill by BLAS matmuls.
 
 Same semantics as :mod:`atlas_core.ops.attention` (float32 softmax and accumulation, causal
-mask, GQA query head ``h`` reading KV head ``h // group``).
+mask unless ``causal=False``, GQA query head ``h`` reading KV head ``h // group``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def _softmax_(scores: np.ndarray) -> np.ndarray:
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float) -> np.ndarray:
-    """Causal attention of ``n`` queries at positions ``q_pos`` over ``L`` keys (all float32).
+    """Causal attention of ``n`` queries at positions ``q_pos`` over ``L`` keys (all float32;
+    ``q_pos`` of ``L - 1`` everywhere: bidirectional).
 
     Args:
         q: ``[n, num_heads, head_dim]``; k, v: ``[L, num_kv_heads, head_dim]``.
@@ -47,7 +48,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale
         n, num_heads, head_dim)
 
 
-def prefill_attention(q, k, v, cu_seqlens, scale):
+def prefill_attention(q, k, v, cu_seqlens, scale, *, causal=True):
     """Same contract as :func:`atlas_core.ops.reference.prefill_attention`."""
     out = np.empty(q.shape, dtype=np.float32)
     cu = np.asarray(cu_seqlens, dtype=np.int64)
@@ -55,7 +56,8 @@ def prefill_attention(q, k, v, cu_seqlens, scale):
     for b in range(len(cu) - 1):
         s, e = int(cu[b]), int(cu[b + 1])
         if e > s:
-            out[s:e] = attend(qf[s:e], kf[s:e], vf[s:e], np.arange(e - s), scale)
+            q_pos = np.arange(e - s) if causal else np.full(e - s, e - s - 1)
+            out[s:e] = attend(qf[s:e], kf[s:e], vf[s:e], q_pos, scale)
     return out.astype(q.dtype, copy=False)
 
 

@@ -1,4 +1,5 @@
-"""Reference attention ops: KV-cache write, causal prefill attention, paged attention.
+"""Reference attention ops: KV-cache write, prefill attention (causal or bidirectional),
+paged attention.
 
 KV pools are laid out ``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``t`` of a
 sequence lives in block ``block_table[t // block_size]`` at offset ``t % block_size``, i.e. slot
@@ -66,14 +67,17 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scal
 
 
 def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: np.ndarray,
-                      scale: float) -> np.ndarray:
-    """Causal self-attention over packed variable-length sequences (no cache).
+                      scale: float, *, causal: bool = True) -> np.ndarray:
+    """Self-attention over packed variable-length sequences (no cache): causal, or
+    bidirectional within each sequence (``causal=False``: vision towers).
 
     Args:
         q: ``[num_tokens, num_heads, head_dim]``.
         k, v: ``[num_tokens, num_kv_heads, head_dim]``.
         cu_seqlens: ``[num_seqs + 1]`` int32 prefix sums of sequence lengths.
         scale: softmax scale, usually ``head_dim ** -0.5``.
+        causal: token ``i`` of a sequence attends to its tokens ``0..i``; with ``False``, to
+            all of them.
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``q.dtype`` (float32 softmax and accumulation).
@@ -82,7 +86,8 @@ def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: n
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     for b in range(len(cu) - 1):
         s, e = cu[b], cu[b + 1]
-        out[s:e] = _attend(f32(q[s:e]), f32(k[s:e]), f32(v[s:e]), np.arange(e - s), scale)
+        q_pos = np.arange(e - s) if causal else np.full(e - s, e - s - 1)
+        out[s:e] = _attend(f32(q[s:e]), f32(k[s:e]), f32(v[s:e]), q_pos, scale)
     return out.astype(q.dtype)
 
 

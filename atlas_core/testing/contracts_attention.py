@@ -19,10 +19,13 @@ from atlas_core.testing.contracts_ops import (BLOCK_SIZE, DTYPES, TOLERANCES, as
 HEAD_LAYOUTS = [(4, 4, 64), (4, 2, 128), (8, 2, 64), (8, 1, 128)]
 #: Context lengths crossing 16-token block boundaries.
 SEQ_LENS = [1, 16, 17, 40]
+#: Dtypes of the head dims only tensor-core kernels take (80).
+HALF_DTYPES = ("bfloat16", "float16")
 
 
 class AttentionContract:
-    """reshape_and_cache, prefill_attention, paged_attention, qk_norm_rope_and_cache."""
+    """reshape_and_cache, prefill_attention (causal and bidirectional), paged_attention,
+    qk_norm_rope_and_cache."""
 
     @pytest.mark.parametrize("dtype,cache_dtype,kv_scale",
                              [("float32", "float32", 1.0), ("bfloat16", "bfloat16", 1.0),
@@ -58,16 +61,29 @@ class AttentionContract:
             assert err <= TOLERANCES[cache_dtype], f"{name} {label}: relative error {err:.2e}"
         return out if out is None else (backend.to_host(out), expected)
 
+    @pytest.mark.parametrize("causal", [True, False])
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", HEAD_LAYOUTS)
-    def test_prefill_attention(self, backend, dtype, num_heads, num_kv_heads, head_dim):
-        rng = make_rng("prefill_attention", dtype, num_heads, num_kv_heads, head_dim)
-        lens = [1, 17, 33, 5]
+    def test_prefill_attention(self, backend, dtype, num_heads, num_kv_heads, head_dim, causal):
+        self._check_prefill(backend, dtype, num_heads, num_kv_heads, head_dim, causal,
+                            [1, 17, 33, 5])
+
+    @pytest.mark.parametrize("causal", [True, False])
+    @pytest.mark.parametrize("dtype", HALF_DTYPES)
+    @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)])
+    def test_prefill_attention_head_dim_80(self, backend, dtype, num_heads, num_kv_heads, causal):
+        """Head dim 80 (vision towers' 72, zero-padded to a multiple of 16) in half precision;
+        a sequence of over two 64-row tiles, one shorter than a tile."""
+        self._check_prefill(backend, dtype, num_heads, num_kv_heads, 80, causal, [150, 9, 64])
+
+    def _check_prefill(self, backend, dtype, num_heads, num_kv_heads, head_dim, causal, lens):
+        rng = make_rng("prefill_attention", dtype, num_heads, num_kv_heads, head_dim, causal)
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         n = int(cu[-1])
         check_op(backend, "prefill_attention", randn(rng, (n, num_heads, head_dim), dtype),
                  randn(rng, (n, num_kv_heads, head_dim), dtype),
-                 randn(rng, (n, num_kv_heads, head_dim), dtype), cu, head_dim ** -0.5)
+                 randn(rng, (n, num_kv_heads, head_dim), dtype), cu, head_dim ** -0.5,
+                 causal=causal)
 
     @pytest.mark.parametrize("dtype,cache_dtype,kv_scale",
                              [("float32", "float32", 1.0), ("bfloat16", "bfloat16", 1.0),

@@ -196,7 +196,8 @@ __device__ void dec_rope_prologue(T* sm_q, C* sm_kv, float* scratch, const T* qk
 // FUSED (attention_rope_decode.cu): q is the qkv projection; every block normalises and
 // rotates its own query heads, the last split's blocks also the newest key/value (kept in
 // shared memory and scored from there instead of the cache), and one of them writes them.
-template <typename T, typename C, int D, int HB, bool FUSED>
+// BIDIR (attention_bidir.cu, dense K/V only): every query sees all keys of its sequence.
+template <typename T, typename C, int D, int HB, bool FUSED, bool BIDIR = false>
 __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* counters,
                               const T* q, C* kb, C* vb, const int* block_tables,
                               const int* seq_lens, const int* cu_q, AttnArgs a, const DecRope& rp) {
@@ -217,7 +218,7 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   int b = find_seq(cu_q, a.num_seqs, t);
   int n_q = cu_q[b + 1] - cu_q[b], i = t - cu_q[b];
   const int* bt_row = block_tables ? block_tables + (long long)b * a.max_blocks : 0;
-  int len = (block_tables ? seq_lens[b] - n_q + i : i) + 1;
+  int len = BIDIR ? n_q : (block_tables ? seq_lens[b] - n_q + i : i) + 1;
   int chunk = (max(len, 1) + a.num_splits - 1) / a.num_splits;
   chunk = (chunk + R - 1) / R * R;
   int n_act = max(1, (len + chunk - 1) / chunk);

@@ -1,9 +1,11 @@
-// Causal multi-token attention on tensor cores (mma.sync m16n8k16, so sm_80+ incl. GB10):
-// flash-style, for prefill and chunked prefill over the paged KV cache or dense K/V.
+// Multi-token attention on tensor cores (mma.sync m16n8k16, so sm_80+ incl. GB10): flash-style,
+// for prefill and chunked prefill over the paged KV cache or dense K/V.
 // Grid (query tiles, query heads): a block takes BM = 64 query rows of one sequence and one
 // head (4 warps x 16 rows) and streams the keys in BN = 64 tiles through a two-stage cp.async
 // pipeline (block-table gather for paged caches); S = Q K^T and O += P V run on mma.sync with
-// an online softmax in registers. Tiles past a sequence's last query are skipped.
+// an online softmax in registers. Causal (flash_*): tiles past a sequence's last query are
+// skipped. Bidirectional (flash_bidir_*, dense K/V of vision towers): every query of a
+// sequence sees all of its keys; the CAUSAL template flag leaves the causal kernels' code as is.
 #include "common.cuh"
 #include "mma.cuh"
 #if ATLAS_MMA
@@ -20,7 +22,7 @@ __device__ __forceinline__ bool fa_tile(const int* cu_q, int num_seqs, int idx, 
   return false;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool CAUSAL>
 __device__ void flash_impl(T* out, const T* q, const T* kb, const T* vb, const int* block_tables,
                            const int* seq_lens, const int* cu_q, int H, int KH, int block_size,
                            int max_blocks, int num_seqs, float scale_log2) {
@@ -37,7 +39,7 @@ __device__ void flash_impl(T* out, const T* q, const T* kb, const T* vb, const i
   int q_start = cu_q[b], n_q = cu_q[b + 1] - q_start;
   bool paged = block_tables != 0;
   int seq_len = paged ? seq_lens[b] : n_q, ctx = seq_len - n_q;
-  int kv_end = min(seq_len, ctx + min(q0 + FA_BM, n_q));
+  int kv_end = CAUSAL ? min(seq_len, ctx + min(q0 + FA_BM, n_q)) : seq_len;
   int num_tiles = (kv_end + FA_BN - 1) / FA_BN;
 
   for (int c = tid; c < FA_BM * CH; c += FA_THREADS) {
@@ -110,7 +112,8 @@ __device__ void flash_impl(T* out, const T* q, const T* kb, const T* vb, const i
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int j = j0 + n * 8 + (lane & 3) * 2 + (e & 1), r = e >> 1;
-        float v = (j <= pos[r] && j < seq_len) ? s[n][e] * scale_log2 : NEG_INF;
+        bool seen = CAUSAL ? j <= pos[r] && j < seq_len : j < seq_len;
+        float v = seen ? s[n][e] * scale_log2 : NEG_INF;
         s[n][e] = v;
         mx[r] = fmaxf(mx[r], v);
       }
@@ -174,12 +177,13 @@ __device__ void flash_impl(T* out, const T* q, const T* kb, const T* vb, const i
   }
 }
 
-#define FLASH_ONE(T, S, D)                                                                    \
-  extern "C" __global__ void __launch_bounds__(FA_THREADS) flash_##S##_d##D(                 \
+#define FLASH_ONE(T, S, D, CAUSAL, NAME)                                                      \
+  extern "C" __global__ void __launch_bounds__(FA_THREADS) NAME##_##S##_d##D(                \
       T* out, const T* q, const T* k, const T* v, const int* bt, const int* sl,               \
       const int* cu, int H, int KH, int bs, int mb, int ns, float sc) {                       \
-    flash_impl<T, D>(out, q, k, v, bt, sl, cu, H, KH, bs, mb, ns, sc);                        \
+    flash_impl<T, D, CAUSAL>(out, q, k, v, bt, sl, cu, H, KH, bs, mb, ns, sc);                \
   }
-#define FLASH(T, S) FLASH_ONE(T, S, 64) FLASH_ONE(T, S, 128)
+#define FLASH_D(T, S, D) FLASH_ONE(T, S, D, true, flash) FLASH_ONE(T, S, D, false, flash_bidir)
+#define FLASH(T, S) FLASH_D(T, S, 64) FLASH_D(T, S, 80) FLASH_D(T, S, 128)
 INSTANTIATE(FLASH)
 #endif

@@ -13,7 +13,8 @@ from atlas_cuda.kernels_loader import variant_of
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128, 256)
 FP8_HEAD_DIMS = (64, 128, 256)
-FLASH_HEAD_DIMS = (64, 128)
+#: Head dims of the tensor-core kernel (80: vision towers' 72 padded to a multiple of 16).
+FLASH_HEAD_DIMS = (64, 80, 128)
 #: Head dims of the fused rope + decode attention kernel (at 256 its per-block prologue cost
 #: more than the saved launch from 4K context on, H200), and the most decode tokens it takes.
 ROPE_DECODE_HEAD_DIMS = (64, 128)
@@ -196,16 +197,18 @@ class AttentionOps:
         return out
 
     def _attention(self, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
-                   block_size, max_ctx, scale, kv_scale) -> DeviceArray:
+                   block_size, max_ctx, scale, kv_scale, causal=True) -> DeviceArray:
         t, h, d = q.shape
-        if d not in HEAD_DIMS:
-            raise ValueError(f"attention: head_dim {d} unsupported on cuda (use one of {HEAD_DIMS})")
+        flash = self._use_flash(q, k, num_seqs)
+        if d not in HEAD_DIMS and not flash:
+            raise ValueError(f"attention: head_dim {d} unsupported on cuda (use one of "
+                             f"{HEAD_DIMS}, or {FLASH_HEAD_DIMS} in bfloat16/float16)")
         out = self.ctx.out(q.shape, q.dtype)
         if not t:
             return out
-        if self._use_flash(q, k, num_seqs):
+        if flash:
             self._flash(out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
-                        block_size, scale)
+                        block_size, scale, causal)
             return out
         var = variant_of(q.dtype)
         fp8 = _cache_suffix(k, q)
@@ -217,7 +220,11 @@ class AttentionOps:
                 max_blocks, num_seqs)
         hb, splits = self._decode_plan(t, h, num_kv_heads, d, max_ctx)
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
-        kern = self.ctx.kernels.kernel("attention_decode", var, f"attn_dec{fp8}_{var}_d{d}_h{hb}")
+        if causal:
+            kern = self.ctx.kernels.kernel("attention_decode", var,
+                                           f"attn_dec{fp8}_{var}_d{d}_h{hb}")
+        else:
+            kern = self.ctx.kernels.kernel("attention_bidir", var, f"attn_bidir_{var}_d{d}_h{hb}")
         self.ctx.launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
                         part_acc, part_ml, self.ctx.sync_counters(), *args, splits,
                         float(scale * LOG2E), float(kv_scale), pdl=self.ctx.pdl)
@@ -242,18 +249,22 @@ class AttentionOps:
 
     def _use_flash(self, q: DeviceArray, k: DeviceArray, num_seqs: int) -> bool:
         """Tensor-core kernel for multi-token batches (>= 4 query tokens per sequence on
-        average) in bf16/f16 with head_dim 64/128; decode batches keep the split-K kernel."""
+        average) in bf16/f16 with a head dim of :data:`FLASH_HEAD_DIMS`; decode batches keep
+        the split-K kernel. Always where the split-K kernel lacks the head dim (80)."""
         t, _, d = q.shape
-        return (q.dtype.name in ("bfloat16", "float16") and k.dtype == q.dtype
-                and d in FLASH_HEAD_DIMS and t >= 4 * max(num_seqs, 1)
-                and self.ctx.policy.attention != "simt")
+        if not (q.dtype.name in ("bfloat16", "float16") and k.dtype == q.dtype
+                and d in FLASH_HEAD_DIMS):
+            return False
+        return d not in HEAD_DIMS or (t >= 4 * max(num_seqs, 1)
+                                      and self.ctx.policy.attention != "simt")
 
     def _flash(self, out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
-               block_size, scale) -> None:
+               block_size, scale, causal) -> None:
         t, h, d = q.shape
         var = variant_of(q.dtype)
         shmem = (FLASH_BM + 4 * FLASH_BN) * (d + 8) * q.dtype.itemsize
-        kern = self.ctx.kernels.kernel("flash_attention", var, f"flash_{var}_d{d}", shmem)
+        name = f"flash_{var}_d{d}" if causal else f"flash_bidir_{var}_d{d}"
+        kern = self.ctx.kernels.kernel("flash_attention", var, name, shmem)
         max_blocks = block_tables.shape[1] if block_tables is not None else 0
         self.ctx.launch(kern, (-(-t // FLASH_BM) + num_seqs, h), 128, out, q, k, v, block_tables,
                         seq_lens, cu_seqlens, h, num_kv_heads, block_size, max_blocks, num_seqs,
@@ -271,9 +282,12 @@ class AttentionOps:
                                kv_scale)
 
     def prefill_attention(self, q: DeviceArray, k: DeviceArray, v: DeviceArray,
-                          cu_seqlens: DeviceArray, scale: float) -> DeviceArray:
+                          cu_seqlens: DeviceArray, scale: float, *,
+                          causal: bool = True) -> DeviceArray:
+        """The flash kernel (``flash_bidir_*`` with ``causal=False``) where it applies, else the
+        split-K kernel (``attn_bidir_*`` of ``attention_bidir.cu`` with ``causal=False``)."""
         return self._attention(q, k, v, None, None, cu_seqlens, cu_seqlens.shape[0] - 1,
-                               k.shape[1], 1, max(q.shape[0], 1), scale, 1.0)
+                               k.shape[1], 1, max(q.shape[0], 1), scale, 1.0, causal)
 
 
 def _cache_suffix(cache: DeviceArray | None, act: DeviceArray) -> str:

@@ -1,6 +1,7 @@
 """Split decode attention's (heads per block, splits) plan (no GPU needed): measured bests on an
-H200 (132 SMs), docs/benchmarks.md."""
+H200 (132 SMs), docs/benchmarks.md; and the kernel prefill attention picks, causal or not."""
 
+import numpy as np
 import pytest
 
 from atlas_cuda.ops_attention import BLOCKS_PER_SM, COMBINE_FLOATS, decode_plan
@@ -48,3 +49,34 @@ def test_policy_picks_the_plan_by_cache_length(choice, ctx, want):
     from fake_context import fake_context
     ops = AttentionOps(fake_context(KernelPolicy(decode_plan=choice)))
     assert ops._decode_plan(1, 32, 8, 128, ctx) == want
+
+
+@pytest.mark.parametrize("dtype,d,causal,policy,want", [
+    ("bfloat16", 64, True, "auto", "flash_bf16_d64"),           # causal: the kernels as before
+    ("float16", 128, True, "auto", "flash_f16_d128"),
+    ("bfloat16", 64, False, "auto", "flash_bidir_bf16_d64"),
+    ("bfloat16", 80, False, "auto", "flash_bidir_bf16_d80"),
+    ("bfloat16", 80, True, "simt", "flash_bf16_d80"),          # no CUDA-core kernel at 80
+    ("bfloat16", 64, False, "simt", "attn_bidir_bf16_d64_h"),
+    ("float32", 128, False, "auto", "attn_bidir_f32_d128_h"),
+    ("float32", 64, True, "auto", "attn_dec_f32_d64_h"),
+])
+def test_prefill_attention_picks_the_kernel(dtype, d, causal, policy, want):
+    from atlas_core.api import as_dtype
+    from atlas_cuda.ops_attention import AttentionOps
+    from atlas_cuda.policy import KernelPolicy
+    from fake_context import FakeArray, fake_context
+    ctx = fake_context(KernelPolicy(attention=policy))
+    q, kv = FakeArray((200, 8, d), as_dtype(dtype)), FakeArray((200, 2, d), as_dtype(dtype))
+    AttentionOps(ctx).prefill_attention(q, kv, kv, FakeArray((3,), np.int32), 0.1, causal=causal)
+    (name, *_), = ctx.kernels.launches
+    assert name.startswith(want)
+
+
+def test_prefill_attention_refuses_a_head_dim_no_kernel_has():
+    from atlas_cuda.ops_attention import AttentionOps
+    from fake_context import FakeArray, fake_context
+    q = FakeArray((200, 8, 80), np.float32)
+    with pytest.raises(ValueError, match="head_dim 80"):
+        AttentionOps(fake_context()).prefill_attention(q, q, q, FakeArray((3,), np.int32), 0.1,
+                                                       causal=False)

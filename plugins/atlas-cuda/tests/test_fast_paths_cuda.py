@@ -1,5 +1,6 @@
 """The fast paths against the NumPy references and against the kernels they replace: cuBLASLt
-vs the mma.sync GEMM (M > 8), the tensor-core flash attention vs the CUDA-core kernel, fp8 KV."""
+vs the mma.sync GEMM (M > 8), the tensor-core flash attention vs the CUDA-core kernel (causal
+and bidirectional), fp8 KV."""
 
 import numpy as np
 import pytest
@@ -59,6 +60,23 @@ def test_multi_token_attention(cuda_backend, use_policy, mode, h, kh, d):
     got = be.ops.paged_attention(*(be.from_host(a) for a in (q, kc, vc, tables, sl, cuq)),
                                  d ** -0.5)
     assert rel(be, got, ref.paged_attention(q, kc, vc, tables, sl, cuq, d ** -0.5)) < 2e-2
+
+
+@pytest.mark.parametrize("mode", ["flash", "simt"])
+@pytest.mark.parametrize("dtype", [bfloat16, np.float16])
+@pytest.mark.parametrize("h,kh,d", [(16, 16, 80), (8, 2, 128), (4, 4, 64)])
+def test_bidirectional_prefill_attention(cuda_backend, use_policy, mode, dtype, h, kh, d):
+    """``causal=False`` (vision towers): the flash kernel (always at head dim 80, which the
+    CUDA-core kernel lacks) and the CUDA-core one, sequences within and across 64-row tiles."""
+    use_policy(attention=mode)
+    be = cuda_backend
+    lens = [1, 70, 130, 64, 5, 1024]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    t = int(cu[-1])
+    q, k, v = rand(t, h, d, dtype=dtype), rand(t, kh, d, dtype=dtype), rand(t, kh, d, dtype=dtype)
+    got = be.ops.prefill_attention(*(be.from_host(a) for a in (q, k, v, cu)), d ** -0.5,
+                                   causal=False)
+    assert rel(be, got, ref.prefill_attention(q, k, v, cu, d ** -0.5, causal=False)) < 2e-2
 
 
 def test_fp8_cache_roundtrip(cuda_backend):

@@ -33,15 +33,18 @@ def gelu_cases() -> list[OpCase]:
 
 
 def vision_attention_cases() -> list[OpCase]:
-    """Two images (16 and 4 patches) of head_dim 16, rotary from their grids."""
+    """Two images of head_dim 16 (16 and 4 patches), and two at Qwen3-VL's head_dim 72 (64 and
+    8 patches: cuda pads it to the tensor-core kernel's 80), rotary from their grids."""
     cases = []
-    grids = [(1, 4, 4), (1, 2, 2)]
+    layouts = [("d16", [(1, 4, 4), (1, 2, 2)], 16), ("d72", [(1, 8, 8), (1, 2, 4)], 72)]
     for dtype in DTYPES:
-        rng = make_rng("vision_attention", dtype)
-        qkv = randn(rng, (20, 3 * 2 * 16), dtype)
-        cos_sin = rotary_cos_sin(grids, 16, 2, 10000.0)
-        cu = np.array([0, 16, 20], np.int32)
-        cases.append(OpCase(dtype, (qkv, cos_sin, cu, 0.25), {"num_heads": 2, "head_dim": 16}))
+        for label, grids, head_dim in layouts:
+            rng = make_rng("vision_attention", dtype, label)
+            cu = np.concatenate([[0], np.cumsum([np.prod(g) for g in grids])]).astype(np.int32)
+            qkv = randn(rng, (int(cu[-1]), 3 * 2 * head_dim), dtype)
+            cos_sin = rotary_cos_sin(grids, head_dim, 2, 10000.0)
+            cases.append(OpCase(f"{dtype}-{label}", (qkv, cos_sin, cu, head_dim ** -0.5),
+                                {"num_heads": 2, "head_dim": head_dim}))
     return cases
 
 

@@ -2,7 +2,8 @@
 # What the coordinator runs on the lent GPU for atlas-qwen3vl, from the repository root (about
 # 4 minutes). Logs go to $OUT (or ./qwen3vl_gpu_out); every step has its own time limit.
 #   1. pytest -m gpu: the vision ops (layer_norm, gelu, vision_attention, interpolate_pos_embed)
-#      against their references, vision_attention at head_dim 72, and the tiny Qwen3-VL
+#      against their references, vision_attention at head_dim 72 (and a 1024-patch image in
+#      bf16 through core's tensor-core bidirectional attention), and the tiny Qwen3-VL
 #      checkpoint's image features and greedy tokens (image + text requests) on cuda = numpy.
 #   2. atlas bench qwen3-vl-30b-a3b (random bf16 weights on the device): decode at batch 1 and
 #      the vision lines: encode time of a 1024x1024 image, TTFT of image + 100 tokens.

@@ -1,6 +1,6 @@
 """On a CUDA GPU (marker ``gpu``, skipped without one; needs ``atlas-qwen3vl[cuda]``): the vision
 ops match their references on their contract cases and at Qwen3-VL's own head_dim (72) with two
-images, and a tiny Qwen3-VL checkpoint gives the same vision features and greedy tokens with an
+images and with one 1024-patch image (bf16 through the core tensor-core attention), and a tiny Qwen3-VL checkpoint gives the same vision features and greedy tokens with an
 image on cuda as on numpy (float32). Run on the lent GPU: tests/gpu_session.sh."""
 
 from __future__ import annotations
@@ -38,6 +38,26 @@ def test_vision_attention_at_qwen3_vl_head_dim(cuda, dtype):
                                    np.array([0, 256, 320], np.int32), 72 ** -0.5),
                   {"num_heads": 16, "head_dim": 72})
     check_case(cuda, cuda.op_registry, "vision_attention", case)
+
+
+def test_vision_attention_of_a_1024_patch_image_on_tensor_cores(cuda, monkeypatch):
+    """bf16 at head_dim 72: rotated q/k/v padded to 80 through the core bidirectional
+    prefill attention (the flash kernel), against the reference."""
+    calls = []
+    core = cuda.ops.prefill_attention
+
+    def spy(q, k, v, cu_seqlens, scale, *, causal=True):
+        calls.append((q.shape, causal))
+        return core(q, k, v, cu_seqlens, scale, causal=causal)
+
+    monkeypatch.setattr(cuda.ops, "prefill_attention", spy)
+    rng = make_rng("vision_attention-1024", "bfloat16")
+    qkv = randn(rng, (1024, 3 * 16 * 72), "bfloat16")
+    case = OpCase("bf16-1024", (qkv, rotary_cos_sin([(1, 32, 32)], 72, 2, 10000.0),
+                                np.array([0, 1024], np.int32), 72 ** -0.5),
+                  {"num_heads": 16, "head_dim": 72})
+    check_case(cuda, cuda.op_registry, "vision_attention", case)
+    assert calls == [((1024, 16, 80), False)]
 
 
 @pytest.fixture(scope="module")

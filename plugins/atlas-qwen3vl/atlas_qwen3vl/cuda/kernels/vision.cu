@@ -3,10 +3,15 @@
 //   layer_norm:  a block per row, two passes (mean, then the centred variance).
 //   gelu:        elementwise, exact (erf) or tanh form.
 //   interp_pos:  a block per patch, 4 bilinear taps of the learned position table.
-//   vision_attn: a block per (token, head); each warp walks a strided share of the keys of the
-//                token's image with its own online softmax (lanes split head_dim, at most
-//                128), the warps' partials merged at the end. q and k are rotated on the fly
-//                (NeoX halves, per-token cos/sin rows) and rounded to T as the reference does.
+//   vision_attn: (float32) a block per (token, head); each warp walks a strided share of the
+//                keys of the token's image with its own online softmax (lanes split head_dim,
+//                at most 128), the warps' partials merged at the end. q and k are rotated on
+//                the fly (NeoX halves, per-token cos/sin rows) and rounded to T as the
+//                reference does.
+//   rope_pad:    (bf16/f16, before the core flash attention) a block per token: q and k rotated
+//                and rounded as above, v copied, each head zero-padded from D to Dp columns
+//                (zeros in q and k leave the scores as they are).
+//   unpad_heads: the attention output [t, H, Dp] back to [t, H * D].
 #include "common.cuh"
 
 #define VA_WARPS 4
@@ -110,6 +115,29 @@ __device__ void vision_attn_impl(T* out, const T* qkv, const float* cos_sin, con
   }
 }
 
+template <typename T>
+__device__ void rope_pad_impl(T* q, T* k, T* v, const T* qkv, const float* cos_sin, int H, int D,
+                              int Dp) {
+  long long t = blockIdx.x;
+  const T* row = qkv + t * 3 * H * D;
+  const float* cs = cos_sin + t * D;
+  for (int i = threadIdx.x; i < 3 * H * Dp; i += blockDim.x) {
+    int part = i / (H * Dp), hd = i % (H * Dp), h = hd / Dp, d = hd % Dp;
+    const T* src = row + (part * H + h) * D;
+    float x = 0.f;
+    if (d < D) x = part == 2 ? to_f32(src[d]) : rotated(src, cs, d, D);
+    T* dst = part == 0 ? q : part == 1 ? k : v;
+    dst[t * H * Dp + hd] = from_f32<T>(x);
+  }
+}
+
+template <typename T>
+__device__ void unpad_heads_impl(T* out, const T* x, long long n, int D, int Dp) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = x[i / D * Dp + i % D];
+}
+
 #define VISION(T, S)                                                                          \
   extern "C" __global__ void layer_norm_##S(T* out, const T* x, const T* w, const T* b,       \
                                             int cols, float eps) {                            \
@@ -126,5 +154,12 @@ __device__ void vision_attn_impl(T* out, const T* qkv, const float* cos_sin, con
       T* out, const T* qkv, const float* cs, const int* cu, int n_img, int H, int D,          \
       float scale) {                                                                          \
     vision_attn_impl<T>(out, qkv, cs, cu, n_img, H, D, scale);                                \
+  }                                                                                           \
+  extern "C" __global__ void rope_pad_##S(T* q, T* k, T* v, const T* qkv, const float* cs,   \
+                                          int H, int D, int Dp) {                             \
+    rope_pad_impl<T>(q, k, v, qkv, cs, H, D, Dp);                                             \
+  }                                                                                           \
+  extern "C" __global__ void unpad_heads_##S(T* out, const T* x, long long n, int D, int Dp) { \
+    unpad_heads_impl<T>(out, x, n, D, Dp);                                                    \
   }
 INSTANTIATE(VISION)
