@@ -12,8 +12,8 @@ import pytest
 import atlas_core
 
 DEMO_DIR = Path(atlas_core.__file__).resolve().parent / "assets" / "atlas-demo"
-FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-         "tokenizer_config.json"]
+FILES = ["config.json", "generation_config.json", "model.safetensors", "mtp.safetensors",
+         "tokenizer.json", "tokenizer_config.json"]
 TOOLS = [
     {"type": "function", "function": {
         "name": "get_weather", "description": "Get the current weather for a city.",

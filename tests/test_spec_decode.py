@@ -169,8 +169,14 @@ def test_cli_flags_pick_the_method(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"mtp_num_hidden_layers": 1}}))
     assert speculative_config(parser.parse_args(["--speculative"]), str(tmp_path)) == {
         "method": "mtp", "num_speculative_tokens": 2}
+    plain_dir = tmp_path / "plain"
+    plain_dir.mkdir()
+    (plain_dir / "config.json").write_text(json.dumps({"hidden_size": 64}))
     assert speculative_config(parser.parse_args(["--speculative", "--num-drafts", "3"]),
-                              None) == {"method": "ngram", "num_speculative_tokens": 3}
+                              str(plain_dir)) == {"method": "ngram", "num_speculative_tokens": 3}
+    # no model: the built-in demo model, which ships an MTP head
+    assert speculative_config(parser.parse_args(["--speculative"]), None) == {
+        "method": "mtp", "num_speculative_tokens": 2}
     given = parser.parse_args(["--speculative-config", '{"method": "ngram"}'])
     assert speculative_config(given, None) == {"method": "ngram"}
     with pytest.raises(ValueError, match="--num-drafts needs --speculative"):

@@ -46,11 +46,12 @@ def speculative_config(args: argparse.Namespace, model_dir: str | None = None) -
 
 
 def has_mtp_layers(model_dir: str | None) -> bool:
-    """Whether a local checkpoint's config.json declares multi-token-prediction layers."""
-    if not model_dir:
-        return False
+    """Whether a local checkpoint's config.json declares multi-token-prediction layers
+    (``None``: the built-in demo model, which has an MTP head)."""
     from pathlib import Path
-    path = Path(model_dir).expanduser() / "config.json"
+
+    from atlas_core.engine.loading import DEMO_MODEL_DIR
+    path = Path(model_dir or DEMO_MODEL_DIR).expanduser() / "config.json"
     if not path.is_file():
         return False
     config = json.loads(path.read_text())

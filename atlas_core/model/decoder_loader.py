@@ -17,6 +17,7 @@ from atlas_core.interfaces.weight_loader import ModelWeightLoader
 from atlas_core.model.config_fields import (canonical_config, head_dim_from_heads,
                                             kv_heads_from_heads)
 from atlas_core.model.layers.decoder import DecoderLayer
+from atlas_core.model.layers.mtp import MTPHead
 from atlas_core.model.model import CausalLM
 from atlas_core.model.quantized_loading import quantized_formats
 from atlas_core.model.weight_loading import (check_size, checkpoint_tensors, load_weights,
@@ -25,6 +26,9 @@ from atlas_core.ops._dtypes import as_dtype
 from atlas_core.ops.rotary import rope_parameters
 
 REQUIRED_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+#: config.json fields declaring multi-token-prediction blocks (Qwen3.5; Qwen3-Next, DeepSeek-V3).
+MTP_LAYER_FIELDS = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
 
 #: Blocks built to size a model before all of it is built (the others are assumed alike).
 SIZE_SAMPLE_LAYERS = 16
@@ -124,6 +128,33 @@ class DecoderOnlyLoader(ModelWeightLoader):
                         max_position_embeddings=self.max_position_embeddings(config),
                         zero_centered_norm=self.zero_centered_norm)
 
+    def build_mtp(self, config: dict[str, Any], model: CausalLM | None) -> MTPHead:
+        """Optional. The multi-token-prediction head (``mtp.*``, see
+        :class:`~atlas_core.model.layers.mtp.MTPHead`) over ``model``'s embedding table: one
+        block built like block 0, with the loader's norms. Override where block 0 is not
+        attention (hybrid stacks).
+
+        Args:
+            config: the resolved config.
+            model: the model whose embedding the head shares (``None``: only declare shapes).
+        """
+        eps = config.get("rms_norm_eps", 1e-6)
+        return MTPHead(self.build_layer(config, 0), hidden_size=config["hidden_size"],
+                       rms_norm_eps=eps, zero_centered=self.zero_centered_norm,
+                       embed_tokens=lambda: model.params["model.embed_tokens.weight"])
+
+    def has_mtp_head(self, config: dict[str, Any], checkpoint: Any) -> bool:
+        """Whether :meth:`load` attaches an MTP head as ``model.mtp``: config.json declares MTP
+        blocks (:data:`MTP_LAYER_FIELDS`) and the checkpoint has ``mtp.fc.weight``
+        ``[hidden, 2 * hidden]`` (the Qwen3.5 layout; its other ``mtp.*`` tensors must then be
+        complete)."""
+        config = self.resolve_config(config)
+        if not any(config.get(field) for field in MTP_LAYER_FIELDS):
+            return False
+        hidden = config["hidden_size"]
+        return ("mtp.fc.weight" in checkpoint
+                and tuple(checkpoint.shape("mtp.fc.weight")) == (hidden, 2 * hidden))
+
     def parameter_count(self, config: dict[str, Any]) -> int:
         """Parameters of the model ``config`` describes, from its first
         :data:`SIZE_SAMPLE_LAYERS` blocks scaled to ``num_hidden_layers`` (fast for any config)."""
@@ -145,6 +176,8 @@ class DecoderOnlyLoader(ModelWeightLoader):
         np_dtype = model_dtype(config, dtype, fallback)
         check_size(self.parameter_count(config), np_dtype, checkpoint, backend)
         model = self.build(config)
+        if self.has_mtp_head(config, checkpoint):
+            model.mtp = model.add("mtp", self.build_mtp(self.resolve_config(config), model))
         plan = plan_weights(model, checkpoint, config, quantized_formats(backend))
         model.materialize(backend, np_dtype, plan.allocate)
         load_weights(model, checkpoint, config, plan)

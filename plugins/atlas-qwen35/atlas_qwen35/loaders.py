@@ -3,7 +3,8 @@
 All three are hybrid stacks: ``layer_types`` picks Gated DeltaNet (``linear_attention``) or gated
 full attention (``full_attention``) per block; every RMSNorm except the GDN output norm stores
 ``w - 1``. Vision-tower weights are not loaded; a complete multi-token-prediction head
-(``mtp.*``, :mod:`atlas_qwen35.mtp`) is, as ``model.mtp``, for speculative decoding.
+(``mtp.*``, see :meth:`Qwen3NextLoader.build_mtp`) is, as ``model.mtp``, for speculative
+decoding.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 
 from atlas_core.api import (CausalLM, DecoderLayer, DecoderOnlyLoader, MTPHead, TransformerLayer,
                             checkpoint_tensors, rope_parameters)
-from atlas_qwen35.mtp import num_mtp_layers
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,6 @@ class Qwen3NextLoader(DecoderOnlyLoader):
     layout = "qwen3_next"
     skipped_prefixes = SKIPPED_PREFIXES
     fused_experts = False
-    _with_mtp = False
     zero_centered_norm = True
     config_defaults = {**DecoderOnlyLoader.config_defaults, "head_dim": 256,
                        "num_key_value_heads": 2, "max_position_embeddings": 32768,
@@ -112,14 +111,14 @@ class Qwen3NextLoader(DecoderOnlyLoader):
                             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
                             zero_centered=self.zero_centered_norm)
 
-    def build(self, config: dict[str, Any]) -> CausalLM:
-        model = super().build(config)
-        if self._with_mtp:
-            model.mtp = model.add("mtp", self.build_mtp(self.resolve_config(config), model))
-        return model
-
-    def build_mtp(self, config: dict[str, Any], model: CausalLM) -> MTPHead:
-        """The MTP head: one full-attention block with the feed-forward of layer 0's kind."""
+    def build_mtp(self, config: dict[str, Any], model: CausalLM | None) -> MTPHead:
+        """The MTP head (``mtp.*``; ``mtp_num_hidden_layers`` in Qwen3.5 configs,
+        ``num_nextn_predict_layers`` in Qwen3-Next's): zero-centred ``pre_fc_norm_embedding``
+        and ``pre_fc_norm_hidden``, ``fc`` ``[hidden, 2 * hidden]`` over their concatenation
+        (embedding first), one gated full-attention block with the feed-forward of layer 0's
+        kind (``layers.0.*``) and ``norm``; embedding and ``lm_head`` are the model's. HF
+        transformers does not load these tensors; vLLM's ``qwen3_next_mtp`` and ``qwen3_5_mtp``
+        define the same forward."""
         attention = self.layer_factory("gated_attention")(**self.attention_kwargs(config, 0))
         if self.is_sparse(config, 0):
             ffn = self.layer_factory("moe_shared_expert")(**self.moe_kwargs(config, 0))
@@ -135,19 +134,13 @@ class Qwen3NextLoader(DecoderOnlyLoader):
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
              dtype: Any = None) -> CausalLM:
         names = checkpoint.names()
-        hidden = self.resolve_config(config)["hidden_size"]
-        with_mtp = (num_mtp_layers(self.resolve_config(config)) > 0 and "mtp.fc.weight" in names
-                    and tuple(checkpoint.shape("mtp.fc.weight")) == (hidden, 2 * hidden))
+        with_mtp = self.has_mtp_head(config, checkpoint)
         for prefix, what in self.skipped_prefixes:
             skipped = sum(1 for n in names if n.startswith(prefix))
             if skipped and not (with_mtp and prefix == "mtp."):
                 log.info("not loading %d %s tensors (%s*): Atlas serves the text model only",
                          skipped, what, prefix)
-        self._with_mtp = with_mtp
-        try:
-            return super().load(config, checkpoint, backend, dtype=dtype)
-        finally:
-            self._with_mtp = False
+        return super().load(config, checkpoint, backend, dtype=dtype)
 
     def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         text = config.get("text_config")
