@@ -140,11 +140,7 @@ def forget_lower(engine, keep_host: bool) -> None:
     bm.flush_to_tiers()
     bm.reset_prefix_cache()
     if not keep_host:
-        tiers.host.clear()
-        tiers.staged.clear()
-        while tiers.disk.writes:
-            time.sleep(0.01)
-            tiers.disk.poll()
+        tiers.clear_memory()
 
 
 def main() -> None:

@@ -121,7 +121,8 @@ class MockGpuBackend(NumpyBackend):
       ``capture`` once per capture.
     - ``alloc`` (with bytes) for :meth:`empty`, :meth:`zeros`, :meth:`from_host`. Op outputs are
       ``workspace`` events (bytes taken from the step workspace), never ``alloc``.
-    - ``h2d`` for :meth:`from_host` / :meth:`copy_from_host`, ``d2h`` for :meth:`to_host`,
+    - ``h2d`` for :meth:`from_host` / :meth:`copy_from_host` (and ``copy_from_host_async``,
+      which calls it), ``d2h`` for :meth:`to_host` / :meth:`copy_to_host_async`,
       ``d2d`` for :meth:`copy_` (with bytes); a :meth:`to_host_async` records its ``d2h`` when
       it is waited for; ``sync`` for :meth:`synchronize`;
       ``reset_workspace`` for :meth:`reset_workspace`.
@@ -219,6 +220,11 @@ class MockGpuBackend(NumpyBackend):
         self._check_not_capturing("to_host()")
         self._emit("d2h", "to_host", array.nbytes)
         return super().to_host(array)
+
+    def copy_to_host_async(self, dst: np.ndarray, src: np.ndarray) -> None:
+        self._check_not_capturing("copy_to_host_async()")
+        self._emit("d2h", "copy_to_host_async", src.nbytes)
+        super().copy_to_host_async(dst, src)
 
     def to_host_async(self, array: np.ndarray) -> "_MockRead":
         """Snapshot ``array`` now (what a queued copy would see); ``d2h`` is recorded at

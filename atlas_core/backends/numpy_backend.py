@@ -92,6 +92,11 @@ class NumpyBackend(GpuBackend):
     def to_host(self, array: np.ndarray) -> np.ndarray:
         return np.array(array, copy=True)
 
+    def copy_to_host_async(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"copy_to_host_async: {src.nbytes} bytes into {dst.nbytes}")
+        np.copyto(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
+
     def copy_(self, dst: np.ndarray, src: np.ndarray) -> None:
         if dst.shape != src.shape or dst.dtype != src.dtype:
             raise ValueError(f"copy_: destination {dst.shape} {dst.dtype} and source {src.shape} "

@@ -152,7 +152,7 @@ class BlockManager:
             return
         blocks = [self._take() for _ in payloads]
         self.spill_evicted()
-        self.tiers.io.write(blocks, payloads)
+        self.tiers.write(blocks, payloads)
         for block, h in zip(blocks, hashes):
             self.hash_of[block] = h
             self.block_of[h] = block

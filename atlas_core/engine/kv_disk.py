@@ -6,29 +6,41 @@ dtype, block size and layout (:func:`kv_namespace`). Keys are the blocks' chaine
 restarted server finds the prefixes an earlier run stored. Each record carries a checksum
 (:mod:`atlas_core.storage.kv_record`); a record that fails it is counted, deleted and treated
 as a miss. The backend's coroutines run on an event loop of their own thread, so the engine
-thread only submits and polls.
+thread only submits and polls; checksums are computed and verified on a small thread pool
+(``zlib.crc32`` releases the GIL), so neither the loop nor the engine waits on them and many
+records are checked at once. Finished reads and writes are queued as they complete, so a poll
+costs what finished, not what is in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import hashlib
 import json
 import logging
+import os
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
-from atlas_core.storage.kv_record import (HEADER_SIZE, VERSION, CorruptRecord, pack_record,
-                                          unpack_record)
+import numpy as np
+
+from atlas_core.engine.kv_block_io import byte_view
+from atlas_core.storage.kv_record import (HEADER_SIZE, VERSION, CorruptRecord, new_record,
+                                          seal_record, unpack_record)
 
 log = logging.getLogger(__name__)
 
 _FINGERPRINT_BYTES = 1 << 20
 #: Failed writes in a row after which the tier stops writing (reads go on).
 MAX_WRITE_FAILURES = 8
+#: Threads computing and verifying checksums.
+CHECKSUM_THREADS = min(8, os.cpu_count() or 1)
+#: Bytes of finished write buffers kept for reuse (a fresh buffer faults in every page).
+SPARE_BYTES = 256 << 20
 
 
 def _model_fingerprint(model: Any, model_name: str | None) -> str:
@@ -98,6 +110,8 @@ class DiskTier:
         self.record_size = HEADER_SIZE + payload_size
         self.capacity = max(0, capacity_bytes // self.record_size)
         self.runner = StorageLoop()
+        self.checksums = concurrent.futures.ThreadPoolExecutor(CHECKSUM_THREADS,
+                                                               "atlas-kv-checksum")
         self.index: OrderedDict[bytes, None] = OrderedDict()
         try:
             stored = storage.keys()
@@ -108,8 +122,12 @@ class DiskTier:
         for key in stored:
             if len(key) == 32 and all(c in "0123456789abcdef" for c in key):
                 self.index[bytes.fromhex(key)] = None
-        self.writes: dict[bytes, tuple[concurrent.futures.Future, Any]] = {}
+        #: hash -> (future, record, whether the record is ours to reuse once written)
+        self.writes: dict[bytes, tuple[concurrent.futures.Future, np.ndarray, bool]] = {}
         self.reads: dict[bytes, concurrent.futures.Future] = {}
+        self._finished: deque = deque()
+        self._read_finished = threading.Event()
+        self._spare: list[np.ndarray] = []
         self.num_loaded_at_start = len(self.index)
         self.num_corrupt = storage.num_torn_writes
         self.num_write_failures = 0
@@ -124,43 +142,91 @@ class DiskTier:
     def used_bytes(self) -> int:
         return len(self.index) * self.record_size
 
+    @property
+    def can_write(self) -> bool:
+        """Whether :meth:`write` stores anything (writable and not sized zero)."""
+        return self.is_writable and self.capacity > 0
+
     def contains(self, h: bytes) -> bool:
         return h in self.index or h in self.writes
 
+    def new_record(self) -> np.ndarray:
+        """A record buffer to fill (``record[HEADER_SIZE:]``) and pass to :meth:`write_record`."""
+        return self._spare.pop() if self._spare else new_record(self.payload_size)
+
     def write(self, h: bytes, payload: Any) -> None:
-        """Store a block in the background (no-op when present; refreshes its LRU place)."""
+        """Store a block in the background (no-op when present; refreshes its LRU place);
+        ``payload`` is copied, the caller may reuse it."""
+        if self._skip_write(h):
+            return
+        record = self.new_record()
+        record[HEADER_SIZE:] = byte_view(payload)
+        self.write_record(h, record, recycle=True)
+
+    def write_record(self, h: bytes, record: np.ndarray, recycle: bool = False) -> None:
+        """Store the block whose bytes fill ``record``'s payload, without copying it: the
+        caller leaves ``record`` unchanged while ``h`` is in :attr:`writes`. The header is
+        sealed on the checksum threads. ``recycle``: the record came from :meth:`new_record`
+        and may be reused once written."""
+        if self._skip_write(h):
+            if recycle:
+                self._keep_spare(record)
+            return
+        future = self.runner.submit(self._write(h, record))
+        self.writes[h] = (future, record, recycle)
+        future.add_done_callback(functools.partial(self._finish, "write", h))
+
+    def _skip_write(self, h: bytes) -> bool:
         if h in self.index:
             self.index.move_to_end(h)
-            return
-        if h in self.writes or not self.is_writable or not self.capacity:
-            return
-        record = pack_record(h, payload)
-        self.writes[h] = (self.runner.submit(self.storage.write(h.hex(), record)), payload)
+            return True
+        return h in self.writes or not self.can_write
+
+    async def _write(self, h: bytes, record: np.ndarray) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.checksums, seal_record, record, h)
+        await self.storage.write(h.hex(), memoryview(record))
 
     def fetch(self, h: bytes) -> Any | None:
         """The block's payload if it is at hand now (a write still in flight), else start
         reading it (see :meth:`poll`) and return ``None``."""
         pending = self.writes.get(h)
         if pending is not None:
-            return pending[1]
+            future, record, _ = pending
+            self.writes[h] = (future, record, False)  # handed out: never reused
+            return record[HEADER_SIZE:]
         if h not in self.reads and h in self.index:
             self.index.move_to_end(h)
-            self.reads[h] = self.runner.submit(self._read(h))
+            future = self.runner.submit(self._read(h))
+            self.reads[h] = future
+            future.add_done_callback(functools.partial(self._finish, "read", h))
         return None
 
     async def _read(self, h: bytes):
         data = await self.storage.read(h.hex())
-        return unpack_record(h, data, self.payload_size)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.checksums, unpack_record, h, data, self.payload_size)
+
+    def _finish(self, kind: str, h: bytes, future: concurrent.futures.Future) -> None:
+        # Runs on whichever thread completed the future.
+        self._finished.append((kind, h, future))
+        if kind == "read":
+            self._read_finished.set()
 
     def poll(self) -> dict[bytes, Any]:
         """Reap finished writes and reads; returns the payloads read ``{hash: payload}``."""
-        for h, (future, _) in list(self.writes.items()):
-            if future.done():
-                del self.writes[h]
-                self._finish_write(h, future)
+        self._read_finished.clear()
         done = {}
-        for h, future in list(self.reads.items()):
-            if not future.done():
+        while self._finished:
+            kind, h, future = self._finished.popleft()
+            if kind == "write":
+                pending = self.writes.get(h)
+                if pending is not None and pending[0] is future:
+                    del self.writes[h]
+                    self._finish_write(h, future)
+                    if pending[2]:
+                        self._keep_spare(pending[1])
+                continue
+            if self.reads.get(h) is not future:
                 continue
             del self.reads[h]
             try:
@@ -177,6 +243,10 @@ class DiskTier:
                             "recomputed", h.hex(), type(exc).__name__, exc)
                 self.index.pop(h, None)
         return done
+
+    def _keep_spare(self, record: np.ndarray) -> None:
+        if (len(self._spare) + 1) * self.record_size <= SPARE_BYTES:
+            self._spare.append(record)
 
     def _finish_write(self, h: bytes, future: concurrent.futures.Future) -> None:
         exc = future.exception()
@@ -197,10 +267,15 @@ class DiskTier:
                       "permissions, then restart", self._failures_in_a_row)
 
     def wait(self, timeout: float) -> None:
-        """Block until some read finishes (or ``timeout`` seconds pass)."""
+        """Block until some read finishes (or ``timeout`` seconds pass); returns at once when
+        one finished since the last :meth:`poll`."""
         if self.reads:
-            concurrent.futures.wait(list(self.reads.values()), timeout,
-                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            self._read_finished.wait(timeout)
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait for the writes in flight (within ``timeout`` s) and reap them."""
+        concurrent.futures.wait([f for f, _, _ in self.writes.values()], timeout)
+        self.poll()
 
     def _forget(self, h: bytes) -> None:
         self.index.pop(h, None)
@@ -216,9 +291,10 @@ class DiskTier:
         if self.is_closed:
             return
         self.is_closed = True
-        pending = [f for f, _ in self.writes.values()] + list(self.reads.values())
+        pending = [f for f, _, _ in self.writes.values()] + list(self.reads.values())
         concurrent.futures.wait(pending, timeout)
         self.poll()
         self.runner.submit(asyncio.sleep(0)).result(timeout)
         self.runner.close()
+        self.checksums.shutdown(wait=False, cancel_futures=True)
         self.storage.close()

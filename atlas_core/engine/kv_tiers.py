@@ -11,6 +11,11 @@ host memory (other sequences run meanwhile), and the host -> device copies go in
 step's forward. Hybrid models' recurrent-state snapshots (:class:`~atlas_core.engine.state_cache.
 StateCache`) get tiers of their own (:attr:`KVTiers.state`, keyed by the same block hashes),
 since a cached prefix is only usable up to a boundary whose snapshot is at hand too.
+
+Host memory is a :class:`~atlas_core.engine.kv_host_arena.HostArena` of record-shaped rows: a
+spilled block is copied from the device into its row once and written to disk from that row; a
+row is not reused while its disk write is in flight or while a payload handed out by
+:meth:`KVTiers.take` is being restored from it.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from atlas_core.engine.kv_block_io import KVBlockIO
+from atlas_core.engine.kv_block_io import KVBlockIO, byte_view
 from atlas_core.engine.kv_disk import DiskTier
+from atlas_core.engine.kv_host_arena import HostArena
+from atlas_core.storage.kv_record import HEADER_SIZE
 
 _GIB = 1 << 30
 #: Seconds the scheduler waits for a disk read when nothing else can run.
@@ -50,33 +57,69 @@ class KVTiers:
     def __init__(self, io: KVBlockIO, host_bytes: int, disk: DiskTier | None,
                  max_staged: int = 4096) -> None:
         self.io, self.disk = io, disk
-        self.host: OrderedDict[bytes, Any] = OrderedDict()
         self.host_capacity = host_bytes // io.block_bytes if io.block_bytes else 0
+        self.arena = HostArena(io.backend, HEADER_SIZE + io.block_bytes, self.host_capacity)
+        #: block hash -> arena row, least recently used first
+        self.host: OrderedDict[bytes, int] = OrderedDict()
+        #: arena rows of the payloads the last :meth:`take` handed out
+        self.lent: set[int] = set()
         self.staged: OrderedDict[bytes, Any] = OrderedDict()
         self.max_staged = max_staged
         self.counts = {tier: {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0}
                        for tier in ("host", "disk")}
         self.state: KVTiers | None = None
 
+    def _rows(self, n: int) -> list[int]:
+        # Up to ``n`` arena rows for new host entries: free ones, then those of the least
+        # recently used entries not lent out and not being written to disk (evicted here).
+        rows = []
+        while len(rows) < n:
+            row = self.arena.take()
+            if row is None:
+                break
+            rows.append(row)
+        if len(rows) < n:
+            writing = self.disk.writes if self.disk is not None else {}
+            victims = []
+            for h, row in self.host.items():
+                if len(rows) + len(victims) >= n:
+                    break
+                if row not in self.lent and h not in writing:
+                    victims.append(h)
+            rows += [self.host.pop(h) for h in victims]
+        return rows
+
+    def _payload(self, row: int) -> Any:
+        return self.arena.row(row)[HEADER_SIZE:]
+
     def spill(self, evicted: list[tuple[int, bytes]]) -> None:
-        """Copy blocks the device pool is about to reuse into the lower tiers."""
-        new = [(b, h) for b, h in evicted if h not in self.host]
-        for _, h in evicted:
+        """Copy blocks the device pool is about to reuse into the lower tiers: the most recent
+        into host memory (as many as it has rows for), every one to disk."""
+        disk, todo = self.disk, []
+        for b, h in evicted:
             if h in self.host:
                 self.host.move_to_end(h)
-        if self.disk is not None:
-            new = [(b, h) for b, h in new if self.host_capacity or not self.disk.contains(h)]
-        if not new:
-            return
-        payloads = self.io.read([b for b, _ in new])
-        for (_, h), payload in zip(new, payloads):
-            if self.host_capacity:
-                self.host[h] = payload
-                self.counts["host"]["bytes_written"] += payload.nbytes
-            if self.disk is not None:
-                self.disk.write(h, payload)
-        while len(self.host) > self.host_capacity:
-            self.host.popitem(last=False)
+            else:
+                todo.append((b, h))
+        rows = self._rows(len(todo)) if self.host_capacity and todo else []
+        num_disk_only = len(todo) - len(rows)
+        blocks, dests, writes = [], [], []
+        for b, h in todo[:num_disk_only]:
+            if disk is not None and disk.can_write and not disk.contains(h):
+                record = disk.new_record()
+                blocks.append(b)
+                dests.append(record[HEADER_SIZE:])
+                writes.append((h, record, True))
+        for (b, h), row in zip(todo[num_disk_only:], rows):
+            self.host[h] = row
+            self.counts["host"]["bytes_written"] += self.io.block_bytes
+            blocks.append(b)
+            dests.append(self._payload(row))
+            if disk is not None:
+                writes.append((h, self.arena.row(row), False))
+        self.io.read_into(blocks, dests)
+        for h, record, recycle in writes:
+            disk.write_record(h, record, recycle)
 
     def poll(self) -> None:
         """Move finished disk reads into the staging area (and reap finished writes)."""
@@ -117,26 +160,51 @@ class KVTiers:
 
     def take(self, hashes: list[bytes]) -> list[Any]:
         """Payloads of the leading ``hashes`` held in memory (stops at the first absent one);
-        counts each as a host or disk hit."""
-        out = []
+        counts each as a host or disk hit. Blocks read from disk join the host tier. Copy the
+        payloads into the device with :meth:`write` (they stay valid until then, or until the
+        next call)."""
+        self.lent.clear()
+        out, from_disk = [], []
         for h in hashes:
-            if h in self.host:
+            row = self.host.get(h)
+            if row is not None:
                 self.host.move_to_end(h)
-                out.append(self.host[h])
+                self.lent.add(row)
+                out.append(self._payload(row))
                 tier = "host"
             elif h in self.staged:
-                payload = self.staged.pop(h)
-                out.append(payload)
-                if self.host_capacity:
-                    self.host[h] = payload
+                from_disk.append((len(out), h))
+                out.append(self.staged.pop(h))
                 tier = "disk"
             else:
                 break
             self.counts[tier]["hits"] += 1
             self.counts[tier]["bytes_read"] += self.io.block_bytes
-        while len(self.host) > self.host_capacity:
-            self.host.popitem(last=False)
+        rows = self._rows(len(from_disk)) if self.host_capacity and from_disk else []
+        for (i, h), row in zip(from_disk, rows):
+            payload = self._payload(row)
+            payload[:] = byte_view(out[i])
+            self.host[h] = row
+            self.lent.add(row)
+            out[i] = payload
         return out
+
+    def write(self, blocks: list[int], payloads: list[Any]) -> None:
+        """Copy ``payloads`` (from :meth:`take`) into device ``blocks``; their host rows may be
+        reused afterwards."""
+        self.io.write(blocks, payloads)
+        self.lent.clear()
+
+    def clear_memory(self) -> None:
+        """Forget every block held in host memory or staged from disk (disk writes in flight
+        finish first: they read host rows)."""
+        if self.disk is not None:
+            self.disk.flush()
+        for row in self.host.values():
+            self.arena.give(row)
+        self.host.clear()
+        self.staged.clear()
+        self.lent.clear()
 
     def wait_reads(self) -> bool:
         """Wait briefly for a disk read when some are in flight (the state snapshots' tiers

@@ -104,7 +104,7 @@ class StateCache:
         if h not in self.row_of:
             [payload] = self.tiers.take([h])
             slot = self.assign(seq)
-            self.tiers.io.write([slot], [payload])
+            self.tiers.write([slot], [payload])
             self.num_restores += 1
             return None
         row = self.row_of[h]

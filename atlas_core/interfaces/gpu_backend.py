@@ -131,6 +131,30 @@ class GpuBackend(ABC):
         """
         return HostRead(self.to_host(array))
 
+    def empty_pinned(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        """Optional. An uninitialised host array that :meth:`copy_from_host_async` and
+        :meth:`copy_to_host_async` move at the full speed of the host link, with no bounce
+        through a staging buffer (page-locked memory on cuda): the KV tiers' host rows. Meant
+        for a few large, long-lived buffers. Default: ``np.empty``."""
+        return np.empty(tuple(shape), dtype=dtype)
+
+    def copy_from_host_async(self, dst: Any, src: np.ndarray) -> None:
+        """Optional. :meth:`copy_from_host` that may return before ``src`` has been read: the
+        caller leaves ``src`` unchanged (and alive) until :meth:`synchronize`. Large copies from
+        :meth:`empty_pinned` arrays go straight to the device this way. Default: copies now."""
+        self.copy_from_host(dst, src)
+
+    def copy_to_host_async(self, dst: np.ndarray, src: Any) -> None:
+        """Optional. Copy the bytes of device array ``src`` into the existing contiguous host
+        array ``dst`` (same number of bytes); ``dst`` holds them once :meth:`synchronize`
+        returns (large copies into :meth:`empty_pinned` arrays run asynchronously). Default:
+        :meth:`to_host` now, then a host copy."""
+        host = self.to_host(src)
+        if host.nbytes != dst.nbytes:
+            raise ValueError(f"copy_to_host_async: {host.nbytes} device bytes into {dst.nbytes} "
+                             "host bytes")
+        dst.reshape(-1).view(np.uint8)[:] = host.reshape(-1).view(np.uint8)
+
     def zeros(self, shape: Sequence[int], dtype: Any) -> Any:
         """Optional. Allocate a zero-filled array (default: host zeros copied in)."""
         return self.from_host(np.zeros(shape, dtype=dtype))

@@ -58,6 +58,10 @@ CORE_OPS = (
     _spec("apply_top_n_sigma", "logits_filters",
           cases="atlas_core.testing.logits_filter_cases:apply_top_n_sigma_cases"),
     _spec("apply_token_bitmask", "guided", cases=None),
+    _spec("gather_blocks", "block_copy", inplace=True,
+          cases="atlas_core.testing.block_copy_cases:gather_blocks_cases"),
+    _spec("scatter_blocks", "block_copy", inplace=True,
+          cases="atlas_core.testing.block_copy_cases:scatter_blocks_cases"),
 )
 
 

@@ -10,6 +10,7 @@ one of them as its reference through a module-level alias.
 from atlas_core.ops.attention import (causal_softmax, gather_kv, paged_attention,
                                       prefill_attention, qk_norm_rope_and_cache,
                                       reshape_and_cache, rope_cache_attention)
+from atlas_core.ops.block_copy import gather_blocks, scatter_blocks
 from atlas_core.ops.guided import apply_token_bitmask
 from atlas_core.ops.logits_filters import apply_dry, apply_top_n_sigma, apply_xtc
 from atlas_core.ops.moe import (moe_block, moe_experts, moe_route, rms_norm_moe_block,
@@ -28,7 +29,8 @@ __all__ = [
     "prefill_attention", "qk_norm_rope_and_cache", "reshape_and_cache", "rms_norm",
     "rms_norm_linear", "rms_norm_moe_block", "rope_cache_attention",
     "rope_cos_sin_cache", "rotary_embedding", "sample", "sigmoid_mul", "silu_and_mul", "topk",
-    "apply_token_bitmask", "apply_dry", "apply_xtc", "apply_top_n_sigma",
+    "apply_token_bitmask", "apply_dry", "apply_xtc", "apply_top_n_sigma", "gather_blocks",
+    "scatter_blocks",
     # shared by model families' references, not core ops
     "causal_conv1d", "causal_conv1d_update", "causal_softmax", "select_grouped_topk", "softplus",
     "state_runs",

@@ -9,8 +9,10 @@ reference (tolerances in :data:`~atlas_core.testing.contracts_ops.TOLERANCES`): 
 with contract cases, core's and plugins' alike, through
 :class:`~atlas_core.testing.contracts_cases.GeneratedOpContract`; the KV-cache, attention,
 sampling and guided ops and ``linear`` through hand-written tests that check more than a
-reference comparison can; then the memory API and graph capture. :class:`CommBackendContract` and :class:`StorageBackendContract` do the same
-for comm and storage backends.
+reference comparison can; the KV tiers' block transfers (pinned host memory, async copies,
+``gather_blocks`` / ``scatter_blocks`` under KVBlockIO); then the memory API and graph
+capture. :class:`CommBackendContract` and :class:`StorageBackendContract` do the same for comm
+and storage backends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
 from atlas_core.testing.contracts_attention import AttentionContract
 from atlas_core.testing.contracts_cases import GeneratedOpContract, backend_registry
 from atlas_core.testing.contracts_guided import GuidedContract
+from atlas_core.testing.contracts_kv_transfer import KVTransferContract
 from atlas_core.testing.contracts_ops import OpContract
 from atlas_core.testing.contracts_sampling import SamplingContract
 
@@ -41,7 +44,7 @@ def _create(kind: str, name: str | None, options: dict[str, Any]) -> Any:
 
 
 class GpuBackendContract(OpContract, AttentionContract, SamplingContract, GuidedContract,
-                         GeneratedOpContract):
+                         KVTransferContract, GeneratedOpContract):
     """Every op and the memory API of a GpuBackend. Set ``backend_name`` or override
     :meth:`make_backend`; ``backend_options`` are passed to the factory."""
 

@@ -29,7 +29,8 @@ class OpCase:
 
     Attributes:
         id: a short name of the case (pytest id: ``<op>-<id>``).
-        args, kwargs: the op's arguments, NumPy arrays on the host.
+        args, kwargs: the op's arguments, NumPy arrays on the host (a list of arrays is
+            uploaded array by array: the pools of the block-copy ops).
         tol_scale: multiplies the dtype's tolerance (state recurrences amplify rounding).
     """
 
@@ -50,6 +51,8 @@ def registered_cases(registry: OpRegistry) -> list[tuple[str, OpCase]]:
 
 
 def _copy(x: Any) -> Any:
+    if isinstance(x, list):
+        return [_copy(y) for y in x]
     return x.copy() if isinstance(x, np.ndarray) else x
 
 
@@ -69,8 +72,11 @@ def check_case(backend, registry: OpRegistry, name: str, case: OpCase) -> None:
             assert_close(o, e, f"{name} output {i}", case.tol_scale)
     if spec.writes_args:
         for i, (dev, host) in enumerate(zip(dev_args, ref_args)):
-            if isinstance(host, np.ndarray):
-                assert_close(backend.to_host(dev), host, f"{name} argument {i}", case.tol_scale)
+            pairs = zip(dev, host) if isinstance(host, list) else [(dev, host)]
+            for j, (d, h) in enumerate(pairs):
+                if isinstance(h, np.ndarray):
+                    what = f"{name} argument {i}" + (f"[{j}]" if isinstance(host, list) else "")
+                    assert_close(backend.to_host(d), h, what, case.tol_scale)
 
 
 def backend_registry(backend) -> OpRegistry:

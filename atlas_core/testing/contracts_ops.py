@@ -58,6 +58,8 @@ def assert_close(out: np.ndarray, expected: np.ndarray, what: str = "output",
 
 
 def to_device(backend, x: Any) -> Any:
+    if isinstance(x, list):
+        return [to_device(backend, y) for y in x]
     if isinstance(x, QuantizedWeight):
         from atlas_core.testing.quant_cases import quantized_to_device
         return quantized_to_device(backend, x)

@@ -16,7 +16,7 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext
 from atlas_cuda.driver import DeviceAllocation, check, drv
 from atlas_cuda.kernels_loader import KernelLibrary
-from atlas_cuda.memory import LayerScope, StagingRing, Workspace
+from atlas_cuda.memory import LayerScope, PinnedHost, StagingRing, Workspace
 from atlas_cuda.policy import KernelPolicy, target_policy
 from atlas_cuda.targets import pick_target
 
@@ -116,6 +116,7 @@ class CudaBackend(GpuBackend):
         self.l2_bytes = self.device.properties.l2_cache_size
         self._capturing = False
         self._copy_buffer: DeviceAllocation | None = None  # copy_many's device staging
+        self.pinned = PinnedHost()
         self._bound: tuple[str, str | None] | None = None
         self.ctx = OpContext(self, self.kernels,
                              Workspace(workspace_bytes or DEFAULT_WORKSPACE_BYTES), self.policy)
@@ -237,6 +238,39 @@ class CudaBackend(GpuBackend):
         check(drv().cuEventRecord(event, self.stream))
         self.kernels.launch(self.kernels.kernel("copy", "any", "copy_segments"), n, 128,
                             np.uint64(base))
+
+    def empty_pinned(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        """Page-locked host memory (``cuMemAllocHost``), freed with the last view of it; pageable
+        memory, with a warning, where the driver refuses to lock more."""
+        return self.pinned.empty(shape, dtype)
+
+    def copy_from_host_async(self, dst: DeviceArray, src: np.ndarray) -> None:
+        """From an :meth:`empty_pinned` array: one DMA copy, queued (``src`` must stay
+        unchanged until :meth:`synchronize`); from pageable memory: :meth:`copy_from_host`."""
+        src = np.asarray(src)
+        if not (src.flags.c_contiguous and src.dtype == dst.dtype and self.pinned.holds(src)):
+            return self.copy_from_host(dst, src)
+        if src.nbytes != dst.nbytes:
+            raise ValueError(f"copy_from_host_async: {src.nbytes} host bytes into {dst.nbytes} "
+                             "device bytes")
+        if src.nbytes:
+            check(drv().cuMemcpyHtoDAsync(dst.ptr, src.ctypes.data, src.nbytes, self.stream))
+
+    def copy_to_host_async(self, dst: np.ndarray, src: DeviceArray) -> None:
+        """Into an :meth:`empty_pinned` array: one DMA copy, queued (``dst`` holds the bytes
+        after :meth:`synchronize`); into pageable memory: through the staging ring, done on
+        return."""
+        if dst.nbytes != src.nbytes:
+            raise ValueError(f"copy_to_host_async: {src.nbytes} device bytes into {dst.nbytes} "
+                             "host bytes")
+        if not (dst.flags.c_contiguous and dst.flags.writeable):
+            raise ValueError("copy_to_host_async: the host array must be contiguous and writable")
+        if not dst.nbytes:
+            return
+        if self.pinned.holds(dst):
+            check(drv().cuMemcpyDtoHAsync(dst.ctypes.data, src.ptr, dst.nbytes, self.stream))
+        else:
+            self.staging.download(dst, src.ptr, self.stream)
 
     def to_host(self, array: DeviceArray) -> np.ndarray:
         out = np.empty(array.shape, array.dtype)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import bisect
+import ctypes
+import logging
 import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from atlas_cuda.array import DeviceArray
-from atlas_cuda.driver import DeviceAllocation, PinnedAllocation, check, drv
+from atlas_cuda.driver import CudaError, DeviceAllocation, PinnedAllocation, check, drv
+
+log = logging.getLogger(__name__)
 
 ALIGN = 256
 
@@ -154,3 +159,37 @@ class StagingRing:
             check(drv().cuEventRecord(event, stream))
             check(drv().cuEventSynchronize(event))
             raw[start:start + n] = slot.array[:n]
+
+
+class PinnedHost:
+    """Page-locked host arrays handed out by ``CudaBackend.empty_pinned``, and the address
+    ranges they cover (so a copy can tell a pinned host array from a pageable one)."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+
+    def empty(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        """An array in fresh page-locked memory, freed with its last view; pageable memory,
+        with a warning, where the driver refuses to lock more."""
+        shape = tuple(int(s) for s in shape)
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        if not nbytes:
+            return np.empty(shape, dtype)
+        try:
+            mem = PinnedAllocation(nbytes)
+        except CudaError as exc:
+            log.warning("cuda: %.0f MiB of page-locked host memory refused (%s); using pageable "
+                        "memory, host<->device copies of it are slower", nbytes / (1 << 20), exc)
+            return np.empty(shape, dtype)
+        buf = (ctypes.c_uint8 * nbytes).from_address(mem.ptr)
+        buf.allocation = mem  # the array keeps the buffer alive, the buffer the allocation
+        bisect.insort(self.ranges, (mem.ptr, mem.ptr + nbytes))
+        return np.frombuffer(buf, np.uint8).view(dtype).reshape(shape)
+
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether ``array`` lies inside one array of :meth:`empty`. A range whose memory was
+        freed and reused by pageable memory only makes a copy of it look pinned, which the
+        driver still does correctly (synchronously)."""
+        start = array.ctypes.data
+        i = bisect.bisect_right(self.ranges, (start, math.inf)) - 1
+        return i >= 0 and start + array.nbytes <= self.ranges[i][1]

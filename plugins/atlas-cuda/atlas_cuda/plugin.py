@@ -19,6 +19,7 @@ CUDA_OPS = {
     "atlas_cuda.ops_logits_filters:LogitsFilterOps": (
         "apply_dry", "apply_xtc", "apply_top_n_sigma"),
     "atlas_cuda.ops_guided:GuidedOps": ("apply_token_bitmask",),
+    "atlas_cuda.ops_blocks:BlockCopyOps": ("gather_blocks", "scatter_blocks"),
 }
 
 

@@ -3,10 +3,11 @@
 A worker thread owns the :class:`~atlas_iouring.ring.Ring`. Coroutines queue requests and await
 futures; the worker pushes every queued request it has room for, submits them with one system
 call, and completes futures as completions arrive, so many reads and writes are in flight at
-once. Files bypass the page cache (``O_DIRECT``) through page-aligned buffers; where a file
-system refuses O_DIRECT (tmpfs) the same request runs buffered. Writes go to a temporary file
-that is renamed over the block's name once complete, so a crash never leaves a half-written
-block under a real key. The file names are those of the ``posix`` backend, so either backend
+once. Files bypass the page cache (``O_DIRECT``) through page-aligned buffers, reused from
+request to request (a fresh buffer faults in every page, which costs more than the copy into
+it); where a file system refuses O_DIRECT (tmpfs) the same request runs buffered. Writes go to
+a temporary file that is renamed over the block's name once complete, so a crash never leaves a
+half-written block under a real key. The file names are those of the ``posix`` backend, so either backend
 reads what the other wrote.
 """
 
@@ -31,6 +32,9 @@ from atlas_iouring.ring import (IORING_OP_READ, IORING_OP_WRITE, IoUringUnavaila
 log = logging.getLogger(__name__)
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+#: Idle aligned buffers kept for the next requests: per request the ring holds in flight, this
+#: many bytes (a KV block of qwen3-8b is 2.4 MB).
+POOL_BYTES_PER_ENTRY = 4 << 20
 
 
 def _open(path: Path, flags: int) -> int:
@@ -42,43 +46,81 @@ def _open(path: Path, flags: int) -> int:
         return os.open(path, flags, 0o644)
 
 
+class BufferPool:
+    """Page-aligned buffers by size, kept for reuse up to ``max_bytes`` idle (one thread)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.idle: dict[int, list[tuple[Any, int]]] = {}
+        self.idle_bytes = 0
+
+    def take(self, size: int) -> tuple[Any, int]:
+        """``(buffer, address)`` of at least ``size`` bytes (rounded up to whole pages)."""
+        size = max(4096, -(-size // 4096) * 4096)
+        free = self.idle.get(size)
+        if free:
+            self.idle_bytes -= size
+            return free.pop()
+        return aligned_buffer(size)
+
+    def give(self, buf: tuple[Any, int]) -> None:
+        """Hand a buffer of :meth:`take` back."""
+        size = len(buf[0])
+        if self.idle_bytes + size > self.max_bytes:
+            buf[0].close()
+            return
+        self.idle.setdefault(size, []).append(buf)
+        self.idle_bytes += size
+
+    def close(self) -> None:
+        for free in self.idle.values():
+            for buf, _ in free:
+                buf.close()
+        self.idle.clear()
+        self.idle_bytes = 0
+
+
 class _Request:
     """One read or write: its file, aligned buffer and future."""
 
-    def __init__(self, kind: str, path: Path, data: bytes | None = None) -> None:
+    def __init__(self, kind: str, path: Path, data: Any = None) -> None:
         self.kind, self.path, self.data = kind, path, data
         self.future: Future = Future()
         self.fd = -1
         self.tmp: Path | None = None
-        self.buf: Any = None
+        self.buf: tuple[Any, int] | None = None
+        self.pool: BufferPool | None = None
 
-    def prepare(self) -> tuple[int, int, int, int]:
-        """Open the file and fill the buffer; ``(opcode, fd, addr, length)``."""
+    def prepare(self, pool: BufferPool) -> tuple[int, int, int, int]:
+        """Open the file and fill a buffer of ``pool``; ``(opcode, fd, addr, length)``."""
+        self.pool = pool
         if self.kind == "read":
             self.fd = _open(self.path, os.O_RDONLY)
             self.size = os.fstat(self.fd).st_size
-            self.buf, addr = aligned_buffer(self.size)
-            return IORING_OP_READ, self.fd, addr, len(self.buf)
+            self.buf = pool.take(self.size)
+            return IORING_OP_READ, self.fd, self.buf[1], len(self.buf[0])
         self.tmp = self.path.with_name(temp_name(self.path.name))
         self.fd = _open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self.size = len(self.data)
-        self.buf, addr = aligned_buffer(self.size)
-        self.buf[:self.size] = self.data
-        return IORING_OP_WRITE, self.fd, addr, len(self.buf)
+        self.buf = pool.take(self.size)
+        self.buf[0][:self.size] = self.data
+        self.data = None
+        return IORING_OP_WRITE, self.fd, self.buf[1], len(self.buf[0])
 
     def finish(self, res: int) -> None:
         """Complete the future from the ring's result (bytes moved, or -errno)."""
         try:
             if res < 0:
                 raise OSError(-res, f"{os.strerror(-res)}: {self.path}")
+            buf = self.buf[0]
             if self.kind == "read":
-                data = self.buf[:res]
+                data = buf[:min(res, self.size)]
                 if res < self.size:
                     data += os.pread(self.fd, self.size - res, res)
-                self.future.set_result(bytes(data[:self.size]))
+                self.future.set_result(data)
             else:
-                if res < len(self.buf):
-                    os.pwrite(self.fd, self.buf[res:self.size], res)
+                if res < len(buf):
+                    os.pwrite(self.fd, buf[res:self.size], res)
                 os.ftruncate(self.fd, self.size)
                 os.replace(self.tmp, self.path)
                 self.future.set_result(None)
@@ -99,7 +141,7 @@ class _Request:
             os.close(self.fd)
             self.fd = -1
         if self.buf is not None:
-            self.buf.close()
+            self.pool.give(self.buf)
             self.buf = None
 
 
@@ -118,6 +160,7 @@ class IoUringStorage(BlockDirectory):
 
     def __init__(self, root: str | os.PathLike, entries: int = 128, **options: Any) -> None:
         self.ring = Ring(entries)
+        self.buffers = BufferPool(self.ring.entries * POOL_BYTES_PER_ENTRY)
         super().__init__(root)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.num_submit_calls = 0
@@ -141,7 +184,7 @@ class IoUringStorage(BlockDirectory):
             while waiting and ring.num_free:
                 req = waiting.popleft()
                 try:
-                    opcode, fd, addr, length = req.prepare()
+                    opcode, fd, addr, length = req.prepare(self.buffers)
                 except OSError as exc:
                     req.fail(KeyError(f"no stored block in {req.path}")
                              if exc.errno == errno.ENOENT and req.kind == "read" else exc)
@@ -170,7 +213,8 @@ class IoUringStorage(BlockDirectory):
         return await asyncio.wrap_future(req.future)
 
     async def write(self, key: str, data: bytes) -> None:
-        await self._do(_Request("write", self._path(key), memoryview(data).cast("B").tobytes()))
+        # The worker copies ``data`` into an aligned buffer before this coroutine completes.
+        await self._do(_Request("write", self._path(key), memoryview(data).cast("B")))
 
     async def read(self, key: str) -> bytes:
         try:
@@ -183,6 +227,7 @@ class IoUringStorage(BlockDirectory):
             self.requests.put(None)
             self._thread.join(30)
             self.ring.close()
+            self.buffers.close()
 
 
 def create_storage(root: str | os.PathLike | None = None, **options: Any) -> StorageBackend:

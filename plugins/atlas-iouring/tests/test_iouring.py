@@ -59,8 +59,27 @@ def test_many_blocks_in_flight_batched_and_exact(tmp_path):
         assert store.num_submit_calls < 2 * 2 * len(blocks)
         assert not list(tmp_path.glob(".*.tmp"))
         assert store.used_bytes() == sum(map(len, blocks.values()))
+        assert store.buffers.idle_bytes > 0           # kept for the next requests
     finally:
         store.close()
+
+
+def test_buffer_pool_reuses_page_aligned_buffers_up_to_its_cap():
+    pool = storage.BufferPool(max_bytes=3 * 8192)
+    a, b, c = pool.take(5000), pool.take(8192), pool.take(100)
+    assert [len(x[0]) for x in (a, b, c)] == [8192, 8192, 4096]
+    assert all(x[1] % 4096 == 0 for x in (a, b, c))
+    pool.give(a)
+    pool.give(c)
+    pool.give(b)
+    assert pool.idle_bytes == 8192 + 4096 + 8192
+    assert pool.take(6000) is b and pool.take(4000) is c
+    pool.give(b)
+    extra = pool.take(16384)
+    pool.give(extra)                                  # past the cap: unmapped
+    assert pool.idle_bytes == 2 * 8192 and extra[0].closed
+    pool.close()
+    assert pool.idle_bytes == 0 and a[0].closed and b[0].closed
 
 
 @needs_io_uring
