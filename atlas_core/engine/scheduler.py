@@ -117,9 +117,7 @@ class Scheduler:
         out = SchedulerOutput()
         now = self.policy.clock()
         budget = self.policy.prefill_budget(self.max_prefill_tokens, self.running, now)
-        reserve = (self.policy.waiting_reserve(budget, self.running, self.waiting, now)
-                   if self.waiting and len(self.running) < self.max_num_seqs else 0)
-        budget = self._schedule_running(out, budget - reserve, now) + reserve
+        budget = self._schedule_running(out, budget, now)
         if not out.preempted:
             ordered = self.policy.order_waiting(self.waiting, now) if self.waiting else None
             if ordered is not None:

@@ -9,11 +9,7 @@ first come first served, every step's prefill budget ``max_prefill_tokens``. ``s
   nearest deadline, from a cost model fitted to the measured step times;
 * waiting prompts are admitted shortest first (then by ``priority``, lower first, as vLLM),
   except that any prompt waiting longer than the age cap goes first, oldest first, so a long
-  prompt is delayed but never starved; preempted sequences keep their place at the front;
-* a prompt still prefilling does not hold the budget against shorter ones arriving after it:
-  waiting prompts shorter than its remaining tokens get their share of the step's prefill
-  budget first (it keeps at least :data:`MIN_PREFILL_CHUNK` tokens a step), so a chat sent
-  while a 60k-token prompt prefills starts within a step or two instead of after it.
+  prompt is delayed but never starved; preempted sequences keep their place at the front.
 """
 
 from __future__ import annotations
@@ -94,12 +90,6 @@ class SchedulingPolicy:
         """Prefill tokens this step may compute (``budget``: ``max_prefill_tokens``)."""
         return budget
 
-    def waiting_reserve(self, budget: int, running: list[Sequence], waiting: Iterable[Sequence],
-                        now: float) -> int:
-        """Prefill tokens of this step's ``budget`` kept for waiting prompts rather than the
-        running ones still prefilling (``fifo``: none)."""
-        return 0
-
     def on_step(self, scheduled: list, num_tokens: int, now: float) -> None:
         """Optional. Called once per planned step with its sequences and token count."""
 
@@ -169,14 +159,6 @@ class SloPolicy(SchedulingPolicy):
         if fits is None:
             return budget
         return max(min(MIN_PREFILL_CHUNK, budget), min(budget, fits - len(decoding)))
-
-    def waiting_reserve(self, budget, running, waiting, now):
-        remaining = [s.num_uncomputed_tokens for s in running if s.is_prefilling]
-        if not remaining:
-            return 0
-        longest = max(remaining)
-        want = sum(len(s) for s in waiting if len(s) < longest)
-        return max(0, min(want, budget - min(MIN_PREFILL_CHUNK, budget)))
 
     def on_step(self, scheduled, num_tokens, now):
         if self._last is not None:
