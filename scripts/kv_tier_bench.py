@@ -9,7 +9,9 @@ bandwidth of the same directory, measured in the same run. Prints one table.
 Each row runs the same prompt with ``max_tokens=1``: ``cold`` (nothing cached), ``gpu`` (the
 device prefix cache), ``host`` (device cache dropped after spilling to host memory), ``disk``
 (device and host dropped, page cache dropped when the script may, blocks read back through the
-storage backend). ``raw O_DIRECT`` reads a scratch file as large as the prompt's blocks with
+storage backend; ``--kv-disk-restore always``, so the disk path is measured even where the
+engine would recompute). The line after the table says what ``auto`` would choose for this
+prompt from the rates measured in the run. ``raw O_DIRECT`` reads a scratch file as large as the prompt's blocks with
 queue depth 32 x 4 MiB, through io_uring when the kernel allows it, else threads.
 """
 
@@ -125,6 +127,20 @@ def tier_read_gbps(engine, tokens: list[int]) -> float:
     return read * tiers.disk.record_size / (time.perf_counter() - start) / 1e9
 
 
+def auto_choice(engine, nbytes: int) -> str:
+    """What ``--kv-disk-restore auto`` would do with ``nbytes`` of this prompt's blocks on disk,
+    from the read and prefill rates the engine measured in this run."""
+    tiers = engine.kv_tiers
+    disk_rate, prefill_rate = tiers.disk.read_rate.rate, tiers.restore.prefill_rate.rate
+    read_s, recompute_s = tiers.restore.estimate(nbytes // tiers.disk.record_size,
+                                                 tiers.disk.record_size, disk_rate)
+    if recompute_s is None:
+        return "auto: no prefill step timed, would read"
+    choice = "read" if read_s <= recompute_s else "recompute"
+    return (f"auto: would {choice} (read {read_s:.2f} s at {(disk_rate or 0) / 1e9:.2f} GB/s "
+            f"measured, recompute {recompute_s:.2f} s at {prefill_rate:.0f} prefill tokens/s)")
+
+
 def _hashes(bm, tokens: list[int]) -> list[bytes]:
     from atlas_core.engine.block_manager import block_hash
     out, parent, bs = [], None, bm.block_size
@@ -157,7 +173,8 @@ def main() -> None:
     engine = engine_for(a.model, a.backend, max_num_seqs=1, max_seq_len=a.prompt_tokens + 16,
                         max_prefill_tokens=a.max_prefill_tokens, num_kv_blocks=a.num_kv_blocks,
                         kv_host_gb=a.kv_host_gb, kv_offload_dir=a.offload_dir,
-                        kv_offload_gb=4 * a.kv_host_gb, kv_storage=a.storage)
+                        kv_offload_gb=4 * a.kv_host_gb, kv_storage=a.storage,
+                        kv_disk_restore="always")
     vocab = engine.model.vocab_size
     rng = np.random.default_rng(0)
     tokens = rng.integers(100, vocab - 100, a.prompt_tokens).tolist()
@@ -175,6 +192,7 @@ def main() -> None:
     nbytes = len(_hashes(engine.block_manager, tokens)) * engine.kv_tiers.disk.record_size
     raw_gbps, raw_via = raw_direct_read_gbps(Path(a.offload_dir), nbytes)
     storage = type(engine.kv_tiers.disk.storage).__name__
+    auto = auto_choice(engine, nbytes)
     close_kv_tiers(engine)
     print(f"\n{a.model}, {a.prompt_tokens} prompt tokens, KV {nbytes / 1e9:.2f} GB on disk, "
           f"storage {storage}, page cache {'dropped' if dropped else 'NOT dropped (not root)'}")
@@ -183,6 +201,7 @@ def main() -> None:
         print(f"{name:<14}{seconds:>10.3f}{cached:>15}")
     print(f"{'disk tier read':<14}{tier_gbps:>9.2f} GB/s ({tier_gbps / raw_gbps:.0%} of raw)")
     print(f"{'raw O_DIRECT':<14}{raw_gbps:>9.2f} GB/s (QD {DEPTH} x 4 MiB via {raw_via})")
+    print(auto)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,9 @@ def add_kv_tier_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--kv-storage", default="auto", metavar="NAME",
                    help="storage backend of the disk tier: io_uring, posix (default auto: "
                    "io_uring when atlas-iouring is installed and the kernel allows it)")
+    t.add_argument("--kv-disk-restore", default="auto", choices=("auto", "always", "never"),
+                   help="prompt blocks only the disk tier holds: read back (always), recompute "
+                   "(never), or the faster by measured disk and prefill rates (default auto)")
 
 
 def add_agent_arguments(p: argparse.ArgumentParser) -> None:
@@ -197,6 +200,7 @@ def engine_args(args):
             revision=args.revision, async_scheduling=args.async_scheduling,
             kv_host_gb=args.kv_host_gb, kv_offload_dir=args.kv_offload_dir,
             kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage,
+            kv_disk_restore=args.kv_disk_restore,
             dequantize_weights=args.dequantize_weights,
             speculative_config=speculative_config(args, args.model), **policy_kwargs(args),
             **parallel_kwargs(args))

@@ -41,6 +41,9 @@ class EngineArgs:
         kv_offload_gb: most GiB the disk tier keeps (least recently used out first).
         kv_storage: StorageBackend of the disk tier (``auto``: io_uring when installed, else
             posix).
+        kv_disk_restore: a prompt's blocks held by the disk tier only are ``auto``: read back
+            or recomputed, whichever the measured disk and prefill rates say is faster;
+            ``always``: read back; ``never``: recomputed (:mod:`atlas_core.engine.kv_restore`).
         dequantize_weights: load quantized (FP8 / NVFP4) weights dequantized to the model
             dtype instead of keeping them quantized (for backends or formats without kernels).
         scheduling_policy: ``fifo`` or ``slo`` (alias ``slai``): see
@@ -89,6 +92,7 @@ class EngineArgs:
     kv_offload_dir: str | None = None
     kv_offload_gb: float = 64.0
     kv_storage: str = "auto"
+    kv_disk_restore: str = "auto"
     dequantize_weights: bool = False
     scheduling_policy: str = "fifo"
     tbt_deadline_ms: float = 50.0
@@ -131,6 +135,9 @@ class EngineArgs:
         for name in ("kv_host_gb", "kv_offload_gb"):
             if not float(getattr(self, name)) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.kv_disk_restore not in ("auto", "always", "never"):
+            raise ValueError("kv_disk_restore must be auto, always or never, got "
+                             f"{self.kv_disk_restore!r}")
         if self.tensor_parallel_size > 1 or self.nnodes > 1:
             from atlas_core.parallel.launch import parallel_config
             parallel_config(self)

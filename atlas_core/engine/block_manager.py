@@ -109,7 +109,7 @@ class BlockManager:
         if self.tiers is not None and available < num_prefix:
             available += self.tiers.num_in_memory(seq.block_hashes[available:num_prefix])
             if available < num_prefix:
-                self.tiers.count_miss()
+                self.tiers.count_miss(seq.block_hashes[available])
         keep = usable(seq, available) if usable is not None and available else available
         for block in blocks[:keep]:
             self._ref(block)

@@ -9,7 +9,9 @@ as a miss. The backend's coroutines run on an event loop of their own thread, so
 thread only submits and polls; checksums are computed and verified on a small thread pool
 (``zlib.crc32`` releases the GIL), so neither the loop nor the engine waits on them and many
 records are checked at once. Finished reads and writes are queued as they complete, so a poll
-costs what finished, not what is in flight.
+costs what finished, not what is in flight. The achieved read rate (:attr:`DiskTier.read_rate`)
+is measured over bursts of reads: from the first read submitted while none was in flight to the
+last of them completed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.engine.kv_block_io import byte_view
+from atlas_core.engine.kv_restore import DISK_DECAY, RateEstimate
 from atlas_core.storage.kv_record import (HEADER_SIZE, VERSION, CorruptRecord, new_record,
                                           seal_record, unpack_record)
 
@@ -133,6 +137,9 @@ class DiskTier:
         self.num_write_failures = 0
         self.num_read_failures = 0
         self.bytes_read = self.bytes_written = 0
+        #: bytes/s of completed reads while reads were in flight
+        self.read_rate = RateEstimate(DISK_DECAY)
+        self._burst: list[float] = []  # [start, last completion, bytes read] of reads in flight
         self.is_writable = True
         self.is_closed = False
         self._failures_in_a_row = 0
@@ -196,6 +203,9 @@ class DiskTier:
             return record[HEADER_SIZE:]
         if h not in self.reads and h in self.index:
             self.index.move_to_end(h)
+            if not self.reads:
+                now = time.perf_counter()
+                self._burst = [now, now, 0]
             future = self.runner.submit(self._read(h))
             self.reads[h] = future
             future.add_done_callback(functools.partial(self._finish, "read", h))
@@ -210,6 +220,9 @@ class DiskTier:
         # Runs on whichever thread completed the future.
         self._finished.append((kind, h, future))
         if kind == "read":
+            burst = self._burst
+            if burst:
+                burst[1] = time.perf_counter()
             self._read_finished.set()
 
     def poll(self) -> dict[bytes, Any]:
@@ -232,6 +245,7 @@ class DiskTier:
             try:
                 done[h] = future.result()
                 self.bytes_read += self.record_size
+                self._burst[2] += self.record_size
             except CorruptRecord as exc:
                 self.num_corrupt += 1
                 log.warning("KV disk tier: block %s is corrupt (%s); deleted, it will be "
@@ -242,6 +256,10 @@ class DiskTier:
                 log.warning("KV disk tier: reading block %s failed (%s: %s); it will be "
                             "recomputed", h.hex(), type(exc).__name__, exc)
                 self.index.pop(h, None)
+        if self._burst and not self.reads:
+            start, end, nbytes = self._burst
+            self.read_rate.observe(nbytes, end - start)
+            self._burst = []
         return done
 
     def _keep_spare(self, record: np.ndarray) -> None:

@@ -3,8 +3,10 @@
 :func:`create_kv_tiers` sizes the host-memory and disk tiers from ``--kv-host-gb`` /
 ``--kv-offload-dir`` / ``--kv-offload-gb``, opens the disk tier's StorageBackend in the
 directory of this model and KV layout (:func:`~atlas_core.engine.kv_disk.kv_namespace`) and
-hands the tiers to the block manager (and, on hybrid models, the state cache). Bad directories
-fail here, before any request, with a message that says how to fix them.
+hands the tiers to the block manager (and, on hybrid models, the state cache), with the
+read-or-recompute policy of ``--kv-disk-restore`` for the disk tier (state snapshots are always
+read: without one the prefix is not usable). Bad directories fail here, before any request,
+with a message that says how to fix them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from atlas_core.engine.kv_block_io import KVBlockIO, paged_kv_pools
 from atlas_core.engine.kv_disk import DiskTier, kv_namespace
+from atlas_core.engine.kv_restore import DiskRestorePolicy
 from atlas_core.engine.kv_tiers import KVTiers
 from atlas_core.engine.outputs import EngineStats
 
@@ -90,6 +93,8 @@ def create_kv_tiers(args: Any, model: Any, runner: Any, scheduler: Any) -> KVTie
     share = STATE_SHARE if hybrid else 0.0
     tiers = _tiers(args, io, int(host_bytes * (1 - share)), 1 - share, root, name, identity,
                    max_staged)
+    if tiers.disk is not None:
+        tiers.restore = DiskRestorePolicy(getattr(args, "kv_disk_restore", "auto"), kv.block_size)
     scheduler.block_manager.tiers = tiers
     if hybrid:
         state_io = KVBlockIO(runner.backend, runner.state_pools)

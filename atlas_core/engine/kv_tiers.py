@@ -8,7 +8,9 @@ left the device and survives restarts. When a waiting sequence's prefix continue
 device-cached blocks into lower tiers, the scheduler first calls :meth:`KVTiers.prefetch`,
 which starts disk reads on the storage thread; the sequence is admitted once every block is in
 host memory (other sequences run meanwhile), and the host -> device copies go in before the
-step's forward. Hybrid models' recurrent-state snapshots (:class:`~atlas_core.engine.state_cache.
+step's forward. Whether a prompt's disk-only blocks are read at all or recomputed is
+:attr:`KVTiers.restore`'s choice (:mod:`atlas_core.engine.kv_restore`, ``--kv-disk-restore``):
+reading from a slow disk can take longer than prefilling again. Hybrid models' recurrent-state snapshots (:class:`~atlas_core.engine.state_cache.
 StateCache`) get tiers of their own (:attr:`KVTiers.state`, keyed by the same block hashes),
 since a cached prefix is only usable up to a boundary whose snapshot is at hand too.
 
@@ -26,6 +28,7 @@ from typing import Any
 from atlas_core.engine.kv_block_io import KVBlockIO, byte_view
 from atlas_core.engine.kv_disk import DiskTier
 from atlas_core.engine.kv_host_arena import HostArena
+from atlas_core.engine.kv_restore import DiskRestorePolicy
 from atlas_core.storage.kv_record import HEADER_SIZE
 
 _GIB = 1 << 30
@@ -67,7 +70,12 @@ class KVTiers:
         self.max_staged = max_staged
         self.counts = {tier: {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0}
                        for tier in ("host", "disk")}
+        self.counts["disk"]["skipped_blocks"] = 0
         self.state: KVTiers | None = None
+        #: read-or-recompute choice for disk-only blocks (``None``: always read)
+        self.restore: DiskRestorePolicy | None = None
+        #: disk reads started for a prompt that waits for them (probes are not)
+        self.reading: set[bytes] = set()
 
     def _rows(self, n: int) -> list[int]:
         # Up to ``n`` arena rows for new host entries: free ones, then those of the least
@@ -127,6 +135,7 @@ class KVTiers:
             return
         for h, payload in self.disk.poll().items():
             self.staged[h] = payload
+        self.reading.intersection_update(self.disk.reads)
         while len(self.staged) > self.max_staged:
             self.staged.popitem(last=False)
 
@@ -134,18 +143,41 @@ class KVTiers:
         """Start reading the lower-tier blocks of ``hashes`` (a prefix past the device cache);
         ``None`` while some are being read, else how many leading ones are in memory now."""
         self.poll()
-        count, ready = 0, True
+        disk, todo, count = self.disk, [], 0
         for h in hashes:
             if h not in self.host and h not in self.staged:
-                if self.disk is None or not self.disk.contains(h):
+                if disk is None or not disk.contains(h):
                     break
-                payload = self.disk.fetch(h)
-                if payload is None:
-                    ready = False
-                else:
-                    self.staged[h] = payload
+                todo.append(h)
             count += 1
+        if todo and not self._should_read(todo):
+            first = hashes.index(todo[0])
+            self.counts["disk"]["skipped_blocks"] += count - first
+            for h in todo[:self.restore.probe_blocks]:
+                disk.fetch(h)
+            return first
+        ready = True
+        for h in todo:
+            payload = disk.fetch(h)
+            if payload is None:
+                ready = False
+                self.reading.add(h)
+            else:
+                self.staged[h] = payload
         return count if ready else None
+
+    def _should_read(self, todo: list[bytes]) -> bool:
+        # Disk-only blocks of one prompt: read them, or recompute them (False)?
+        if self.restore is None or not self.reading.isdisjoint(todo):
+            return True
+        num_reads = sum(h not in self.disk.writes for h in todo)
+        return not num_reads or self.restore.should_read(num_reads, self.disk.record_size,
+                                                         self.disk.read_rate.rate)
+
+    def on_step(self, sched: Any, seconds: float) -> None:
+        """Time an executed engine step (feeds :attr:`restore`'s prefill rate)."""
+        if self.restore is not None:
+            self.restore.on_step(sched, seconds)
 
     def num_in_memory(self, hashes: list[bytes]) -> int:
         """How many leading ``hashes`` are in host memory (or staged from disk) now."""
@@ -154,9 +186,11 @@ class KVTiers:
                 return i
         return len(hashes)
 
-    def count_miss(self) -> None:
-        """A prefix went past the device cache and no lower tier had its next block."""
-        self.counts["disk" if self.disk is not None else "host"]["misses"] += 1
+    def count_miss(self, h: bytes) -> None:
+        """A prefix went past the device cache and host memory lacks its next block ``h``: a
+        miss unless the disk has it (then it is recomputed by choice: ``skipped_blocks``)."""
+        if self.disk is None or not self.disk.contains(h):
+            self.counts["disk" if self.disk is not None else "host"]["misses"] += 1
 
     def take(self, hashes: list[bytes]) -> list[Any]:
         """Payloads of the leading ``hashes`` held in memory (stops at the first absent one);
@@ -205,6 +239,7 @@ class KVTiers:
         self.host.clear()
         self.staged.clear()
         self.lent.clear()
+        self.reading.clear()
 
     def wait_reads(self) -> bool:
         """Wait briefly for a disk read when some are in flight (the state snapshots' tiers
@@ -227,6 +262,8 @@ class KVTiers:
                                bytes_written=d.bytes_written, corrupt=d.num_corrupt,
                                write_failures=d.num_write_failures,
                                read_failures=d.num_read_failures)
+            if d.read_rate.rate is not None:
+                out["disk"]["read_bytes_per_s"] = d.read_rate.rate
         if self.disk is None:
             del out["disk"]
         if self.state is not None:

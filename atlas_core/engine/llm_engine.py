@@ -161,9 +161,6 @@ class LLMEngine(FaultIsolation):
         """
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already running; use a unique id")
-        if mm_inputs is not None and not isinstance(self.runner, ModelRunner):
-            raise ValueError("image inputs are not supported with tensor parallelism yet; serve "
-                             "vision-language models on one GPU (-tp 1)")
         prompt = [int(t) for t in prompt_token_ids]
         self.validate_request(prompt, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -274,7 +271,10 @@ class LLMEngine(FaultIsolation):
             rows = [rows_of[s.seq.seq_id][0] for s in sched.scheduled]
             self._inflight = self.runner.launch_decode(sched, rows)
             return self._step_overlapped()
+        started = time.perf_counter()
         results = self.runner.execute(sched, rows_of)
+        if self.kv_tiers is not None:
+            self.kv_tiers.on_step(sched, time.perf_counter() - started)
         if self.speculator is None:
             self.scheduler.complete_step(sched)
             return self._complete(sched, results)

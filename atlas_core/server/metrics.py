@@ -118,7 +118,9 @@ def _kv_tier_metrics(tiers):
                 "bytes_read": "Bytes restored from the tier",
                 "bytes_written": "Bytes written to the tier",
                 "corrupt": "Stored blocks that failed their checks (counted, never served)",
-                "write_failures": "Writes to the tier that failed (counted, the server goes on)"}
+                "write_failures": "Writes to the tier that failed (counted, the server goes on)",
+                "skipped_blocks": "Prompt blocks the tier held but were recomputed, reading them "
+                                  "back being estimated slower (--kv-disk-restore)"}
     for name, doc in counters.items():
         family = CounterMetricFamily(f"atlas_kv_tier_{name}", doc, labels=["tier"])
         for tier, values in tiers.items():
@@ -130,6 +132,14 @@ def _kv_tier_metrics(tiers):
         family = GaugeMetricFamily(f"atlas_kv_tier_{name}", doc, labels=["tier"])
         for tier, values in tiers.items():
             family.add_metric([tier], values.get(name, 0))
+        yield family
+    rates = {tier: v["read_bytes_per_s"] for tier, v in tiers.items() if "read_bytes_per_s" in v}
+    if rates:
+        family = GaugeMetricFamily("atlas_kv_tier_read_bytes_per_second",
+                                   "Measured read rate of the tier while reads were in flight",
+                                   labels=["tier"])
+        for tier, rate in rates.items():
+            family.add_metric([tier], rate)
         yield family
 
 
