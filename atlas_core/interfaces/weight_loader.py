@@ -21,8 +21,8 @@ class ModelWeightLoader(ABC):
     ``registry``: the :class:`~atlas_core.plugins.Registry` it was found in, where the loader
     looks up the layer kinds it builds (so another plugin may supply ``attention`` or ``moe``).
 
-    Required: :meth:`load`. Optional: :meth:`validate_config`, :meth:`tiny_config`,
-    :meth:`checkpoint_tensors`.
+    Required: :meth:`load`. Optional: :meth:`validate_config`, :meth:`inspect_checkpoint`,
+    :meth:`tiny_config`, :meth:`checkpoint_tensors`.
 
     Args:
         registry: the registry that created the loader; ``None`` (a loader made by hand) means
@@ -60,6 +60,17 @@ class ModelWeightLoader(ABC):
 
     def validate_config(self, config: dict[str, Any]) -> None:
         """Optional. Raise ``ValueError`` naming the field when the config is unsupported."""
+
+    def inspect_checkpoint(self, config: dict[str, Any], checkpoint: "Checkpoint") -> None:
+        """Optional. Read what config.json does not say off the checkpoint's tensor names
+        (e.g. which prefix the model body is saved under) before the model is built.
+
+        Called by :meth:`load` of the generic loaders and by the tensor-parallel loader
+        (:func:`atlas_core.parallel.transform.load_shard`), which builds the model without
+        :meth:`load`; keep it cheap (names and headers only). Default: nothing.
+
+        Since: issue #26.
+        """
 
     def tiny_config(self) -> dict[str, Any] | None:
         """Optional. A config.json dict for a tiny random test model of this architecture.

@@ -171,6 +171,7 @@ class DecoderOnlyLoader(ModelWeightLoader):
 
     def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
              dtype: Any = None) -> CausalLM:
+        self.inspect_checkpoint(config, checkpoint)
         embed = "model.embed_tokens.weight"
         fallback = checkpoint.dtype(embed) if embed in checkpoint else None
         np_dtype = model_dtype(config, dtype, fallback)

@@ -11,7 +11,8 @@ from atlas_core.engine.model_runner import StepResult
 
 class FrontModel:
     """What the engine reads of the model in the front process (the weights live in the
-    workers)."""
+    workers), and the request-side ``mm_processor`` of a model that takes images (None
+    otherwise): requests are processed here, every worker encodes their images itself."""
 
     def __init__(self, facts: dict[str, Any]) -> None:
         self.config, self.path = facts["config"], Path(facts["path"])
@@ -19,6 +20,7 @@ class FrontModel:
         self.num_layers, self.dtype = facts["num_layers"], facts["dtype"]
         self.max_position_embeddings = facts["max_position_embeddings"]
         self.tie_word_embeddings = facts["tie_word_embeddings"]
+        self.mm_processor = facts.get("mm_processor")
 
 
 class FrontBackend:

@@ -62,6 +62,13 @@ class Replicated(LayerRule):
     """Every rank holds the layer whole (a decoder block's norms)."""
 
 
+class WholeRule(LayerRule):
+    """Every rank holds the module and everything in it whole and runs it alone, with the
+    backend's ops (a vision tower: each rank encodes the step's images itself)."""
+
+    owns_children = True
+
+
 class VocabRule(LayerRule):
     """The model: embedding and lm_head rows ``vocab_start ..`` (the last shard zero-padded)."""
 
@@ -92,6 +99,19 @@ class AttentionRule(LayerRule):
         kv = Cut(0, spans=((rows.start, rows.stop),))
         return {"q_proj.weight": _ROWS, "q_proj.bias": _ROWS, "k_proj.weight": kv,
                 "k_proj.bias": kv, "v_proj.weight": kv, "v_proj.bias": kv,
+                "o_proj.weight": _COLUMNS, "o_proj.bias": _ZEROS}
+
+
+class MLARule(LayerRule):
+    """Multi-head latent attention (DeepSeek-V3, Mistral-4) by heads: each rank's rows of
+    ``q_proj`` / ``q_b_proj`` and ``kv_b_proj`` (whole heads), ``o_proj`` row-parallel; the
+    latent projections ``q_a_proj`` / ``kv_a_proj_with_mqa`` and their norms replicated, so
+    every rank writes the same latent cache."""
+
+    reduced = ("o_proj.weight",)
+
+    def cuts(self, module: Any, plan: ShardPlan) -> dict[str, Cut]:
+        return {"q_proj.weight": _ROWS, "q_b_proj.weight": _ROWS, "kv_b_proj.weight": _ROWS,
                 "o_proj.weight": _COLUMNS, "o_proj.bias": _ZEROS}
 
 
@@ -166,6 +186,26 @@ class NemotronMoERule(MoERule):
         return {**super().cuts(module, plan), "fc2_latent_proj.bias": _ZEROS}
 
 
+class DeepseekMoERule(MoERule):
+    """DeepSeek-V3 / Mistral-4's MoE: routed experts as :class:`MoERule`, the shared experts
+    (``num_shared_experts`` wide) split by their intermediate size under expert parallelism
+    too; the block's output, ``add(routed, shared)`` (or the routed experts alone), is
+    all-reduced once."""
+
+    def respec(self, module: Any, plan: ShardPlan) -> None:
+        super().respec(module, plan)
+        shared = getattr(module, "shared_experts", None)
+        if plan.expert_parallel and shared is not None:
+            for name, axis in (("gate_up_proj.weight", 0), ("gate_up_proj.bias", 0),
+                               ("down_proj.weight", 1)):
+                if name in shared.specs:
+                    _divide(shared, name, axis, plan.world_size)
+
+    def wrap(self, module: Any, base: Any, comm: Any, plan: ShardPlan) -> Any:
+        reduced = "add" if getattr(module, "shared_experts", None) is not None else "moe_experts"
+        return SumParallelOps(base, comm, plan, reduced)
+
+
 class GatedDeltaNetRule(LayerRule):
     """Gated DeltaNet heads / N: whole key-head groups per rank (their value heads follow),
     their rows of the q/k/v/z/b/a projections and conv channels, their ``A_log`` /
@@ -208,6 +248,7 @@ RULES: dict[str, LayerRule] = {
     "CausalLM": VocabRule(), "DecoderLayer": Replicated(), "Attention": AttentionRule(),
     "GatedMLP": GatedMLPRule(), "SparseMoE": MoERule(), "GatedDeltaNet": GatedDeltaNetRule(),
     "Mamba2Mixer": Mamba2Rule(), "ReLU2MLP": ReLU2MLPRule(), "NemotronHMoE": NemotronMoERule(),
+    "MLAttention": MLARule(), "DeepseekMoE": DeepseekMoERule(), "VisionTower": WholeRule(),
 }
 
 
@@ -216,29 +257,48 @@ def rule_for(module: Any) -> LayerRule | None:
     return next((RULES[c.__name__] for c in type(module).__mro__ if c.__name__ in RULES), None)
 
 
+def held_whole(model: Any) -> set[int]:
+    """Ids of the modules inside a module every rank holds whole (:class:`WholeRule`)."""
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) not in inside and isinstance(rule_for(module), WholeRule):
+            inside.update(id(m) for m in module.modules() if m is not module)
+    return inside
+
+
+def split_modules(model: Any) -> list[Any]:
+    """The modules of ``model`` a rule cuts (those inside a whole-held module left out)."""
+    inside = held_whole(model)
+    return [m for m in model.modules() if id(m) not in inside]
+
+
 def check_supported(model: Any) -> None:
     """Every module of ``model`` is one the transform knows how to split.
 
     Raises:
         ShardingError: naming the first module that is not.
     """
-    for module in model.modules():
+    for module in split_modules(model):
         if rule_for(module) is None:
             raise ShardingError(f"{type(module).__name__} layers cannot be split across GPUs "
-                                "yet: tensor parallelism covers attention, Gated DeltaNet, "
-                                "Mamba-2, dense MLP, sparse MoE and shared-expert layers")
+                                "yet: tensor parallelism covers attention, latent attention "
+                                "(MLA), Gated DeltaNet, Mamba-2, dense MLP, sparse MoE and "
+                                "shared-expert layers")
 
 
 def reshard_specs(model: Any, plan: ShardPlan) -> None:
     """Declare what the local config does not give: vocabulary rows, a rank's experts."""
-    for module in model.modules():
+    for module in split_modules(model):
         rule_for(module).respec(module, plan)
 
 
 def checkpoint_cuts(model: Any, plan: ShardPlan) -> dict[str, Cut]:
     """Checkpoint tensor name -> this rank's cut, for every tensor the model reads that is cut."""
     out: dict[str, Cut] = {}
+    inside = held_whole(model)
     for full, module, local, spec in model.named_specs():
+        if id(module) in inside:
+            continue
         prefix = full[: len(full) - len(local)]
         cuts = rule_for(module).cuts(module, plan)
         for group in spec.sources:
@@ -263,6 +323,19 @@ def _redeclare(module: Any, name: str, axis: int, size: int) -> None:
 
     groups = tuple(tuple(Source(s.name, resized(s.shape)) for s in g) for g in spec.sources)
     module.specs[name] = ParamSpec(resized(spec.shape), groups, spec.dtype, spec.quantizable)
+
+
+def _divide(module: Any, name: str, axis: int, n: int) -> None:
+    """Re-declare parameter ``name`` (and every source) with ``1 / n`` of ``axis``."""
+    spec = module.specs[name]
+
+    def divided(shape: tuple[int, ...]) -> tuple[int, ...]:
+        if shape[axis] % n:
+            raise ShardingError(f"{name}: {shape[axis]} rows/columns do not split over {n} GPUs")
+        return (*shape[:axis], shape[axis] // n, *shape[axis + 1:])
+
+    groups = tuple(tuple(Source(s.name, divided(s.shape)) for s in g) for g in spec.sources)
+    module.specs[name] = ParamSpec(divided(spec.shape), groups, spec.dtype, spec.quantizable)
 
 
 def _keep_experts(module: Any, name: str, start: int, count: int) -> None:

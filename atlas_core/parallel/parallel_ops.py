@@ -30,6 +30,9 @@ class _WrappedOps:
         setattr(self, name, value)
         return value
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._base
+
 
 class RowParallelOps(_WrappedOps):
     """``linear`` by one of ``weights`` (a row-parallel projection) is all-reduced."""
@@ -57,6 +60,10 @@ class _LocalExperts(_WrappedOps):
 
     def nemotron_h_moe_route(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         weights, ids = self._base.nemotron_h_moe_route(*args, **kwargs)
+        return self._base.moe_remap_ids(weights, ids, self._start, self._num_local)
+
+    def moe_route_grouped(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        weights, ids = self._base.moe_route_grouped(*args, **kwargs)
         return self._base.moe_remap_ids(weights, ids, self._start, self._num_local)
 
 
@@ -90,16 +97,18 @@ class MoeParallelOps(_WrappedOps):
 
 
 class SumParallelOps(_WrappedOps):
-    """A block whose output is ``add(routed, shared)`` of partial sums (Nemotron-H's MoE): the
-    ``add`` is all-reduced; with expert parallelism its router keeps this rank's experts."""
+    """A MoE block whose last op sums partial results (Nemotron-H's and DeepSeek's
+    ``add(routed, shared)``, or ``moe_experts`` with no shared expert): that op, ``reduced``, is
+    all-reduced; with expert parallelism its router keeps this rank's experts."""
 
-    def __init__(self, base: Any, comm: Any, plan: ShardPlan) -> None:
+    def __init__(self, base: Any, comm: Any, plan: ShardPlan, reduced: str = "add") -> None:
         super().__init__(base, comm)
+        op = getattr(base, reduced)
+        setattr(self, reduced, lambda *args, **kwargs: comm.all_reduce(op(*args, **kwargs)))
         if plan.expert_parallel:
-            self.nemotron_h_moe_route = _LocalExperts(base, comm, plan).nemotron_h_moe_route
-
-    def add(self, a: Any, b: Any) -> Any:
-        return self._comm.all_reduce(self._base.add(a, b))
+            local = _LocalExperts(base, comm, plan)
+            self.nemotron_h_moe_route = local.nemotron_h_moe_route
+            self.moe_route_grouped = local.moe_route_grouped
 
 
 class VocabParallelOps(_WrappedOps):

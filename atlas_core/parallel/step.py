@@ -1,7 +1,8 @@
 """The step description the engine sends every worker: the scheduler's plan and the logits
 rows, with each sequence reduced to what a model runner reads (no request group, stop state or
-detokenizer; only the step's window of tokens unless its sampling reads the whole history), so
-every worker runs exactly the single-GPU :class:`ModelRunner` step.
+detokenizer; only the step's window of tokens unless its sampling reads the whole history; a
+request's images travel with it, and every rank encodes them itself), so every worker runs
+exactly the single-GPU :class:`ModelRunner` step.
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ def load_shard(loader: Any, config: dict[str, Any], checkpoint: Any, backend: An
     if not hasattr(loader, "build") or not hasattr(loader, "resolve_config"):
         raise ShardingError(f"{type(loader).__name__} builds no generic decoder; this model "
                             "family cannot be split across GPUs yet")
+    loader.inspect_checkpoint(config, checkpoint)
     resolved = loader.resolve_config(config)
     plan = ShardPlan.from_config(resolved, comm.rank, comm.world_size, expert_parallel)
     if expert_parallel and not plan.num_experts:

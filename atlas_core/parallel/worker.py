@@ -99,7 +99,8 @@ def model_facts(model: Any, config: dict) -> dict[str, Any]:
     return {"config": config, "path": str(model.path), "vocab_size": model.vocab_size,
             "hidden_size": model.hidden_size, "num_layers": model.num_layers,
             "dtype": model.dtype, "max_position_embeddings": model.max_position_embeddings,
-            "tie_word_embeddings": model.tie_word_embeddings}
+            "tie_word_embeddings": model.tie_word_embeddings,
+            "mm_processor": getattr(model, "mm_processor", None)}
 
 
 def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model: Any,

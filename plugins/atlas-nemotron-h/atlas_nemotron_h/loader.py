@@ -65,7 +65,7 @@ class NemotronHLoader(DecoderOnlyLoader):
     are not loaded. The time step is clamped to ``time_step_limit`` in prefill and decode alike
     (HF clamps its prefill path at ``time_step_min`` and its decode path not at all)."""
 
-    #: Tensor prefix of the model body (set from the checkpoint by :meth:`load`).
+    #: Tensor prefix of the model body (set from the checkpoint by :meth:`inspect_checkpoint`).
     prefix = PREFIXES[0]
     config_defaults = {
         **DecoderOnlyLoader.config_defaults, "head_dim": 128, "num_key_value_heads": 8,
@@ -161,14 +161,14 @@ class NemotronHLoader(DecoderOnlyLoader):
             count += config["vocab_size"] * config["hidden_size"]
         return count
 
-    def load(self, config: dict[str, Any], checkpoint: Any, backend: Any, *,
-             dtype: Any = None) -> NemotronHCausalLM:
+    def inspect_checkpoint(self, config: dict[str, Any], checkpoint: Any) -> None:
+        """The body's tensor prefix (:data:`PREFIXES`, by where the embedding is) for
+        :meth:`build`; single-GPU and split loading alike."""
         names = checkpoint.names()
         self.prefix = next((p for p in PREFIXES if f"{p}embeddings.weight" in names), PREFIXES[0])
         mtp = sum(1 for n in names if n.startswith("mtp."))
         if mtp:
             log.info("not loading %d multi-token-prediction (mtp.*) tensors", mtp)
-        return super().load(config, checkpoint, backend, dtype=dtype)
 
     def checkpoint_tensors(self, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         return checkpoint_tensors(self.build(config))

@@ -53,3 +53,28 @@ def save_hf_checkpoint(path: Path, *, seed: int = 0, dtype: str = "float32", reg
 def prompt(seed: int, n: int, vocab: int = 370) -> list[int]:
     """``n`` random token ids below ``vocab`` (the tiny tokenizer's ordinary tokens)."""
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def save_model_prefixed(src: Path, out: Path) -> Path:
+    """The checkpoint at ``src`` as HF transformers 5 saves it: the body under ``model.``
+    instead of ``backbone.`` and every MoE's experts stacked (``experts.up_proj``
+    ``[num_experts, inner, hidden]``); config and tokenizer copied."""
+    from atlas_core.api import Checkpoint, write_safetensors
+
+    ckpt = Checkpoint.open(src)
+    tensors, experts = {}, {}
+    for name in ckpt.names():
+        renamed = "model." + name[len("backbone."):] if name.startswith("backbone.") else name
+        parts = renamed.split(".")
+        if ".experts." in renamed and parts[-2] in ("up_proj", "down_proj"):
+            experts.setdefault((".".join(parts[:5]), parts[-2]), {})[int(parts[5])] = ckpt.get(name)
+            continue
+        tensors[renamed] = np.array(ckpt.get(name))
+    for (prefix, proj), rows in experts.items():
+        tensors[f"{prefix}.{proj}"] = np.stack([rows[e] for e in sorted(rows)])
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out / "model.safetensors", tensors, {"format": "pt"})
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (src / name).is_file():
+            (out / name).write_bytes((src / name).read_bytes())
+    return out

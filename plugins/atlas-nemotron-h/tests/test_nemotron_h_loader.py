@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from nemotron_checkpoints import prompt
+from nemotron_checkpoints import prompt, save_model_prefixed
 
 from atlas_core.api import Checkpoint, load_model, write_safetensors
 from atlas_core.testing.checkpoints import tiny_config, write_tiny_checkpoint
@@ -46,22 +46,7 @@ def test_pattern_and_block_type_list_give_the_same_model(loader, registry):
 
 
 def test_model_prefix_and_stacked_experts_load_the_same_weights(tiny, registry, tmp_path):
-    ckpt = Checkpoint.open(tiny)
-    tensors, experts = {}, {}
-    for name in ckpt.names():
-        renamed = "model." + name[len("backbone."):] if name.startswith("backbone.") else name
-        parts = renamed.split(".")
-        if ".experts." in renamed and parts[-2] in ("up_proj", "down_proj"):
-            experts.setdefault((".".join(parts[:5]), parts[-2]), {})[int(parts[5])] = ckpt.get(name)
-            continue
-        tensors[renamed] = np.array(ckpt.get(name))
-    for (prefix, proj), rows in experts.items():
-        tensors[f"{prefix}.{proj}"] = np.stack([rows[e] for e in sorted(rows)])
-    out = tmp_path / "hf_names"
-    out.mkdir()
-    write_safetensors(out / "model.safetensors", tensors, {"format": "pt"})
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((tiny / name).read_bytes())
+    out = save_model_prefixed(tiny, tmp_path / "hf_names")
     assert np.array_equal(_logits(out, registry), _logits(tiny, registry))
 
 
