@@ -118,6 +118,7 @@ _EXPORTS = {
     "AsyncLLMEngine": "atlas_core.engine.async_engine:AsyncLLMEngine",
     "GuidedDecodingParams": "atlas_core.guided.params:GuidedDecodingParams",
     "NumpyBackend": "atlas_core.backends.numpy_backend:NumpyBackend",
+    "host_memory": "atlas_core.backends.numpy_backend:host_memory",
     "ServerConfig": "atlas_core.server:ServerConfig",
     "ServerThread": "atlas_core.server.launch:ServerThread",
     "Tokenizer": "atlas_core.tokenizer:Tokenizer",

@@ -20,6 +20,17 @@ from atlas_core.ops._dtypes import as_dtype, bfloat16, float8_e4m3fn
 log = logging.getLogger(__name__)
 
 _MIB = 1 << 20
+_GIB = 1 << 30
+#: On unified memory (GB10 / DGX Spark) the KV cache never takes the last of this much RAM,
+#: whatever --gpu-memory-utilization says: the OS, the server process and page cache live there
+#: (the original engine's users hit host OOM and wedged machines).
+UNIFIED_SYSTEM_RESERVE = 4 * _GIB
+UNIFIED_SYSTEM_FRACTION = 0.05
+
+
+def system_reserve(total: int) -> int:
+    """Bytes of unified memory left to the system: at least 4 GiB or 5% of it."""
+    return max(UNIFIED_SYSTEM_RESERVE, int(total * UNIFIED_SYSTEM_FRACTION))
 #: CPU backends keep their KV pool small: their "device memory" is the host's RAM.
 CPU_KV_LIMIT_BYTES = 2 << 30
 
@@ -136,6 +147,9 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     used = max(total - free, int(getattr(model, "weights_nbytes", 0) or 0))
     reserve = _activation_reserve(model, args)
     budget = int(total * args.gpu_memory_utilization) - used - reserve
+    unified = bool(getattr(backend.device_info(), "unified_memory", False))
+    if unified:  # free is MemAvailable there: keep the system's share of it out of the budget
+        budget = min(budget, free - system_reserve(total) - reserve)
     model_max = int(model.max_position_embeddings)
     want = min(args.max_seq_len or model_max, model_max)
     if backend.device_info().kind == "cpu":
@@ -173,6 +187,10 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     log.info("KV cache: %d blocks of %d tokens (%s, %.1f MiB, %d bytes per token), "
              "max_seq_len %d", num_blocks, bs, np.dtype(dtype).name, num_blocks * bpb / _MIB,
              bpb // bs, max_seq_len)
+    if unified:
+        log.info("unified memory: sized from /proc/meminfo MemAvailable (%.1f GiB free before the "
+                 "KV cache), %.1f GiB kept for the system", free / _GIB,
+                 system_reserve(total) / _GIB)
     if slot_bytes:
         log.info("recurrent state: %d slots + %d prefix snapshots of %.1f MiB (%.1f MiB)", slots,
                  snapshots, slot_bytes / _MIB, (slots + snapshots) * slot_bytes / _MIB)

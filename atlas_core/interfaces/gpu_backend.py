@@ -18,12 +18,17 @@ class DeviceInfo:
         kind: ``"cpu"``, ``"cuda"``…
         total_memory: bytes of device memory (host RAM for CPU backends).
         compute_capability: e.g. ``"9.0"``; empty for CPU backends.
+        unified_memory: the GPU shares the host's RAM (an integrated GPU: GB10 / DGX Spark,
+            Jetson): free memory counts what the OS and other programs need too, so
+            :meth:`GpuBackend.memory_info` reports at most ``/proc/meminfo`` MemAvailable and
+            sizing keeps a share for the system.
     """
 
     name: str
     kind: str
     total_memory: int
     compute_capability: str = ""
+    unified_memory: bool = False
 
 
 class Graph(ABC):

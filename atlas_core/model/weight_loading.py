@@ -212,6 +212,16 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
         raise WeightLoadError(f"{what}, more than the {_bytes(info.total_memory)} of {info.name}: "
                               f"use a smaller model or a device with more memory ({fields} if "
                               "the model should fit)")
+    if getattr(info, "unified_memory", False):
+        from atlas_core.engine.kv_sizing import system_reserve
+        free = backend.memory_info()[0]
+        room = free - system_reserve(info.total_memory)
+        if need > room:
+            raise WeightLoadError(
+                f"{what}, but {info.name} shares the host's memory and only {_bytes(free)} is "
+                f"available now (/proc/meminfo MemAvailable), of which "
+                f"{_bytes(system_reserve(info.total_memory))} stays with the system: close other "
+                "programs (or other Atlas servers) or use a smaller or quantized checkpoint")
 
 
 def _bytes(nbytes: int) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 
 from atlas_core.api import DeviceInfo, GpuBackend, Graph, HostRead, env
 from atlas_core.api import OpRegistry
-from atlas_core.api import QUANT_FORMATS
+from atlas_core.api import QUANT_FORMATS, host_memory
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext
 from atlas_cuda.driver import DeviceAllocation, check, drv
@@ -113,6 +113,8 @@ class CudaBackend(GpuBackend):
         self.small_staging = StagingRing(SMALL_COPY_BYTES, 32)
         self.read_staging = StagingRing(SMALL_COPY_BYTES, 4)
         self.num_sms = self.device.properties.multiprocessor_count
+        #: an integrated GPU on the host's RAM (GB10): memory_info is capped by MemAvailable
+        self.unified_memory = bool(getattr(self.device.properties, "integrated", False))
         self.l2_bytes = self.device.properties.l2_cache_size
         self._capturing = False
         self._copy_buffer: DeviceAllocation | None = None  # copy_many's device staging
@@ -172,10 +174,14 @@ class CudaBackend(GpuBackend):
 
     def device_info(self) -> DeviceInfo:
         return DeviceInfo(self.device.name, "cuda", self.memory_info()[1],
-                          f"{self.capability[0]}.{self.capability[1]}")
+                          f"{self.capability[0]}.{self.capability[1]}", self.unified_memory)
 
     def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` from the driver; on unified memory the free part is at most the
+        host's MemAvailable (the driver's figure ignores what the OS and page cache need)."""
         free, total = check(drv().cuMemGetInfo())
+        if self.unified_memory:
+            free = min(int(free), host_memory()[0])
         return int(free), int(total)
 
     def empty(self, shape: Sequence[int], dtype: Any) -> DeviceArray:
