@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from atlas_core.engine import EngineArgs, SamplingParams
+from atlas_core.engine.block_manager import block_hash
 from atlas_core.engine.kv_sizing import plan_kv_cache
 from atlas_core.engine.window_blocks import NO_BLOCK, WindowedBlockManager
 from atlas_core.interfaces import DeviceInfo, KVCacheSpec, SlidingWindowCacheSpec
@@ -102,8 +103,8 @@ def test_window_layers_get_their_own_pool_and_are_not_counted_per_block():
     plain = plan_kv_cache(Backend(), Model([KVCacheSpec(16, 256)] * 5 + [full]), args)
     assert plain.window_pool is None and kv.num_blocks > 5 * plain.num_blocks
     assert plan_kv_cache(Backend(), Model([sliding] * 2), args).window_pool is None
-    tiers = EngineArgs(max_num_seqs=32, kv_host_gb=1.0)
-    assert plan_kv_cache(Backend(), Model([sliding, full]), tiers).window_pool is None
+    tiers = EngineArgs(max_num_seqs=32, kv_host_gb=1.0, kv_offload_dir="/unused")
+    assert plan_kv_cache(Backend(), Model([sliding, full]), tiers).window_pool is not None
 
 
 def test_short_memory_gives_each_pool_half():
@@ -167,6 +168,35 @@ def test_a_prefix_hit_after_the_window_moved_on_reuses_the_cached_blocks():
     follow = _generate(_engine(FakeCausalLM(_numpy())), [prompt + [7]])[0]
     assert again.outputs[0].token_ids == follow.outputs[0].token_ids
     assert first.outputs[0].token_ids and not model.mismatches
+
+
+def test_tiers_bring_back_the_window_blocks_a_prefix_resumes_from():
+    model = WindowFake(_numpy())
+    engine = _engine(model, num_kv_blocks=16, max_num_seqs=2, kv_host_gb=0.001)
+    prompt, *others = _prompts(np.random.default_rng(4), (45, 50, 50))
+    first = _generate(engine, [prompt])[0]
+    for other in others:
+        _generate(engine, [other])
+    bm, parent = engine.block_manager, None
+    for i in range(11):
+        parent = block_hash(parent, prompt[i * BLOCK:(i + 1) * BLOCK])
+        assert parent not in bm.block_of and parent not in bm.window_pool.block_of
+    assert bm.window_pool.tiers is engine.kv_tiers.window
+    again = _generate(engine, [prompt])[0]
+    assert again.num_cached_tokens == 44
+    assert engine.stats().kv_tiers["window_host"]["hits"] == 11 - bm.first_needed_block(44)
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids and not model.mismatches
+    assert bm.num_used_blocks == 0 and bm.window_pool.num_used_blocks == 0
+
+
+def test_the_window_pool_gets_its_own_disk_namespace():
+    from atlas_core.engine.kv_disk import kv_namespace
+
+    plain = kv_namespace(None, "m", "float32", BLOCK, [(BLOCK, 1, 8)] * 4)
+    assert kv_namespace(None, "m", "float32", BLOCK, [(BLOCK, 1, 8)] * 4, None) == plain
+    windowed = kv_namespace(None, "m", "float32", BLOCK, [(BLOCK, 1, 8)] * 4,
+                            {"window": WINDOW, "window_layout": [[BLOCK, 1, 8]] * 2})
+    assert windowed[0] != plain[0] and windowed[1]["window"] == WINDOW
 
 
 def test_a_prefix_whose_window_blocks_were_evicted_is_shortened():

@@ -66,15 +66,17 @@ def _model_fingerprint(model: Any, model_name: str | None) -> str:
 
 
 def kv_namespace(model: Any, model_name: str | None, kv_dtype: Any, block_size: int,
-                 pool_shapes: list[tuple]) -> tuple[str, dict]:
+                 pool_shapes: list[tuple], extra: dict | None = None) -> tuple[str, dict]:
     """``(directory name, identity)`` of the blocks this engine writes and may read back.
 
     The weights are fingerprinted by their size and first and last MiB (a fine-tune of the same
-    shapes differs there), so two models never share blocks.
+    shapes differs there), so two models never share blocks. ``extra`` joins the identity (a
+    sliding-window pool's window and layout: its main-pool records then hold only the
+    full-attention layers, so they must never be read as records of every layer).
     """
     identity = {"model": _model_fingerprint(model, model_name), "name": str(model_name),
                 "kv_dtype": str(kv_dtype), "block_size": block_size,
-                "layout": [list(s) for s in pool_shapes], "format": VERSION}
+                "layout": [list(s) for s in pool_shapes], "format": VERSION, **(extra or {})}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     return f"kv-{digest[:24]}", identity
 

@@ -3,7 +3,8 @@
 :func:`create_kv_tiers` sizes the host-memory and disk tiers from ``--kv-host-gb`` /
 ``--kv-offload-dir`` / ``--kv-offload-gb``, opens the disk tier's StorageBackend in the
 directory of this model and KV layout (:func:`~atlas_core.engine.kv_disk.kv_namespace`) and
-hands the tiers to the block manager (and, on hybrid models, the state cache), with the
+hands the tiers to the block manager (and its sliding-window pool, with tiers and a disk
+namespace of their own, and, on hybrid models, the state cache), with the
 read-or-recompute policy of ``--kv-disk-restore`` for the disk tier (state snapshots are always
 read: without one the prefix is not usable). Bad directories fail here, before any request,
 with a message that says how to fix them.
@@ -22,8 +23,10 @@ from typing import Any
 from atlas_core.engine.kv_block_io import KVBlockIO, paged_kv_pools
 from atlas_core.engine.kv_disk import DiskTier, kv_namespace
 from atlas_core.engine.kv_restore import DiskRestorePolicy
+from atlas_core.engine.kv_sizing import kv_specs
 from atlas_core.engine.kv_tiers import KVTiers
 from atlas_core.engine.outputs import EngineStats
+from atlas_core.engine.window_blocks import is_windowed
 
 log = logging.getLogger(__name__)
 
@@ -72,34 +75,63 @@ def create_storage(name: str, root: Path) -> Any:
     return registry.create("storage_backends", name, root=str(root))
 
 
+def split_kv_pools(model: Any, runner: Any) -> tuple[list, list]:
+    """``runner``'s paged K/V pools: those of the main block pool, and those of the sliding-window
+    pool (:mod:`atlas_core.engine.window_blocks`; empty without one)."""
+    if getattr(runner.kv, "window_pool", None) is None:
+        return paged_kv_pools(runner.kv_caches), []
+    main, window = [], []
+    for spec, layer in zip(kv_specs(model), runner.kv_caches):
+        if isinstance(layer, tuple):
+            (window if is_windowed(spec) else main).extend(layer)
+    return main, window
+
+
 def create_kv_tiers(args: Any, model: Any, runner: Any, scheduler: Any) -> KVTiers | None:
     """The tiers ``args`` ask for below ``runner``'s pools, set as the ``tiers`` of
-    ``scheduler``'s block manager (and state cache, for hybrid models); ``None`` when neither
-    host memory nor disk is asked for."""
+    ``scheduler``'s block manager (and of its window pool, and of the state cache on hybrid
+    models); ``None`` when neither host memory nor disk is asked for.
+
+    Each pool's tiers get a share of ``--kv-host-gb`` / ``--kv-offload-gb``: the state snapshots
+    :data:`STATE_SHARE`, the main and window pools the rest in proportion to their bytes per
+    block, so both hold as many blocks."""
     host_bytes = int(float(args.kv_host_gb or 0) * _GIB)
     if not args.enable_prefix_caching or (not host_bytes and not args.kv_offload_dir):
         return None
     kv = runner.kv
-    io = KVBlockIO(runner.backend, paged_kv_pools(runner.kv_caches))
+    main_pools, window_pools = split_kv_pools(model, runner)
+    io = KVBlockIO(runner.backend, main_pools)
     if not io.pools:
         log.info("KV tiers: the model has no paged KV cache; tiers are off")
         return None
+    window_io = KVBlockIO(runner.backend, window_pools) if window_pools else None
+    extra = None
+    if window_io is not None:
+        extra = {"window": kv.window_pool.window,
+                 "window_layout": [list(p.shape[1:]) for p in window_pools]}
     root = check_offload_dir(args.kv_offload_dir) if args.kv_offload_dir else None
     name, identity = kv_namespace(model, args.model, kv.dtype, kv.block_size,
-                                  [tuple(p.shape[1:]) for p in io.pools])
+                                  [tuple(p.shape[1:]) for p in io.pools], extra)
     max_staged = 4 * -(-kv.max_seq_len // kv.block_size)
     states = scheduler.state_cache
     hybrid = bool(states is not None and states.num_snapshots and runner.state_pools)
-    share = STATE_SHARE if hybrid else 0.0
-    tiers = _tiers(args, io, int(host_bytes * (1 - share)), 1 - share, root, name, identity,
-                   max_staged)
+    rest = 1 - (STATE_SHARE if hybrid else 0.0)
+    window_bytes = window_io.block_bytes if window_io is not None else 0
+    main = rest * io.block_bytes / (io.block_bytes + window_bytes)
+    tiers = _tiers(args, io, int(host_bytes * main), main, root, name, identity, max_staged)
     if tiers.disk is not None:
         tiers.restore = DiskRestorePolicy(getattr(args, "kv_disk_restore", "auto"), kv.block_size)
     scheduler.block_manager.tiers = tiers
+    if window_io is not None:
+        share = rest - main
+        tiers.window = scheduler.block_manager.window_pool.tiers = _tiers(
+            args, window_io, int(host_bytes * share), share, root, f"{name}-window", identity,
+            max_staged)
     if hybrid:
         state_io = KVBlockIO(runner.backend, runner.state_pools)
-        tiers.state = states.tiers = _tiers(args, state_io, int(host_bytes * share), share, root,
-                                            f"{name}-state", identity, max_staged)
+        tiers.state = states.tiers = _tiers(args, state_io, int(host_bytes * STATE_SHARE),
+                                            STATE_SHARE, root, f"{name}-state", identity,
+                                            max_staged)
     return tiers
 
 

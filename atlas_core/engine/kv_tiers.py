@@ -12,7 +12,9 @@ step's forward. Whether a prompt's disk-only blocks are read at all or recompute
 :attr:`KVTiers.restore`'s choice (:mod:`atlas_core.engine.kv_restore`, ``--kv-disk-restore``):
 reading from a slow disk can take longer than prefilling again. Hybrid models' recurrent-state snapshots (:class:`~atlas_core.engine.state_cache.
 StateCache`) get tiers of their own (:attr:`KVTiers.state`, keyed by the same block hashes),
-since a cached prefix is only usable up to a boundary whose snapshot is at hand too.
+since a cached prefix is only usable up to a boundary whose snapshot is at hand too. Likewise
+the sliding-window layers' own block pool (:mod:`atlas_core.engine.window_blocks`) gets tiers of
+its own (:attr:`KVTiers.window`): one record per pool and block, each restored where it exists.
 
 Host memory is a :class:`~atlas_core.engine.kv_host_arena.HostArena` of record-shaped rows: a
 spilled block is copied from the device into its row once and written to disk from that row; a
@@ -72,6 +74,8 @@ class KVTiers:
                        for tier in ("host", "disk")}
         self.counts["disk"]["skipped_blocks"] = 0
         self.state: KVTiers | None = None
+        #: tiers of the sliding-window block pool (same keys), or ``None``
+        self.window: KVTiers | None = None
         #: read-or-recompute choice for disk-only blocks (``None``: always read)
         self.restore: DiskRestorePolicy | None = None
         #: disk reads started for a prompt that waits for them (probes are not)
@@ -186,6 +190,16 @@ class KVTiers:
                 return i
         return len(hashes)
 
+    def holds(self, h: bytes) -> bool:
+        """Whether block ``h`` is in host memory, staged from disk or on disk."""
+        return (h in self.host or h in self.staged
+                or (self.disk is not None and self.disk.contains(h)))
+
+    def _other_pools(self) -> list[tuple[str, "KVTiers"]]:
+        # The tiers of the other pools keyed by the same hashes, with their stats prefix.
+        return [(name, t) for name, t in (("state", self.state), ("window", self.window))
+                if t is not None]
+
     def count_miss(self, h: bytes) -> None:
         """A prefix went past the device cache and host memory lacks its next block ``h``: a
         miss unless the disk has it (then it is recomputed by choice: ``skipped_blocks``)."""
@@ -230,8 +244,8 @@ class KVTiers:
         self.lent.clear()
 
     def clear_memory(self) -> None:
-        """Forget every block held in host memory or staged from disk (disk writes in flight
-        finish first: they read host rows)."""
+        """Forget every block held in host memory or staged from disk, the other pools' tiers'
+        too (disk writes in flight finish first: they read host rows)."""
         if self.disk is not None:
             self.disk.flush()
         for row in self.host.values():
@@ -240,19 +254,22 @@ class KVTiers:
         self.staged.clear()
         self.lent.clear()
         self.reading.clear()
+        for _, t in self._other_pools():
+            t.clear_memory()
 
     def wait_reads(self) -> bool:
-        """Wait briefly for a disk read when some are in flight (the state snapshots' tiers
-        included); True if there were any."""
+        """Wait briefly for a disk read when some are in flight (the state snapshots' and
+        window pool's tiers included); True if there were any."""
         if self.disk is None or not self.disk.reads:
-            return self.state is not None and self.state.wait_reads()
+            return any(t.wait_reads() for _, t in self._other_pools())
         self.disk.wait(READ_WAIT_S)
         self.poll()
         return True
 
     def stats(self) -> dict:
         """``tier -> counter -> value``: hits, misses, bytes read/written, bytes held (the state
-        snapshots' tiers as ``state_host`` / ``state_disk``)."""
+        snapshots' tiers as ``state_host`` / ``state_disk``, the window pool's as ``window_host`` /
+        ``window_disk``)."""
         out = {tier: dict(c) for tier, c in self.counts.items()}
         out["host"]["used_bytes"] = len(self.host) * self.io.block_bytes
         out["host"]["capacity_bytes"] = self.host_capacity * self.io.block_bytes
@@ -266,15 +283,15 @@ class KVTiers:
                 out["disk"]["read_bytes_per_s"] = d.read_rate.rate
         if self.disk is None:
             del out["disk"]
-        if self.state is not None:
-            out.update({f"state_{tier}": c for tier, c in self.state.stats().items()})
+        for name, t in self._other_pools():
+            out.update({f"{name}_{tier}": c for tier, c in t.stats().items()})
         return out
 
     def describe(self) -> str:
         """One line: sizes and hit rates of each tier."""
         s = self.stats()
         parts = []
-        for tier in ("host", "disk", "state_host", "state_disk"):
+        for tier in ("host", "disk", "state_host", "state_disk", "window_host", "window_disk"):
             if tier not in s:
                 continue
             c = s[tier]
@@ -292,5 +309,5 @@ class KVTiers:
         """Finish the disk writes in flight and stop the storage thread."""
         if self.disk is not None:
             self.disk.close()
-        if self.state is not None:
-            self.state.close()
+        for _, t in self._other_pools():
+            t.close()
