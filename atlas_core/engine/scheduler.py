@@ -116,7 +116,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         now = self.policy.clock()
-        budget = self.policy.prefill_budget(self.max_prefill_tokens, self.running, now)
+        budget = self.max_prefill_tokens
+        if self.waiting or any(seq.is_prefilling for seq in self.running):
+            budget = self.policy.prefill_budget(budget, self.running, now)
         budget = self._schedule_running(out, budget, now)
         if not out.preempted:
             ordered = self.policy.order_waiting(self.waiting, now) if self.waiting else None

@@ -14,5 +14,7 @@
   OpenAI SDK, with a real checkpoint or a scripted fake model.
 - :mod:`~atlas_core.testing.gpu`: CUDA probes that skip without a device, cuda-vs-numpy greedy
   parity, and NVRTC compile checks of a plugin's kernels.
+- :mod:`~atlas_core.testing.sched_sim`: the real scheduler under ``scripts/sched_bench.py``'s
+  mixed load on a simulated clock, with a GPU-shaped step cost (scheduling policies, #31).
 - :mod:`~atlas_core.testing.fixtures`: where the real-model tokenizer fixtures live.
 """
