@@ -9,7 +9,7 @@ from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
 from atlas_core.engine.kv_tiers import close_kv_tiers
 from atlas_core.plugins import Registry
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
-from atlas_core.testing.fake_model import run_to_completion
+from atlas_core.testing.fake_model import assert_same_output, run_one
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,15 +35,10 @@ def prompt(seed, n):
 
 
 def run(engine, p, rid="r"):
-    engine.add_request(rid, p, GREEDY)
-    return run_to_completion(engine)[rid]
+    return run_one(engine, p, GREEDY, rid)
 
 
-def assert_same(a, b):
-    assert a.outputs[0].token_ids == b.outputs[0].token_ids
-    for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-        np.testing.assert_allclose([v for _, v in la.top], [v for _, v in lb.top], rtol=1e-5,
-                                   atol=1e-6)
+assert_same = assert_same_output
 
 
 def evict_then_rerun(engine):

@@ -156,6 +156,20 @@ def run_to_completion(engine) -> dict:
     return final
 
 
+def run_one(engine, prompt: list[int], params: SamplingParams, rid: str = "r"):
+    """Add one request, step ``engine`` until idle, return that request's final output."""
+    engine.add_request(rid, prompt, params)
+    return run_to_completion(engine)[rid]
+
+
+def assert_same_output(a, b, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Two final outputs give the same tokens and (within tolerance) the same top logprobs."""
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    for la, lb in zip(a.outputs[0].logprobs or (), b.outputs[0].logprobs or ()):
+        np.testing.assert_allclose([v for _, v in la.top], [v for _, v in lb.top], rtol=rtol,
+                                   atol=atol)
+
+
 def make_engine(path, backend: str = "numpy", **engine_kwargs):
     """A real :class:`~atlas_core.engine.LLMEngine` over the checkpoint directory ``path`` on
     ``backend``: 64 KV blocks of 8 tokens and 4 sequences unless ``engine_kwargs`` say

@@ -12,7 +12,8 @@ if not hasattr(transformers, "Gemma4ForCausalLM"):
     pytest.skip("this transformers has no Gemma-4", allow_module_level=True)
 
 from atlas_core.api import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
-from atlas_core.testing.fake_model import run_to_completion  # noqa: E402
+from atlas_core.testing.fake_model import (assert_same_output, run_one,  # noqa: E402
+                                           run_to_completion)
 from atlas_core.testing.tiny_tokenizer import write_tokenizer  # noqa: E402
 
 from gemma4_checkpoints import save_hf_checkpoint  # noqa: E402
@@ -46,15 +47,10 @@ def prompt(seed, n):
 
 
 def run(engine, p, rid="r"):
-    engine.add_request(rid, p, GREEDY)
-    return run_to_completion(engine)[rid]
+    return run_one(engine, p, GREEDY, rid)
 
 
-def assert_same(a, b):
-    assert a.outputs[0].token_ids == b.outputs[0].token_ids
-    for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-        np.testing.assert_allclose([v for _, v in la.top], [v for _, v in lb.top], rtol=1e-5,
-                                   atol=1e-6)
+assert_same = assert_same_output
 
 
 def first_run(engine):
