@@ -12,6 +12,7 @@ import pytest
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
 from atlas_core.parallel.executor import WorkerLostError
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.parallel import finished_tokens
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8, 7]]
 LOGPROB_ATOL = 1e-4
@@ -42,13 +43,7 @@ def _generate(engine, max_tokens=6, logprobs=1):
     engine.add_request("penalised", PROMPTS[0], SamplingParams(
         temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=logprobs,
         repetition_penalty=1.5))
-    out = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                c = o.outputs[0]
-                out[o.request_id] = (c.token_ids, [lp.logprob for lp in c.logprobs or []])
-    return out
+    return finished_tokens(engine)
 
 
 def _assert_same(parallel, single):

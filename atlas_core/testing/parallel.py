@@ -34,6 +34,11 @@ def generate(engine: Any, prompts: list[list[int]], max_tokens: int = 6,
                             logprobs=logprobs)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, params)
+    return finished_tokens(engine)
+
+
+def finished_tokens(engine) -> dict[str, tuple[list[int], list[float]]]:
+    """Step ``engine`` until idle: ``request id -> (token ids, logprobs)`` of every request."""
     out = {}
     while engine.has_unfinished_requests():
         for o in engine.step():

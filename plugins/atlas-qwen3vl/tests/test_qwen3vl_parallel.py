@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from qwen3vl_checkpoints import png_bytes, save_hf_checkpoint, small_processor_config  # noqa: E402
 
-from atlas_core.testing.parallel import assert_same, make_engine  # noqa: E402
+from atlas_core.testing.parallel import assert_same, finished_tokens, make_engine  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -22,13 +22,7 @@ def _greedy(engine) -> dict:
     ids, mm = engine.model.mm_processor.process([10, 20, 383, 30, 40, 50], [png_bytes(40, 56)])
     engine.add_request("img", ids, params, mm_inputs=mm)
     engine.add_request("text", list(range(5, 30)), params)
-    out = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                c = o.outputs[0]
-                out[o.request_id] = (c.token_ids, [lp.logprob for lp in c.logprobs or []])
-    return out
+    return finished_tokens(engine)
 
 
 @pytest.mark.parametrize("arch, ep", [("Qwen3VLForConditionalGeneration", False),
