@@ -159,6 +159,20 @@ class AsyncLLMEngine:
                     self._commands.append(("abort", request_id))
                     self._cond.notify_all()
 
+    async def gather_together(self, coros: list) -> list:
+        """Await ``coros`` (each starting one :meth:`generate`) so that the engine loop picks
+        all their requests up before its next step: command pickup waits (the loop's lock is
+        held; :meth:`generate` takes it again on this thread) until every one has queued its
+        request. The warm-up's bucket schedule relies on one shared admission."""
+        with self._cond:
+            want = len(self._commands) + len(coros)
+            tasks = [asyncio.ensure_future(c) for c in coros]
+            for _ in range(1000):
+                await asyncio.sleep(0)
+                if len(self._commands) >= want or all(t.done() for t in tasks):
+                    break
+        return await asyncio.gather(*tasks)
+
     async def abort(self, request_id: str) -> None:
         """Abort a request; its stream ends with an output whose finish_reason is ``abort``."""
         with self._cond:

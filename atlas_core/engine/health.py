@@ -96,10 +96,10 @@ async def warm_graph_buckets(aengine) -> None:
         return
     log.info("warm-up: capturing the decode graphs of %d batch sizes (up to %d sequences)",
              sum(b <= limit for b in buckets), len(schedule))
-    await asyncio.gather(*(
+    await aengine.gather_together([
         _generate(aengine, _prompt(engine, WARM_UP_PROMPT_SIZE, n, offset=2 + i),
                   SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
-        for i, n in enumerate(schedule)))
+        for i, n in enumerate(schedule)])
 
 
 async def check(aengine, timeout: float) -> float:
