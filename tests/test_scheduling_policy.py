@@ -9,6 +9,8 @@ The claims are relative: slo keeps the chats' p99 time-between-tokens under the 
 fifo's worst gaps are far over it, at a TTFT close to fifo's.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -167,35 +169,17 @@ def test_create_policy_names_and_errors():
 
 
 def simulate(policy_name):
-    clock = Clock()
-    policy = create_scheduling_policy(policy_name, 15.0, 2000.0, clock)
-    sched = Scheduler(BlockManager(6000, 16, False), 64, 64, 2048, policy=policy)
+    """The simple load on a linear step cost, run by ``sched_sim.simulate``: ``(p99 time
+    between chat tokens, largest TTFT of the long prompts)``."""
     rng = np.random.default_rng(0)
     arrivals = [(0.005 * i, f"chat{i}", int(rng.integers(50, 200)), 64) for i in range(30)]
     arrivals += [(0.10, "long0", 32_000, 4), (0.60, "long1", 32_000, 4)]
     arrivals.sort()
-    times: dict[str, list[float]] = {}
-    start = {rid: t for t, rid, _, _ in arrivals}
-    pending = list(arrivals)
-    while pending or sched.running or sched.waiting:
-        while pending and pending[0][0] <= clock.now:
-            _, rid, n, max_tokens = pending.pop(0)
-            sched.add(seq(rid, n, max_tokens=max_tokens))
-        out = sched.schedule()
-        if not out.scheduled:
-            clock.now = pending[0][0]
-            continue
-        clock.now += 0.004 + 2e-5 * out.num_tokens
-        sched.complete_step(out)
-        for s in out.scheduled:
-            if s.samples:
-                s.seq.output_token_ids.append(1)
-                times.setdefault(s.seq.request_id, []).append(clock.now)
-                if len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
-                    sched.finish(s.seq)
-    gaps = np.concatenate([np.diff(t) for rid, t in times.items() if rid.startswith("chat")])
-    ttft = [times[rid][0] - start[rid] for rid in ("long0", "long1")]
-    return float(np.percentile(gaps, 99)), max(ttft)
+    out = sched_sim.simulate(policy_name, SimpleNamespace(arrivals=lambda: list(arrivals)),
+                             cost=lambda step: 0.004 + 2e-5 * step.num_tokens,
+                             tbt_deadline_ms=15.0, max_prefill_tokens=2048, max_num_seqs=64,
+                             jitter=0.0, num_blocks=6000)
+    return out["chat_tbt_p99"], out["long_ttft_max"]
 
 
 def test_mixed_load_slo_keeps_chats_under_target_and_long_prompts_progress():
