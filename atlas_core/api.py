@@ -17,7 +17,8 @@ Groups:
   :class:`ModelWeightLoader`, :class:`TransformerLayer`, :class:`CommBackend`,
   :class:`StorageBackend`, and what they exchange (:class:`StepMetadata`, :class:`KVCacheSpec`,
   :class:`LatentCacheSpec`, :class:`SlidingWindowCacheSpec`, :class:`RecurrentStateSpec`,
-  :class:`DeviceInfo`, :class:`Graph`, :class:`EagerGraph`, :class:`HostRead`).
+  :class:`DeviceInfo`, :class:`Graph`, :class:`EagerGraph`, :class:`HostRead`,
+  :class:`DeviceEvent`).
 - Model building blocks: :class:`Module` with :class:`ParamSpec` / :class:`Source`,
   :class:`CausalLM`, :class:`DecoderOnlyLoader`, the built-in layers (:class:`DecoderLayer`,
   :class:`Attention`, :class:`GatedMLP`, :class:`SparseMoE`, :class:`MTPHead`), :func:`checkpoint_tensors`,
@@ -27,7 +28,8 @@ Groups:
   references (``reference``, a module), the unfused compositions a backend falls back to
   (``compose_*``), the activations, quantized weights (:class:`QuantizedWeight`,
   :func:`quantize`, :func:`dequantize`, :func:`quant_layout`, :data:`QUANT_FORMATS`,
-  :data:`E2M1_LUT`, :func:`unpack_e2m1`, :func:`fp8_codes`), :data:`bfloat16`,
+  :data:`E2M1_LUT`, :func:`unpack_e2m1`, :func:`fp8_codes`), :func:`pool_row_bytes` (bytes of
+  one block row of a pool, for ``gather_blocks`` / ``scatter_blocks``), :data:`bfloat16`,
   :data:`float8_e4m3fn`, :func:`as_dtype`, :func:`f32`.
 - Running a model: :class:`LLM`, :class:`SamplingParams`, :class:`EngineArgs`,
   :class:`LLMEngine`, :class:`AsyncLLMEngine`, :class:`GuidedDecodingParams`,
@@ -52,6 +54,7 @@ _EXPORTS = {
     "make_plugin_manager": "atlas_core.plugins:make_plugin_manager",
     "resolve": "atlas_core.plugins:resolve",
     "CommBackend": "atlas_core.interfaces:CommBackend",
+    "DeviceEvent": "atlas_core.interfaces:DeviceEvent",
     "DeviceInfo": "atlas_core.interfaces:DeviceInfo",
     "EagerGraph": "atlas_core.interfaces:EagerGraph",
     "GpuBackend": "atlas_core.interfaces:GpuBackend",
@@ -63,6 +66,7 @@ _EXPORTS = {
     "ModelWeightLoader": "atlas_core.interfaces:ModelWeightLoader",
     "RecurrentStateSpec": "atlas_core.interfaces:RecurrentStateSpec",
     "StepMetadata": "atlas_core.interfaces:StepMetadata",
+    "pool_row_bytes": "atlas_core.ops.block_copy:pool_row_bytes",
     "StorageBackend": "atlas_core.interfaces:StorageBackend",
     "BlockDirectory": "atlas_core.storage.posix:BlockDirectory",
     "temp_name": "atlas_core.storage.posix:temp_name",

@@ -43,8 +43,10 @@ def host_rows(io: KVBlockIO, ids: list[int], hashes: list[bytes]) -> list[tuple[
     out = [("read", timed(io.read_into, ids, dests)), ("write", timed(io.write, ids, dests))]
     del rows, dests
     tiers = KVTiers(io, host_bytes=len(ids) * io.block_bytes, disk=None)
-    out.append(("spill to host", timed(tiers.spill, list(zip(ids, hashes)))))
-    out.append(("restore from host", timed(lambda: tiers.write(ids, tiers.take(hashes)))))
+    # Spills and restores return with their copies queued: time them until those complete.
+    out.append(("spill to host", timed(lambda: (tiers.spill(list(zip(ids, hashes))),
+                                                 io.backend.synchronize()))))
+    out.append(("restore from host", timed(lambda: tiers.write(ids, tiers.take(hashes)).wait())))
     return out
 
 
@@ -66,7 +68,8 @@ def disk_rows(io: KVBlockIO, ids: list[int], hashes: list[bytes], root: Path,
         while tiers.prefetch(hashes) is None:
             tiers.wait_reads()
         out.append(("disk tier read", time.perf_counter() - start))
-        out.append(("restore staged", timed(lambda: tiers.write(ids, tiers.take(hashes)))))
+        out.append(("restore staged",
+                    timed(lambda: tiers.write(ids, tiers.take(hashes)).wait())))
         gbps, via = raw_direct_read_gbps(Path(tmp), len(ids) * disk.record_size)
         out.append((f"raw O_DIRECT ({via})", len(ids) * disk.record_size / gbps / 1e9))
         tiers.close()

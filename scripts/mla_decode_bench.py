@@ -7,6 +7,9 @@ qk_rope_head_dim`` values once per sequence (q and out are negligible); the floo
 at ``--bandwidth`` (default: 4.25 TB/s on an H200, the copy bandwidth in PERF-NOTES; else
 3.35 TB/s, H100 SXM HBM3).
 
+The kernel column names the decode kernel that ran (``mla_decode_mma_r<rank>``: tensor cores;
+``mla_decode_split``: the SIMT fallback, also forced with ``ATLAS_CUDA_ATTENTION=simt``).
+
     python scripts/mla_decode_bench.py [--bandwidth 4.25e12]
 """
 
@@ -45,7 +48,8 @@ def main() -> None:
     if args.bandwidth is None:
         args.bandwidth = 4.25e12 if "H200" in device else 3.35e12
     print(f"{device}: floor at {args.bandwidth / 1e12:.2f} TB/s")
-    print("op | shape | batch | ctx | KV MB | floor us | us | % of floor")
+    print("op | kernel | shape | batch | ctx | KV MB | floor us | us | % of floor")
+    mla = be.ops.mla_absorbed_attention.__self__  # MlaCudaOps: names the decode kernel
     for name, (h, rank, rope) in SHAPES.items():
         for batch, ctx in CASES:
             bt, sl, cu, blocks = tables(be, batch, ctx)
@@ -57,7 +61,8 @@ def main() -> None:
             us = per_op_us(be, lambda: be.ops.mla_absorbed_attention(
                 q_lat, q_pe, cache, bt, sl, cu, (rank + rope) ** -0.5))
             floor = nbytes / args.bandwidth * 1e6
-            print(f"mla_absorbed_attention | {name} {h}x{rank}+{rope} | {batch} | {ctx} | "
+            print(f"mla_absorbed_attention | {mla.decode_kernel(q_lat, q_pe)} | "
+                  f"{name} {h}x{rank}+{rope} | {batch} | {ctx} | "
                   f"{nbytes / 1e6:.1f} | {floor:.2f} | {us:.2f} | {100 * floor / us:.1f}")
             del cache
     for batch, ctx in CASES:
@@ -69,7 +74,7 @@ def main() -> None:
         nbytes = 2 * batch * ctx * 8 * 128 * 2
         us = per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu, 128 ** -0.5))
         floor = nbytes / args.bandwidth * 1e6
-        print(f"paged_attention (baseline) | qwen3-8b 32/8x128 | {batch} | {ctx} | "
+        print(f"paged_attention (baseline) | - | qwen3-8b 32/8x128 | {batch} | {ctx} | "
               f"{nbytes / 1e6:.1f} | {floor:.2f} | {us:.2f} | {100 * floor / us:.1f}")
         del kc, vc
 

@@ -7,11 +7,15 @@ For each batch: plain greedy decoding of random prompts, then the same requests 
 per step taken from the plain run's own output (every draft accepted: the forced-full-
 acceptance test mode; the tokens are checked equal). Reports the mean decode-step time of
 both, their ratio (verify step / plain step, K + 1 positions against 1) and the tokens/s ratio.
+Graphs are captured before timing (a warm-up pass over the whole batch, and every verify
+bucket); the last column counts the timed verify steps replayed from a graph (on a backend with
+graphs every one should be).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import numpy as np
@@ -59,32 +63,41 @@ def main() -> int:
     rng = np.random.default_rng(0)
     print(f"{args.shape} on {args.backend or 'default backend'}, K={args.k}")
     print("| batch | plain step ms | verify step ms | verify / plain | plain tok/s | "
-          "forced-accept tok/s | tok/s ratio |")
-    print("|---|---|---|---|---|---|---|")
+          "forced-accept tok/s | tok/s ratio | graph verify steps |")
+    print("|---|---|---|---|---|---|---|---|")
     for batch in args.batch:
         prompts = [rng.integers(0, config["vocab_size"], args.prompt_len).tolist()
                    for _ in range(batch)]
-        common = dict(max_num_seqs=batch, max_seq_len=args.prompt_len + args.max_tokens + 16,
-                      enable_prefix_caching=False,
+        seq_len = args.prompt_len + args.max_tokens + 16
+        # an explicit cache size: the two engines share the backend, and one sized from free
+        # memory would leave the next none
+        common = dict(max_num_seqs=batch, max_seq_len=seq_len, enable_prefix_caching=False,
+                      num_kv_blocks=batch * -(-seq_len // 16) + 16,
                       gpu_memory_utilization=args.gpu_memory_utilization)
         plain = LLMEngine(model, backend, EngineArgs(**common))
-        decode(plain, prompts[:1], 4)
+        decode(plain, prompts, 3)
         want, plain_s, plain_steps = decode(plain, prompts, args.max_tokens)
         del plain
+        gc.collect()  # the plain engine's KV cache goes back before the next one sizes its own
         spec = {"method": "ngram", "num_speculative_tokens": args.k, "draft_token_cost": 0.0,
                 "disable_by_batch_size": batch}
         engine = LLMEngine(model, backend, EngineArgs(**common, speculative_config=spec))
         oracle = ScriptedProposer({tuple(pr): out for pr, out in zip(prompts, want)},
                                   model.vocab_size, wrong_rate=0.0)
-        decode(engine, prompts[:1], 4, oracle)
+        engine.runner.warm_verify_graphs()
+        decode(engine, prompts, 3, oracle)
+        replays = engine.runner.num_verify_replays
         got, spec_s, spec_steps = decode(engine, prompts, args.max_tokens, oracle)
+        replays = engine.runner.num_verify_replays - replays
         del engine
+        gc.collect()
         if got != want:
             raise SystemExit(f"batch {batch}: speculative output differs from plain decoding")
         tokens = batch * (args.max_tokens - 1)
         plain_ms, spec_ms = 1e3 * plain_s / plain_steps, 1e3 * spec_s / spec_steps
         print(f"| {batch} | {plain_ms:.2f} | {spec_ms:.2f} | {spec_ms / plain_ms:.2f} | "
-              f"{tokens / plain_s:.1f} | {tokens / spec_s:.1f} | {plain_s / spec_s:.2f} |")
+              f"{tokens / plain_s:.1f} | {tokens / spec_s:.1f} | {plain_s / spec_s:.2f} | "
+              f"{replays}/{spec_steps} |")
     return 0
 
 

@@ -86,7 +86,7 @@ def test_wrong_sizes_are_refused():
 
 def test_host_arena_grows_by_segment_and_reuses_rows():
     backend = Registry().create("gpu_backends", "numpy")
-    arena = HostArena(backend, row_bytes=100, capacity=5, segment_bytes=250)
+    arena = HostArena(backend, row_bytes=100, capacity=5, segment_bytes=250, align=1)
     rows = [arena.take() for _ in range(5)]
     assert rows == [0, 1, 2, 3, 4] and arena.take() is None
     assert [s.shape for s in arena.segments] == [(2, 100), (2, 100), (1, 100)]
@@ -94,6 +94,19 @@ def test_host_arena_grows_by_segment_and_reuses_rows():
     assert (arena.segments[1][1] == 7).all()
     arena.give(3)
     assert arena.take() == 3 and arena.take() is None
+
+
+def test_host_arena_rows_are_page_aligned_and_padded_for_o_direct():
+    backend = Registry().create("gpu_backends", "numpy")
+    arena = HostArena(backend, row_bytes=64 + 10_000, capacity=5, segment_bytes=3 * 12288)
+    rows = [arena.take() for _ in range(5)]
+    assert arena.stride == 12288 and arena.rows_per_segment == 3
+    for r in rows:
+        buf = arena.record_buffer(r)
+        assert buf.ctypes.data % 4096 == 0 and buf.nbytes == 12288
+        assert arena.row(r).nbytes == 10_064 and arena.row(r).ctypes.data == buf.ctypes.data
+    arena.row(4)[:] = 9
+    assert (arena.record_buffer(4)[:10_064] == 9).all() and not (arena.row(3) == 9).all()
 
 
 def test_rows_handed_out_by_take_survive_a_spill_before_the_restore():

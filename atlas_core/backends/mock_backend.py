@@ -15,12 +15,12 @@ import numpy as np
 
 from atlas_core.backends.numpy_backend import NumpyBackend
 from atlas_core.interfaces import DeviceInfo, Graph
-from atlas_core.interfaces.gpu_backend import HostRead
+from atlas_core.interfaces.gpu_backend import DeviceEvent, HostRead
 from atlas_core.ops.registry import OpRegistry, OpTable
 
 #: Every event kind the mock records.
 EVENT_KINDS = ("launch", "graph_node", "capture_node", "alloc", "workspace", "h2d", "d2h", "d2d",
-               "sync", "reset_workspace", "capture", "graph_launch")
+               "sync", "event", "reset_workspace", "capture", "graph_launch")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,9 @@ class MockGpuBackend(NumpyBackend):
     - ``h2d`` for :meth:`from_host` / :meth:`copy_from_host` (and ``copy_from_host_async``,
       which calls it), ``d2h`` for :meth:`to_host` / :meth:`copy_to_host_async`,
       ``d2d`` for :meth:`copy_` (with bytes); a :meth:`to_host_async` records its ``d2h`` when
-      it is waited for; ``sync`` for :meth:`synchronize`;
+      it is waited for; ``sync`` for :meth:`synchronize`; ``event`` for :meth:`record_event`
+      (complete at once: every copy here is done when it returns, so waiting on one is no
+      host sync);
       ``reset_workspace`` for :meth:`reset_workspace`.
 
     Query with ``backend.count(kind, name=None)``, ``backend.events``, ``backend.clear()``, or
@@ -242,6 +244,11 @@ class MockGpuBackend(NumpyBackend):
     def synchronize(self) -> None:
         self._check_not_capturing("synchronize()")
         self._emit("sync", "synchronize")
+
+    def record_event(self) -> DeviceEvent:
+        self._check_not_capturing("record_event()")
+        self._emit("event", "record_event")
+        return DeviceEvent()
 
     def reset_workspace(self) -> None:
         self._emit("reset_workspace", "reset_workspace")

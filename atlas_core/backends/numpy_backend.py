@@ -63,6 +63,10 @@ class NumpyBackend(GpuBackend):
         self.op_registry = op_registry if op_registry is not None else OpRegistry.load()
         self.ops = self.op_registry.build_table("numpy", self, use_reference=True)
 
+    def set_batch_invariant(self, on: bool) -> None:
+        """Nothing to change: every numpy op already computes a row the same way whatever else
+        is in the call (docs/serving.md, Determinism)."""
+
     def device_info(self) -> DeviceInfo:
         cpu = platform.processor() or platform.machine() or "cpu"
         return DeviceInfo(name=f"cpu ({cpu}, {os.cpu_count()} cores)", kind="cpu",

@@ -53,6 +53,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap each decode step's host work with the previous step's device "
                         "work (default: on for backends with graphs)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="time the engine in batch-invariant mode (EngineArgs.batch_invariant; "
+                        "docs/serving.md, Determinism; default: off)")
     p.add_argument("--copy-mb", type=int, default=1024,
                    help="MiB for the copy-bandwidth probe (default: %(default)s)")
     p.add_argument("--bandwidth", type=float, default=None,
@@ -129,7 +132,8 @@ def _engine(args, path: str | None, config: dict):
     fields = dict(model=path, backend=args.backend, max_num_seqs=max(args.batch),
                   max_prefill_tokens=prefill, enable_prefix_caching=False,
                   gpu_memory_utilization=args.gpu_memory_utilization,
-                  async_scheduling=args.async_scheduling)
+                  async_scheduling=args.async_scheduling,
+                  batch_invariant=getattr(args, "batch_invariant", False))
     if args.tensor_parallel_size > 1:
         return LLMEngine.from_args(EngineArgs(
             **fields, max_seq_len=min(longest, model_max),
@@ -141,6 +145,8 @@ def _engine(args, path: str | None, config: dict):
     else:
         from atlas_core.bench.random_model import build_random_model
         backend, registry = create_backend(args.backend)
+        if fields["batch_invariant"]:
+            backend.set_batch_invariant(True)
         model = build_random_model(config, backend, registry)
     try:
         return LLMEngine(model, backend, EngineArgs(**fields, max_seq_len=min(longest, model_max)))

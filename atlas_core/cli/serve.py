@@ -47,6 +47,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="load FP8 / NVFP4 weights dequantized to the model dtype (default: "
                         "kept quantized where the backend runs the format; "
                         "docs/quantization.md)")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="a request's tokens and logprobs do not depend on what else is in the "
+                        "batch (evals, agent replay); slower on cuda (docs/serving.md, "
+                        "Determinism; default: off)")
     g.add_argument("--seed", type=int, default=0, help="engine random seed (default 0)")
     e = p.add_argument_group("engine")
     e.add_argument("--max-num-seqs", type=int, default=64,
@@ -201,7 +205,7 @@ def engine_args(args):
             kv_host_gb=args.kv_host_gb, kv_offload_dir=args.kv_offload_dir,
             kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage,
             kv_disk_restore=args.kv_disk_restore,
-            dequantize_weights=args.dequantize_weights,
+            dequantize_weights=args.dequantize_weights, batch_invariant=args.batch_invariant,
             speculative_config=speculative_config(args, args.model), **policy_kwargs(args),
             **parallel_kwargs(args))
         if eargs.kv_offload_dir:

@@ -67,6 +67,10 @@ class EngineArgs:
             (or the launcher's ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` environment).
         distributed_executor_backend: ``mp`` (worker processes spawned here) or ``ray``.
         distributed_timeout: seconds a rank waits for its peers before the run fails.
+        batch_invariant: a request's tokens and logprobs do not depend on what else is in the
+            batch (evals, agent replay): the backend takes, for every op, one kernel whose
+            per-row rounding ignores the other rows (:meth:`GpuBackend.set_batch_invariant`;
+            docs/serving.md, Determinism). Slower on cuda; one GPU, no speculative decoding.
     """
 
     model: str | None = None
@@ -111,6 +115,7 @@ class EngineArgs:
     master_port: int | None = None
     distributed_executor_backend: str = "mp"
     distributed_timeout: float = 300.0
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")
@@ -151,6 +156,12 @@ class EngineArgs:
             read_presets_file(self.sampling_presets)
         from atlas_core.engine.spec.config import SpeculativeConfig
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        if self.batch_invariant and (self.tensor_parallel_size > 1 or self.nnodes > 1):
+            raise ValueError("batch_invariant needs one GPU: the all-reduce of tensor "
+                             "parallelism sums in an order that depends on the message size")
+        if self.batch_invariant and self.speculative_config is not None:
+            raise ValueError("batch_invariant does not cover speculative decoding (its verify "
+                             "steps take other kernels); drop one of the two")
 
     @classmethod
     def field_names(cls) -> set[str]:

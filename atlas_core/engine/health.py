@@ -79,7 +79,9 @@ def bucket_schedule(buckets: list[int], limit: int) -> list[int]:
 async def warm_graph_buckets(aengine) -> None:
     """Capture the decode graph of every batch-size bucket before the server reports ready (a
     first 32-way wave once took 14.4 s on a fresh H200 against 1.2 s warm): one greedy request
-    per sequence of the largest bucket, ending so that each bucket's size decodes once. Nothing
+    per sequence of the largest bucket, ending so that each bucket's size decodes once. With
+    speculation on, the first of those steps also captures the verify graph of every bucket a
+    verify step can take (over padding inputs: drafts of random prompts may never come). Nothing
     to do on a backend without graphs."""
     engine = aengine.engine
     runner = engine.runner
@@ -94,6 +96,8 @@ async def warm_graph_buckets(aengine) -> None:
     schedule = bucket_schedule(buckets, limit)
     if not schedule:
         return
+    if getattr(runner, "verify", None) is not None:
+        runner.warm_verify_graphs()
     log.info("warm-up: capturing the decode graphs of %d batch sizes (up to %d sequences)",
              sum(b <= limit for b in buckets), len(schedule))
     await aengine.gather_together([

@@ -12,6 +12,12 @@ staging buffer, then scatters the chunk into the pools with one ``scatter_blocks
 block costs one host<->device copy of its whole payload (straight from or into page-locked
 memory where the host rows come from :meth:`~atlas_core.interfaces.GpuBackend.empty_pinned`)
 instead of one small copy per pool, and the same code serves every backend.
+
+The ``*_async`` forms return a :class:`~atlas_core.interfaces.DeviceEvent` recorded after the
+host copies instead of synchronizing the backend: a spill or restore between steps then never
+waits for a step already queued on the device. The device side needs no wait at all (the
+pools, the staging buffer and the next step share one queue); the host side waits on the
+event before it reads a spilled row or overwrites a restored one.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.interfaces import DeviceEvent
 from atlas_core.ops.block_copy import pool_row_bytes
 
 #: Bytes of the device staging buffer (a chunk of blocks per op launch).
@@ -93,19 +100,30 @@ class KVBlockIO:
         """Copy ``blocks`` into the host arrays ``dests`` (contiguous, :attr:`block_bytes`
         each; rows of an :meth:`~atlas_core.interfaces.GpuBackend.empty_pinned` array move
         fastest). Returns once every one holds its block."""
+        self.read_into_async(blocks, dests).wait()
+
+    def read_into_async(self, blocks: list[int], dests: list[np.ndarray]) -> DeviceEvent:
+        """:meth:`read_into` that returns once the copies are queued: ``dests`` hold their
+        blocks when the returned event completes (the device pools may be overwritten by work
+        queued from now on)."""
         if len(dests) != len(blocks):
             raise ValueError(f"read_into: {len(blocks)} blocks into {len(dests)} host rows")
         for start, n in self._chunks(blocks):
             self.backend.ops.gather_blocks(self.pools, self.ids[:n], self.staging[:n])
             for i in range(n):
                 self.backend.copy_to_host_async(dests[start + i], self.staging[i])
-        if blocks:
-            self.backend.synchronize()
+        return self.backend.record_event() if blocks else DeviceEvent()
 
     def write(self, blocks: list[int], payloads: list) -> None:
         """Copy host ``payloads`` (bytes-like, :attr:`block_bytes` each, as made by
         :meth:`read`) into ``blocks``. Returns once the payloads have been read (the caller
         may reuse them)."""
+        self.write_async(blocks, payloads).wait()
+
+    def write_async(self, blocks: list[int], payloads: list) -> DeviceEvent:
+        """:meth:`write` that returns once the copies are queued: work queued from now on sees
+        the blocks written; the caller leaves ``payloads`` unchanged and alive until the
+        returned event completes."""
         if len(payloads) != len(blocks):
             raise ValueError(f"write: {len(payloads)} payloads for {len(blocks)} blocks")
         for start, n in self._chunks(blocks):
@@ -116,5 +134,4 @@ class KVBlockIO:
                                      f"{self.block_bytes}")
                 self.backend.copy_from_host_async(self.staging[i], payload)
             self.backend.ops.scatter_blocks(self.staging[:n], self.ids[:n], self.pools)
-        if blocks:
-            self.backend.synchronize()
+        return self.backend.record_event() if blocks else DeviceEvent()

@@ -8,8 +8,13 @@ restarted server finds the prefixes an earlier run stored. Each record carries a
 as a miss. The backend's coroutines run on an event loop of their own thread, so the engine
 thread only submits and polls; checksums are computed and verified on a small thread pool
 (``zlib.crc32`` releases the GIL), so neither the loop nor the engine waits on them and many
-records are checked at once. Finished reads and writes are queued as they complete, so a poll
-costs what finished, not what is in flight. The achieved read rate (:attr:`DiskTier.read_rate`)
+records are checked at once. A read lands in the buffer the caller gives (the host tier's
+page-locked row, :meth:`DiskTier.fetch`) through the backend's
+:meth:`~atlas_core.interfaces.StorageBackend.read_into` and is verified there, in place: the
+block crosses host memory once on its way to the device. A write of a row the device is still
+copying into waits for that copy's event (on a checksum thread) before it seals the record.
+Finished reads and writes are queued as they complete, so a poll costs what finished, not what
+is in flight. The achieved read rate (:attr:`DiskTier.read_rate`)
 is measured over bursts of reads: from the first read submitted while none was in flight to the
 last of them completed.
 """
@@ -32,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from atlas_core.engine.kv_block_io import byte_view
+from atlas_core.engine.kv_host_arena import aligned_empty, padded
 from atlas_core.engine.kv_restore import DISK_DECAY, RateEstimate
 from atlas_core.storage.kv_record import (HEADER_SIZE, VERSION, CorruptRecord, new_record,
                                           seal_record, unpack_record)
@@ -45,6 +51,13 @@ MAX_WRITE_FAILURES = 8
 CHECKSUM_THREADS = min(8, os.cpu_count() or 1)
 #: Bytes of finished write buffers kept for reuse (a fresh buffer faults in every page).
 SPARE_BYTES = 256 << 20
+
+
+def _seal(record: np.ndarray, block_hash: bytes, ready: Any) -> None:
+    # On a checksum thread: wait for the device copy into ``record`` (if any), then seal it.
+    if ready is not None:
+        ready.wait()
+    seal_record(record, block_hash)
 
 
 def _model_fingerprint(model: Any, model_name: str | None) -> str:
@@ -128,8 +141,9 @@ class DiskTier:
         for key in stored:
             if len(key) == 32 and all(c in "0123456789abcdef" for c in key):
                 self.index[bytes.fromhex(key)] = None
-        #: hash -> (future, record, whether the record is ours to reuse once written)
-        self.writes: dict[bytes, tuple[concurrent.futures.Future, np.ndarray, bool]] = {}
+        #: hash -> (future, record, whether the record is ours to reuse once written, event
+        #: after which the record holds its payload or None)
+        self.writes: dict[bytes, tuple[concurrent.futures.Future, np.ndarray, bool, Any]] = {}
         self.reads: dict[bytes, concurrent.futures.Future] = {}
         self._finished: deque = deque()
         self._read_finished = threading.Event()
@@ -139,6 +153,9 @@ class DiskTier:
         self.num_write_failures = 0
         self.num_read_failures = 0
         self.bytes_read = self.bytes_written = 0
+        #: seconds the checksum threads spent verifying reads (summed over threads)
+        self.verify_seconds = 0.0
+        self._verify_lock = threading.Lock()
         #: bytes/s of completed reads while reads were in flight
         self.read_rate = RateEstimate(DISK_DECAY)
         self._burst: list[float] = []  # [start, last completion, bytes read] of reads in flight
@@ -172,17 +189,20 @@ class DiskTier:
         record[HEADER_SIZE:] = byte_view(payload)
         self.write_record(h, record, recycle=True)
 
-    def write_record(self, h: bytes, record: np.ndarray, recycle: bool = False) -> None:
+    def write_record(self, h: bytes, record: np.ndarray, recycle: bool = False,
+                     ready: Any = None) -> None:
         """Store the block whose bytes fill ``record``'s payload, without copying it: the
         caller leaves ``record`` unchanged while ``h`` is in :attr:`writes`. The header is
         sealed on the checksum threads. ``recycle``: the record came from :meth:`new_record`
-        and may be reused once written."""
+        and may be reused once written. ``ready``: a
+        :class:`~atlas_core.interfaces.DeviceEvent` after which the payload is in ``record``
+        (a device copy still in flight), waited for before anything reads it."""
         if self._skip_write(h):
             if recycle:
                 self._keep_spare(record)
             return
-        future = self.runner.submit(self._write(h, record))
-        self.writes[h] = (future, record, recycle)
+        future = self.runner.submit(self._write(h, record, ready))
+        self.writes[h] = (future, record, recycle, ready)
         future.add_done_callback(functools.partial(self._finish, "write", h))
 
     def _skip_write(self, h: bytes) -> bool:
@@ -191,32 +211,68 @@ class DiskTier:
             return True
         return h in self.writes or not self.can_write
 
-    async def _write(self, h: bytes, record: np.ndarray) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.checksums, seal_record, record, h)
+    async def _write(self, h: bytes, record: np.ndarray, ready: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.checksums, _seal, record, h, ready)
         await self.storage.write(h.hex(), memoryview(record))
 
-    def fetch(self, h: bytes) -> Any | None:
+    def fetch(self, h: bytes, into: np.ndarray | None = None) -> Any | None:
         """The block's payload if it is at hand now (a write still in flight), else start
-        reading it (see :meth:`poll`) and return ``None``."""
+        reading it (see :meth:`poll`) and return ``None``.
+
+        ``into``: the ``uint8`` buffer the record is read into and verified in (at least
+        :attr:`record_size` bytes; page-aligned and spanning whole pages for a read with no
+        copy, see :class:`~atlas_core.engine.kv_host_arena.HostArena`); the caller leaves it
+        alone while ``h`` is in :attr:`reads`. Default: a fresh aligned buffer. Unused when
+        nothing is read (check :attr:`reads`)."""
         pending = self.writes.get(h)
         if pending is not None:
-            future, record, _ = pending
-            self.writes[h] = (future, record, False)  # handed out: never reused
+            future, record, _, ready = pending
+            if ready is not None:
+                ready.wait()
+            self.writes[h] = (future, record, False, None)  # handed out: never reused
             return record[HEADER_SIZE:]
         if h not in self.reads and h in self.index:
             self.index.move_to_end(h)
             if not self.reads:
                 now = time.perf_counter()
                 self._burst = [now, now, 0]
-            future = self.runner.submit(self._read(h))
+            if into is None:
+                into = aligned_empty(padded(self.record_size))
+            elif into.nbytes < self.record_size:
+                raise ValueError(f"fetch: a buffer of {into.nbytes} bytes for records of "
+                                 f"{self.record_size}")
+            future = self.runner.submit(self._read(h, into))
             self.reads[h] = future
             future.add_done_callback(functools.partial(self._finish, "read", h))
         return None
 
-    async def _read(self, h: bytes):
-        data = await self.storage.read(h.hex())
-        return await asyncio.get_running_loop().run_in_executor(
-            self.checksums, unpack_record, h, data, self.payload_size)
+    async def _read(self, h: bytes, buf: np.ndarray) -> np.ndarray:
+        key, view = h.hex(), memoryview(buf).cast("B")
+        read_into = getattr(self.storage, "read_into", None)
+        try:
+            if read_into is not None:
+                n = await read_into(key, view)
+            else:  # a backend outside the StorageBackend ABC: read, then copy in
+                data = memoryview(await self.storage.read(key)).cast("B")
+                n = data.nbytes
+                if n > view.nbytes:
+                    raise BufferError(f"{n} bytes for a buffer of {view.nbytes}")
+                view[:n] = data
+        except BufferError:
+            raise CorruptRecord(f"record is longer than {view.nbytes} bytes (torn or foreign "
+                                "file)") from None
+        return await asyncio.get_running_loop().run_in_executor(self.checksums, self._verify,
+                                                                h, buf, n)
+
+    def _verify(self, h: bytes, buf: np.ndarray, n: int) -> np.ndarray:
+        # On a checksum thread: the payload of the record in ``buf[:n]``, checked in place.
+        start = time.perf_counter()
+        try:
+            unpack_record(h, buf[:n], self.payload_size)
+        finally:
+            with self._verify_lock:
+                self.verify_seconds += time.perf_counter() - start
+        return buf[HEADER_SIZE:self.record_size]
 
     def _finish(self, kind: str, h: bytes, future: concurrent.futures.Future) -> None:
         # Runs on whichever thread completed the future.
@@ -294,7 +350,7 @@ class DiskTier:
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait for the writes in flight (within ``timeout`` s) and reap them."""
-        concurrent.futures.wait([f for f, _, _ in self.writes.values()], timeout)
+        concurrent.futures.wait([w[0] for w in self.writes.values()], timeout)
         self.poll()
 
     def _forget(self, h: bytes) -> None:
@@ -311,7 +367,7 @@ class DiskTier:
         if self.is_closed:
             return
         self.is_closed = True
-        pending = [f for f, _, _ in self.writes.values()] + list(self.reads.values())
+        pending = [w[0] for w in self.writes.values()] + list(self.reads.values())
         concurrent.futures.wait(pending, timeout)
         self.poll()
         self.runner.submit(asyncio.sleep(0)).result(timeout)

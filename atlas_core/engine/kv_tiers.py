@@ -18,8 +18,15 @@ its own (:attr:`KVTiers.window`): one record per pool and block, each restored w
 
 Host memory is a :class:`~atlas_core.engine.kv_host_arena.HostArena` of record-shaped rows: a
 spilled block is copied from the device into its row once and written to disk from that row; a
-row is not reused while its disk write is in flight or while a payload handed out by
+block read from disk is read into a row (verified there) and copied to the device from it. A row
+is not reused while its disk write or disk read is in flight or while a payload handed out by
 :meth:`KVTiers.take` is being restored from it.
+
+Spills and restores do not synchronize the device: each queues its copies and keeps the
+:class:`~atlas_core.interfaces.DeviceEvent` recorded after them for the rows it touched. The
+device side needs no wait (the pools and the next step share one queue); the host waits on a
+row's event before anything but the device writes into the row (a disk read, a copy of a
+staged payload) and the disk tier before it checksums a spilled row.
 """
 
 from __future__ import annotations
@@ -80,10 +87,18 @@ class KVTiers:
         self.restore: DiskRestorePolicy | None = None
         #: disk reads started for a prompt that waits for them (probes are not)
         self.reading: set[bytes] = set()
+        #: arena rows that disk reads in flight land in, and the staged blocks held in rows
+        self.read_rows: dict[bytes, int] = {}
+        self.staged_rows: dict[bytes, int] = {}
+        #: the event after the last device copy into or out of each row (until waited on)
+        self.row_events: dict[int, Any] = {}
+        #: ``(event, payloads)`` of restores whose copies may still read the payloads
+        self._restoring: list[tuple[Any, list]] = []
 
-    def _rows(self, n: int) -> list[int]:
+    def _rows(self, n: int, keep: frozenset | set = frozenset()) -> list[int]:
         # Up to ``n`` arena rows for new host entries: free ones, then those of the least
-        # recently used entries not lent out and not being written to disk (evicted here).
+        # recently used entries not lent out, not being written to disk and not in ``keep``
+        # (evicted here).
         rows = []
         while len(rows) < n:
             row = self.arena.take()
@@ -96,13 +111,47 @@ class KVTiers:
             for h, row in self.host.items():
                 if len(rows) + len(victims) >= n:
                     break
-                if row not in self.lent and h not in writing:
+                if row not in self.lent and h not in writing and h not in keep:
                     victims.append(h)
             rows += [self.host.pop(h) for h in victims]
         return rows
 
     def _payload(self, row: int) -> Any:
         return self.arena.row(row)[HEADER_SIZE:]
+
+    def _settle(self, row: int) -> None:
+        # Before the host (or a disk read) writes into ``row``: wait for the device copies
+        # queued into or out of it (at once when they finished, as they mostly have).
+        event = self.row_events.pop(row, None)
+        if event is not None:
+            event.wait()
+
+    def _fetch(self, h: bytes, keep: set) -> Any | None:
+        # ``disk.fetch`` into an arena row (one of the least recently used entries' not in
+        # ``keep`` when the arena is full; a buffer of the disk tier's when every row is busy).
+        disk = self.disk
+        if h in disk.reads:
+            return None
+        row = None
+        if self.host_capacity and h in disk.index and h not in disk.writes:
+            rows = self._rows(1, keep)
+            if rows:
+                row = rows[0]
+                self._settle(row)
+        payload = disk.fetch(h, None if row is None else self.arena.record_buffer(row))
+        if row is not None:
+            if h in disk.reads:
+                self.read_rows[h] = row
+            else:
+                self.arena.give(row)
+        return payload
+
+    def _unstage(self, h: bytes) -> Any:
+        # Drop staged block ``h`` (its row back to the arena); returns its payload.
+        row = self.staged_rows.pop(h, None)
+        if row is not None:
+            self.arena.give(row)
+        return self.staged.pop(h)
 
     def spill(self, evicted: list[tuple[int, bytes]]) -> None:
         """Copy blocks the device pool is about to reuse into the lower tiers: the most recent
@@ -129,27 +178,39 @@ class KVTiers:
             dests.append(self._payload(row))
             if disk is not None:
                 writes.append((h, self.arena.row(row), False))
-        self.io.read_into(blocks, dests)
+        event = self.io.read_into_async(blocks, dests)
+        for _, row in zip(todo[num_disk_only:], rows):
+            self.row_events[row] = event
         for h, record, recycle in writes:
-            disk.write_record(h, record, recycle)
+            disk.write_record(h, record, recycle, ready=event)
 
     def poll(self) -> None:
         """Move finished disk reads into the staging area (and reap finished writes)."""
         if self.disk is None:
             return
         for h, payload in self.disk.poll().items():
+            if h in self.staged:
+                self._unstage(h)
+            row = self.read_rows.pop(h, None)
+            if row is not None:
+                self.staged_rows[h] = row
             self.staged[h] = payload
+        for h in [h for h in self.read_rows if h not in self.disk.reads]:
+            self.arena.give(self.read_rows.pop(h))  # corrupt or failed: nothing staged
         self.reading.intersection_update(self.disk.reads)
         while len(self.staged) > self.max_staged:
-            self.staged.popitem(last=False)
+            self._unstage(next(iter(self.staged)))
 
     def prefetch(self, hashes: list[bytes]) -> int | None:
         """Start reading the lower-tier blocks of ``hashes`` (a prefix past the device cache);
         ``None`` while some are being read, else how many leading ones are in memory now."""
         self.poll()
-        disk, todo, count = self.disk, [], 0
+        disk, todo, count, keep = self.disk, [], 0, set()
         for h in hashes:
-            if h not in self.host and h not in self.staged:
+            if h in self.host:  # used now: its row is no victim of this prompt's reads
+                self.host.move_to_end(h)
+                keep.add(h)
+            elif h not in self.staged:
                 if disk is None or not disk.contains(h):
                     break
                 todo.append(h)
@@ -158,11 +219,11 @@ class KVTiers:
             first = hashes.index(todo[0])
             self.counts["disk"]["skipped_blocks"] += count - first
             for h in todo[:self.restore.probe_blocks]:
-                disk.fetch(h)
+                self._fetch(h, keep)
             return first
         ready = True
         for h in todo:
-            payload = disk.fetch(h)
+            payload = self._fetch(h, keep)
             if payload is None:
                 ready = False
                 self.reading.add(h)
@@ -221,8 +282,14 @@ class KVTiers:
                 out.append(self._payload(row))
                 tier = "host"
             elif h in self.staged:
-                from_disk.append((len(out), h))
-                out.append(self.staged.pop(h))
+                payload, row = self.staged.pop(h), self.staged_rows.pop(h, None)
+                if row is not None:  # read into its row: joins the host tier as it is
+                    self.host[h] = row
+                    self.lent.add(row)
+                    payload = self._payload(row)
+                else:
+                    from_disk.append((len(out), h))
+                out.append(payload)
                 tier = "disk"
             else:
                 break
@@ -230,6 +297,7 @@ class KVTiers:
             self.counts[tier]["bytes_read"] += self.io.block_bytes
         rows = self._rows(len(from_disk)) if self.host_capacity and from_disk else []
         for (i, h), row in zip(from_disk, rows):
+            self._settle(row)
             payload = self._payload(row)
             payload[:] = byte_view(out[i])
             self.host[h] = row
@@ -237,21 +305,30 @@ class KVTiers:
             out[i] = payload
         return out
 
-    def write(self, blocks: list[int], payloads: list[Any]) -> None:
+    def write(self, blocks: list[int], payloads: list[Any]) -> Any:
         """Copy ``payloads`` (from :meth:`take`) into device ``blocks``; their host rows may be
-        reused afterwards."""
-        self.io.write(blocks, payloads)
+        reused afterwards (the host waits for the copies first, the device need not: work
+        queued from now on sees the blocks restored). Returns the
+        :class:`~atlas_core.interfaces.DeviceEvent` after the copies."""
+        event = self.io.write_async(blocks, payloads)
+        for row in self.lent:
+            self.row_events[row] = event
         self.lent.clear()
+        self._restoring = [(e, p) for e, p in self._restoring if not e.query()]
+        if not event.query():
+            self._restoring.append((event, payloads))  # alive until the device read them
+        return event
 
     def clear_memory(self) -> None:
         """Forget every block held in host memory or staged from disk, the other pools' tiers'
         too (disk writes in flight finish first: they read host rows)."""
         if self.disk is not None:
             self.disk.flush()
-        for row in self.host.values():
+        for row in [*self.host.values(), *self.staged_rows.values()]:
             self.arena.give(row)
         self.host.clear()
         self.staged.clear()
+        self.staged_rows.clear()
         self.lent.clear()
         self.reading.clear()
         for _, t in self._other_pools():

@@ -70,6 +70,10 @@ class LLMEngine(FaultIsolation):
                  detokenizer_factory: Callable[[list[int], bool], Any] | None = None,
                  generation_defaults: dict | None = None, executor: Any = None) -> None:
         self.model, self.backend, self.args, self.tokenizer = model, backend, args, tokenizer
+        if args.batch_invariant:  # again for engines built on a backend made elsewhere (bench)
+            backend.set_batch_invariant(True)
+            log.info("batch-invariant mode on (%s backend): outputs of a request do not depend "
+                     "on the rest of the batch", getattr(backend, "name", backend))
         prepare_model(model, args.speculative_config)
         self.kv_config = (executor.kv_config if executor is not None
                           else plan_kv_cache(backend, model, args))

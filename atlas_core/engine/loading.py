@@ -85,6 +85,9 @@ def load_engine_parts(args, backend=None) -> EngineParts:
     registry = None
     if backend is None or isinstance(backend, str):
         backend, registry = create_backend(backend or args.backend)
+    if getattr(args, "batch_invariant", False):
+        # before load: the mode decides how quantized weights load (dequantized on cuda)
+        backend.set_batch_invariant(True)
     if args.dequantize_weights:
         backend.quantized_weight_formats = frozenset()
     source = model_path_or_demo(args.model)

@@ -3,7 +3,8 @@
 Inputs go through static device buffers sized at start-up (``copy_from_host`` into views), so a
 step allocates no metadata. Decode-only steps on a backend with ``supports_graphs`` replay a
 graph captured once per batch-size bucket (1, 2, 4, … up to ``max_batch_size``); padding rows
-write to slot -1 and attend over a dummy block table. Exactly one device->host transfer happens
+write to slot -1 and attend over a dummy block table. Speculative verify steps (``K + 1`` query
+rows a sequence) replay graphs of their own, see :mod:`atlas_core.engine.verify_graphs`. Exactly one device->host transfer happens
 per step when no logprobs are asked: the sampled token ids.
 
 Recurrent layers (hybrid models) get pools ``name -> [num_state_rows, *shape]`` (live slots,
@@ -22,6 +23,7 @@ from atlas_core.engine.kv_sizing import KVCacheConfig, kv_specs
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sampler import LogitsRow, Sampler
 from atlas_core.engine.scheduler import SchedulerOutput
+from atlas_core.engine.verify_graphs import VerifyGraphs
 from atlas_core.engine.window_blocks import is_windowed
 from atlas_core.interfaces.gpu_backend import HostRead
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
@@ -107,9 +109,38 @@ class ModelRunner:
         self.buckets = batch_buckets(max_batch_size)
         self.graphs: dict[int, tuple] = {}
         self.num_graph_replays = 0
+        self.num_verify_replays = 0
         self.num_chained_steps = 0
-        self.last_hidden: Any = None
+        self.verify: VerifyGraphs | None = None
+        self._last_hidden: Any = None
+        self._hidden_rows: list[int] | None = None
         self.mm_chunks: list = []
+
+    @property
+    def last_hidden(self) -> Any:
+        """Final hidden states of the last step's rows, packed by sequence (a verify graph's
+        padding rows gathered out on first read: only MTP drafting reads them)."""
+        if self._hidden_rows is not None:
+            idx = self.backend.from_host(np.asarray(self._hidden_rows, np.int32))
+            self._last_hidden = self.backend.ops.embedding(idx, self._last_hidden)
+            self._hidden_rows = None
+        return self._last_hidden
+
+    @last_hidden.setter
+    def last_hidden(self, value: Any) -> None:
+        self._last_hidden, self._hidden_rows = value, None
+
+    def enable_verify_graphs(self, width: int, max_batch: int) -> None:
+        """Replay speculative verify steps of up to ``width`` rows a sequence and up to
+        ``max_batch`` sequences from graphs (no-op without graph support)."""
+        if self.use_graphs:
+            self.verify = VerifyGraphs(self, width, max_batch)
+
+    def warm_verify_graphs(self) -> None:
+        """Capture every verify graph at the start of the next step (on the engine's thread,
+        which owns the device stream); see :func:`atlas_core.engine.health.warm_graph_buckets`."""
+        if self.verify is not None:
+            self.verify.pending_warm_up = True
 
     def _allocate_kv(self) -> list:
         caches = []
@@ -143,12 +174,20 @@ class ModelRunner:
 
     def execute(self, sched: SchedulerOutput, rows_of: dict[int, list[LogitsRow]]) -> list[StepResult]:
         """Run one step; ``rows_of[seq_id]`` lists each scheduled sequence's logits rows."""
+        self._warm_verify()
         self.backend.reset_workspace()
         rows = [r for s in sched.scheduled for r in rows_of.get(s.seq.seq_id, [])]
         self.copy_state_rows(sched.restores)
         if self.use_graphs and sched.is_decode_only and not Sampler.needs_eager(rows):
             tokens = self._run_decode_graph(sched, rows)
             handle = None
+        elif self.verify is not None and self.verify.fits(sched, rows_of, rows):
+            order = self.verify.results_order(sched)
+            tokens = self.verify.run(sched, rows_of)
+            self._last_hidden, self._hidden_rows = self._last_hidden, order
+            tokens_host = self.backend.to_host(tokens)[order]
+            self.copy_state_rows(sched.snapshots)
+            return [StepResult(r, int(tokens_host[i]), None) for i, r in enumerate(rows)]
         else:
             tokens, raw_logits = self._run_eager(sched, rows_of, rows)
             handle = self.sampler.logprobs(raw_logits, rows, tokens)
@@ -167,6 +206,7 @@ class ModelRunner:
         are not double buffered: the uploads and copies queue on the backend's one stream
         behind ``prev``'s replay, which has read its inputs by the time they land.
         """
+        self._warm_verify()
         self.backend.reset_workspace()
         batch = len(sched.scheduled)
         bucket = next(b for b in self.buckets if b >= batch)
@@ -182,6 +222,11 @@ class ModelRunner:
         self.backend.copy_many(copies, chained)
         tokens = self._replay(bucket)[:batch]
         return PendingStep(sched, rows, tokens, self.backend.to_host_async(tokens))
+
+    def _warm_verify(self) -> None:
+        if self.verify is not None and self.verify.pending_warm_up:
+            self.verify.pending_warm_up = False
+            self.verify.capture_all()
 
     def _chain_inputs(self, sched: SchedulerOutput, prev: PendingStep, copies: list) -> None:
         """Append ``(input ids rows, prev.tokens rows)`` device pairs to ``copies``."""

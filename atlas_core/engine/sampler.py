@@ -79,6 +79,8 @@ class Sampler:
                       copies: list | None = None) -> dict:
         """Write per-row sampling params (pad rows greedy) and return device views of ``num_rows``.
 
+        ``rows`` may hold ``None`` for padding rows between real ones (verify graphs).
+
         ``ahead``: output tokens sampled but not yet appended to each sequence (async
         scheduling plans a step before the previous one's token is known); seeded sampling
         draws by output position, so it counts them. ``copies``: append the ``(device, host)``
@@ -88,6 +90,9 @@ class Sampler:
         for name in h:
             h[name][:num_rows] = 0
         for i, row in enumerate(rows):
+            if row is None:  # a padding row inside the step (verify graphs)
+                h["top_p"][i] = 1.0
+                continue
             p = row.seq.params
             if row.samples and not p.is_greedy:
                 h["temperature"][i] = p.temperature

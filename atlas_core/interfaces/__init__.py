@@ -1,7 +1,8 @@
 """The contracts plugins implement: one short ABC per file."""
 
 from atlas_core.interfaces.comm_backend import CommBackend
-from atlas_core.interfaces.gpu_backend import DeviceInfo, EagerGraph, GpuBackend, Graph, HostRead
+from atlas_core.interfaces.gpu_backend import (DeviceEvent, DeviceInfo, EagerGraph, GpuBackend,
+                                               Graph, HostRead)
 from atlas_core.interfaces.layer import (KVCacheSpec, LatentCacheSpec, RecurrentStateSpec,
                                          SlidingWindowCacheSpec, TransformerLayer)
 from atlas_core.interfaces.metadata import StepMetadata
@@ -9,7 +10,7 @@ from atlas_core.interfaces.storage_backend import StorageBackend
 from atlas_core.interfaces.weight_loader import ModelWeightLoader
 
 __all__ = [
-    "CommBackend", "DeviceInfo", "EagerGraph", "GpuBackend", "Graph", "HostRead", "KVCacheSpec",
-    "LatentCacheSpec", "ModelWeightLoader", "RecurrentStateSpec", "SlidingWindowCacheSpec",
-    "StepMetadata", "StorageBackend", "TransformerLayer",
+    "CommBackend", "DeviceEvent", "DeviceInfo", "EagerGraph", "GpuBackend", "Graph", "HostRead",
+    "KVCacheSpec", "LatentCacheSpec", "ModelWeightLoader", "RecurrentStateSpec",
+    "SlidingWindowCacheSpec", "StepMetadata", "StorageBackend", "TransformerLayer",
 ]

@@ -61,6 +61,22 @@ class HostRead:
         return self.array
 
 
+class DeviceEvent:
+    """A point in a backend's queue of device work, made by :meth:`GpuBackend.record_event`:
+    complete once every copy and op queued before it has finished. Lets the host wait for one
+    transfer (or only ask whether it is done) instead of :meth:`GpuBackend.synchronize`, which
+    also waits for everything queued after it, such as a decode step. This base class is an
+    event that is complete from the start: what backends that finish all work before
+    returning hand out."""
+
+    def query(self) -> bool:
+        """Whether the work before the event has finished (never blocks)."""
+        return True
+
+    def wait(self) -> None:
+        """Block until the work before the event has finished."""
+
+
 class GpuBackend(ABC):
     """A device that stores arrays and runs the ops of :mod:`atlas_core.ops`.
 
@@ -143,17 +159,25 @@ class GpuBackend(ABC):
         for a few large, long-lived buffers. Default: ``np.empty``."""
         return np.empty(tuple(shape), dtype=dtype)
 
+    def record_event(self) -> DeviceEvent:
+        """Optional. A :class:`DeviceEvent` after the work queued so far (copies included):
+        the host waits on it for one transfer without waiting for later work. Default: a
+        complete event (right for backends whose copies and ops finish before returning)."""
+        return DeviceEvent()
+
     def copy_from_host_async(self, dst: Any, src: np.ndarray) -> None:
         """Optional. :meth:`copy_from_host` that may return before ``src`` has been read: the
-        caller leaves ``src`` unchanged (and alive) until :meth:`synchronize`. Large copies from
-        :meth:`empty_pinned` arrays go straight to the device this way. Default: copies now."""
+        caller leaves ``src`` unchanged (and alive) until :meth:`synchronize`, or until an event
+        recorded after the copy completes. Large copies from :meth:`empty_pinned` arrays go
+        straight to the device this way. Default: copies now."""
         self.copy_from_host(dst, src)
 
     def copy_to_host_async(self, dst: np.ndarray, src: Any) -> None:
         """Optional. Copy the bytes of device array ``src`` into the existing contiguous host
         array ``dst`` (same number of bytes); ``dst`` holds them once :meth:`synchronize`
-        returns (large copies into :meth:`empty_pinned` arrays run asynchronously). Default:
-        :meth:`to_host` now, then a host copy."""
+        returns, or once an event recorded after the copy completes (large copies into
+        :meth:`empty_pinned` arrays run asynchronously). Default: :meth:`to_host` now, then a
+        host copy."""
         host = self.to_host(src)
         if host.nbytes != dst.nbytes:
             raise ValueError(f"copy_to_host_async: {host.nbytes} device bytes into {dst.nbytes} "
@@ -189,6 +213,15 @@ class GpuBackend(ABC):
         loaded: ``model`` is the config's ``model_type`` (``"qwen3_moe"``), ``quant`` the
         checkpoint's quantization method (``"fp8"``, ``"nvfp4"``) or None. A backend that tunes
         kernels per model family chooses them here. Default: nothing."""
+
+    def set_batch_invariant(self, on: bool) -> None:
+        """Optional. Batch-invariant mode (``EngineArgs.batch_invariant``): from now on every op
+        computes a row with the same bits whatever else shares the call (how many rows, where
+        the row sits, prefill or decode neighbours), at whatever cost. Called before the
+        weights load. Default: refused when ``on``, as a backend that does not say how it keeps
+        that promise cannot keep it (the numpy backend always is batch invariant)."""
+        if on:
+            raise NotImplementedError(f"the {self.name} backend has no batch-invariant mode")
 
     def layer_scope(self, nbytes: int) -> Any:
         """Optional. Called by the model loop before its layers with the bytes each layer hands

@@ -40,6 +40,9 @@ class StepMetadata:
             sequence, the recurrent-state row each of its query positions writes (position
             ``j`` starts from the row of ``j - 1``, position 0 from ``state_indices[b]``), so
             the engine keeps the state after the last accepted position.
+        spec_verify: a speculative verify step replayed from a graph, else ``None``: every
+            sequence has exactly ``width`` query rows (padded), and the per-position state
+            rows live in device buffers (:class:`SpecVerifyRows`) instead of host lists.
         multimodal: ``None``, or for a step feeding image placeholder tokens, one
             ``(first row, first token, token count, payload)`` per prefill chunk of a sequence
             carrying images (``Sequence.mm``: a model family's multimodal payload, read by
@@ -64,7 +67,51 @@ class StepMetadata:
     is_decode: bool = False
     host: dict[str, np.ndarray] = field(default_factory=dict)
     spec_state_rows: list[list[int]] | None = None
+    spec_verify: "SpecVerifyRows | None" = None
     multimodal: list[tuple[int, int, int, Any]] | None = None
     window_block_tables: Any = None
     window_slot_mapping: Any = None
     layer_cache: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SpecVerifyRows:
+    """Device layout of a verify step captured in a graph (``width`` rows per sequence).
+
+    Everything a recurrent layer needs per query position ``j`` is a device array the runner
+    rewrites before each replay, so the captured work never reads host values. Inert entries
+    (padding rows of a sequence with fewer drafts, padding sequences) copy the scratch row onto
+    itself and run the recurrence with state index ``-1``.
+
+    Attributes:
+        width: query rows per sequence (``K + 1``).
+        rows: per position, ``[num_seqs]`` int32 token rows ``b * width + j`` (static).
+        src, dst: per position, ``[num_seqs]`` int32 state rows copied ``src -> dst`` before
+            the position runs (``src`` of position 0: the sequence's slot).
+        state: per position, ``[num_seqs]`` int32 state row the position updates (``dst``;
+            ``-1`` inert).
+        seq_lens: per position, ``[num_seqs]`` int32 context length after the position.
+        cu_seqlens: ``[num_seqs + 1]`` int32 ``0, 1, ..., num_seqs`` (one row per position).
+        order: ``[num_seqs * width]`` int32, token row ``b * width + j`` -> ``j * num_seqs + b``
+            (outputs stacked position-major back into token order).
+        scratch: persistent work arrays by key, allocated on first use outside any capture
+            (``buffer``), shared by the layers of the step.
+    """
+
+    width: int
+    rows: list
+    src: list
+    dst: list
+    state: list
+    seq_lens: list
+    cu_seqlens: Any
+    order: Any
+    scratch: dict = field(default_factory=dict)
+
+    def buffer(self, backend: Any, key: str, shape: tuple, dtype: Any) -> Any:
+        """A persistent ``backend.empty(shape, dtype)`` kept under ``key`` (one per shape)."""
+        full = (key, tuple(shape), np.dtype(dtype).str)
+        arr = self.scratch.get(full)
+        if arr is None:
+            arr = self.scratch[full] = backend.empty(tuple(shape), dtype)
+        return arr

@@ -174,13 +174,16 @@ class MoERule(LayerRule):
 
 class NemotronMoERule(MoERule):
     """Nemotron-H's MoE: non-gated experts (``experts.up_proj`` / ``experts.down_proj``); the
-    latent down-projection's bias is added by rank 0 only (its input is a partial sum)."""
+    latent down-projection's bias is added by rank 0 only (its input is a partial sum). The
+    block's output is ``add(routed, shared)``, or ``nemotron_h_moe_experts`` itself when the
+    shared expert runs inside it (``fused_shared``): that op is all-reduced."""
 
     stacked = ("experts.up_proj", "experts.down_proj")
     gated = False
 
     def wrap(self, module: Any, base: Any, comm: Any, plan: ShardPlan) -> Any:
-        return SumParallelOps(base, comm, plan)
+        fused = getattr(module, "fused_shared", False)
+        return SumParallelOps(base, comm, plan, "nemotron_h_moe_experts" if fused else "add")
 
     def cuts(self, module: Any, plan: ShardPlan) -> dict[str, Cut]:
         return {**super().cuts(module, plan), "fc2_latent_proj.bias": _ZEROS}

@@ -135,8 +135,30 @@ class PosixStorage(BlockDirectory):
         except FileNotFoundError:
             raise KeyError(f"no stored block under key {key!r} in {self.root}") from None
 
+    def _read_into(self, key: str, buffer: memoryview) -> int:
+        view = memoryview(buffer).cast("B")
+        try:
+            f = open(self._path(key), "rb", buffering=0)
+        except FileNotFoundError:
+            raise KeyError(f"no stored block under key {key!r} in {self.root}") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size > view.nbytes:
+                raise BufferError(f"{f.name} is {size} bytes, the buffer {view.nbytes}")
+            done = 0
+            while done < size:
+                n = f.readinto(view[done:size])
+                if not n:
+                    break  # shrank under us: the short length fails the caller's checks
+                done += n
+        return done
+
     async def write(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(self._write, key, bytes(data))
 
     async def read(self, key: str) -> bytes:
         return await asyncio.to_thread(self._read, key)
+
+    async def read_into(self, key: str, buffer: memoryview) -> int:
+        """Through the page cache straight into ``buffer`` (no intermediate ``bytes``)."""
+        return await asyncio.to_thread(self._read_into, key, buffer)

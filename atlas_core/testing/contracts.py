@@ -226,6 +226,21 @@ class StorageBackendContract:
         assert asyncio.run(many()) == [bytes([i]) * 100 for i in range(20)]
         assert storage.used_bytes() in (0, 2000)
 
+    def test_read_into_a_given_buffer(self, storage):
+        data = np.random.default_rng(7).integers(0, 255, 10_000, dtype=np.uint8)
+        asyncio.run(storage.write("blk", memoryview(data)))
+        raw = np.zeros(3 * 4096 + 4096, np.uint8)
+        aligned = raw[-raw.ctypes.data % 4096:][:3 * 4096]   # page-aligned, whole pages
+        assert asyncio.run(storage.read_into("blk", memoryview(aligned))) == data.nbytes
+        np.testing.assert_array_equal(aligned[:data.nbytes], data)
+        odd = np.zeros(data.nbytes + 3, np.uint8)[1:]        # unaligned, not whole pages
+        assert asyncio.run(storage.read_into("blk", memoryview(odd))) == data.nbytes
+        np.testing.assert_array_equal(odd[:data.nbytes], data)
+        with pytest.raises(BufferError):
+            asyncio.run(storage.read_into("blk", memoryview(np.zeros(9_999, np.uint8))))
+        with pytest.raises(KeyError):
+            asyncio.run(storage.read_into("nope", memoryview(aligned)))
+
     def test_bytes_like_data(self, storage):
         data = np.arange(10, dtype=np.int32)
         asyncio.run(storage.write("np", memoryview(data).cast("B")))

@@ -96,8 +96,10 @@ class SpeculativeConfig:
 
     @property
     def state_rows(self) -> int:
-        """Recurrent-state rows a hybrid model keeps for per-position state candidates."""
-        return self.disable_by_batch_size * self.num_speculative_tokens
+        """Recurrent-state rows a hybrid model keeps for per-position state candidates, plus
+        one scratch row that padding entries of graph-captured verify steps copy onto itself
+        (:mod:`atlas_core.engine.verify_graphs`)."""
+        return self.disable_by_batch_size * self.num_speculative_tokens + 1
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from atlas_core.api import DeviceInfo, GpuBackend, Graph, HostRead, env
+from atlas_core.api import DeviceEvent, DeviceInfo, GpuBackend, Graph, HostRead, env
 from atlas_core.api import OpRegistry
 from atlas_core.api import QUANT_FORMATS, host_memory
 from atlas_cuda.array import DeviceArray
@@ -17,7 +17,7 @@ from atlas_cuda.context import OpContext
 from atlas_cuda.driver import DeviceAllocation, check, drv
 from atlas_cuda.kernels_loader import KernelLibrary
 from atlas_cuda.memory import LayerScope, PinnedHost, StagingRing, Workspace
-from atlas_cuda.policy import KernelPolicy, target_policy
+from atlas_cuda.policy import KernelPolicy, target_policy, with_batch_invariance
 from atlas_cuda.targets import pick_target
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,39 @@ class _PinnedRead(HostRead):
         return self.array
 
 
+class _StreamEvent(DeviceEvent):
+    """A ``cuEventRecord`` on the backend's stream; its handle goes back to the backend's free
+    list when the last reference goes (no driver call at garbage collection, on whatever
+    thread that runs)."""
+
+    def __init__(self, backend: "CudaBackend", handle: Any) -> None:
+        self.backend, self.handle = backend, handle
+        self.done = False
+
+    def query(self) -> bool:
+        if not self.done:
+            self.backend.ensure_current()
+            err = drv().cuEventQuery(self.handle)
+            err = err[0] if isinstance(err, tuple) else err
+            if err == drv().CUresult.CUDA_ERROR_NOT_READY:
+                return False
+            check(err)
+            self.done = True
+        return True
+
+    def wait(self) -> None:
+        if not self.done:
+            # The disk tier's checksum threads wait here too: make the context current there.
+            self.backend.ensure_current()
+            check(drv().cuEventSynchronize(self.handle))
+            self.done = True
+
+    def __del__(self) -> None:
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle is not None:
+            self.backend._free_events.append(handle)
+
+
 class CudaBackend(GpuBackend):
     """NVIDIA GPUs through cuda-python.
 
@@ -76,6 +109,7 @@ class CudaBackend(GpuBackend):
             target, the model and the ``ATLAS_CUDA_*`` environment, once).
         op_registry: the registered ops and kernel source folders the op table and kernel
             search path are built from (default: those of a fresh plugin manager).
+        batch_invariant: start in batch-invariant mode (:meth:`set_batch_invariant`).
 
     Attributes:
         ctx: the :class:`~atlas_cuda.context.OpContext` every op class takes.
@@ -90,7 +124,7 @@ class CudaBackend(GpuBackend):
     def __init__(self, device_id: int = 0, workspace_bytes: int | None = None,
                  model: str | None = None, quant: str | None = None,
                  policy: KernelPolicy | None = None, op_registry: OpRegistry | None = None,
-                 **_: Any) -> None:
+                 batch_invariant: bool = False, **_: Any) -> None:
         from cuda.core import Device
         self.op_registry = op_registry if op_registry is not None else OpRegistry.load()
         self.device = Device(device_id)
@@ -103,6 +137,7 @@ class CudaBackend(GpuBackend):
         self.capability = (cc.major, cc.minor)
         self.target = pick_target(self.capability)
         self.kernels = self._library(model, quant)
+        self._batch_invariant = False
         self.policy = policy or target_policy(self.target, model, quant)
         self.quantized_weight_formats = (frozenset(QUANT_FORMATS) if self.policy.quant_weights
                                          else frozenset())
@@ -119,11 +154,14 @@ class CudaBackend(GpuBackend):
         self._capturing = False
         self._copy_buffer: DeviceAllocation | None = None  # copy_many's device staging
         self.pinned = PinnedHost()
+        self._free_events: list[Any] = []  # event handles of record_event, for reuse
         self._bound: tuple[str, str | None] | None = None
         self.ctx = OpContext(self, self.kernels,
                              Workspace(workspace_bytes or DEFAULT_WORKSPACE_BYTES), self.policy)
         from atlas_cuda.ops import build_op_table
         self.ops = build_op_table(self.ctx, self.op_registry)
+        if batch_invariant or self.policy.batch_invariant:
+            self.set_batch_invariant(True)
 
     def _library(self, model: str | None, quant: str | None) -> KernelLibrary:
         return KernelLibrary(self.target, self, model=model, quant=quant,
@@ -149,8 +187,34 @@ class CudaBackend(GpuBackend):
         self.ctx.kernels, self.ctx.launch = self.kernels, self.kernels.launch
         self.set_policy(target_policy(self.target, model, quant))
 
+    def set_batch_invariant(self, on: bool) -> None:
+        """Batch-invariant mode (``EngineArgs.batch_invariant``, ``ATLAS_CUDA_BATCH_INVARIANT``):
+        the policy's ``batch_invariant`` preset (:data:`~atlas_cuda.policy.
+        BATCH_INVARIANT_FIELDS`), kept when :meth:`bind_model` resolves the policy again. Call it
+        before the weights load (quantized weights are then dequantized) and before graphs are
+        captured. Turning it off restores the target / model / environment policy."""
+        if bool(on) == self._batch_invariant:
+            return
+        self._batch_invariant = bool(on)
+        if on:
+            log.info("batch-invariant mode on: every linear takes the mma GEMM (no GEMV, no "
+                     "cuBLASLt), attention the split-K kernel with one split for every row "
+                     "(no flash, no fused rope + decode), MoE the router linear and grouped "
+                     "GEMM, GDN the token-sequential recurrence (unfused decode), quantized "
+                     "weights dequantized; a request's tokens and logprobs do not depend on "
+                     "the rest of the batch (docs/serving.md, Determinism)")
+            self.set_policy(self.policy)
+        else:
+            model, quant = self._bound or (None, None)
+            self.set_policy(target_policy(self.target, model, quant))
+
     def set_policy(self, policy: KernelPolicy) -> None:
-        """Replace the kernel policy (tests and A/B timing; see :meth:`OpContext.set_policy`)."""
+        """Replace the kernel policy (tests and A/B timing; see :meth:`OpContext.set_policy`);
+        in batch-invariant mode its preset is applied on top."""
+        if self._batch_invariant and not policy.batch_invariant:
+            policy = with_batch_invariance(policy)
+        elif policy.batch_invariant:
+            self._batch_invariant = True
         self.policy = policy
         self.ctx.set_policy(policy)
         self.quantized_weight_formats = (frozenset(QUANT_FORMATS) if policy.quant_weights
@@ -249,6 +313,16 @@ class CudaBackend(GpuBackend):
         """Page-locked host memory (``cuMemAllocHost``), freed with the last view of it; pageable
         memory, with a warning, where the driver refuses to lock more."""
         return self.pinned.empty(shape, dtype)
+
+    def record_event(self) -> DeviceEvent:
+        """``cuEventRecord`` (timing off) on the stream every copy and op goes to."""
+        try:
+            handle = self._free_events.pop()
+        except IndexError:
+            flags = drv().CUevent_flags.CU_EVENT_DISABLE_TIMING
+            handle = check(drv().cuEventCreate(flags))
+        check(drv().cuEventRecord(handle, self.stream))
+        return _StreamEvent(self, handle)
 
     def copy_from_host_async(self, dst: DeviceArray, src: np.ndarray) -> None:
         """From an :meth:`empty_pinned` array: one DMA copy, queued (``src`` must stay

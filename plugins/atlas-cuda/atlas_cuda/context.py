@@ -141,4 +141,5 @@ class OpContext:
                     if mode == "cublaslt":
                         raise
                     log.info("%s; large matmuls use the mma.sync kernel", exc)
-        return self._lt or None
+        # a policy swapped to ``mma`` after the handle was made (batch-invariant mode) wins
+        return None if self.policy.gemm == "mma" else (self._lt or None)

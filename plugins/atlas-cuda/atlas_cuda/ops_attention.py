@@ -79,6 +79,23 @@ def decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int, num_sms: int) -> 
     return best[1], best[2]
 
 
+def batch_invariant_decode_plan(h: int, kh: int) -> tuple[int, int]:
+    """``(heads per block, splits)`` of batch-invariant mode: the most heads of a GQA group a
+    block takes (up to 4, a function of the model) and ONE split, whatever the step.
+
+    Why one: the decode kernel cuts a row's ``len`` keys into spans of
+    ``ceil(len / num_splits)`` rounded up to a round of keys, and ``num_splits`` is the
+    launch's, shared by every row; so a row's online-softmax order, and its bits, depend on the
+    split count, which the other plans pick from the step's tokens, longest cache and SM count.
+    The count must therefore be a constant, and 1 is the only one every launch can take: more
+    splits need ``tokens x head blocks <= COUNTERS`` completion counters and ``tokens x heads x
+    splits x head_dim`` floats of partials, which a prefill chunk of a few hundred tokens
+    already exceeds. With one split each row is one block over its keys in order, the same
+    for a decode row and for the same position as a prefill row."""
+    group = h // kh
+    return next(x for x in (4, 2, 1) if group % x == 0), 1
+
+
 class AttentionOps:
     """Rotary embedding, KV-cache writes, decode (split) and prefill (flash) attention.
 
@@ -169,7 +186,11 @@ class AttentionOps:
         211.2 -> 214.6 tok/s fused)."""
         t = qkv.shape[0]
         self._check_cache("rope_cache_attention", qkv, k_cache)
-        if not (0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
+        # batch-invariant mode: always the two ops. The fused kernel folds the newest key in
+        # after the others (not in its round) and was taken for decode steps of <= 8 tokens
+        # only, so a row rounded differently alone and in a larger step.
+        if self.ctx.policy.batch_invariant or not (
+                0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
                 and head_dim in ROPE_DECODE_HEAD_DIMS):
             return compose_rope_cache_attention(
                 self.ctx.ops, qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
@@ -240,7 +261,10 @@ class AttentionOps:
     def _decode_plan(self, t: int, h: int, kh: int, d: int, max_ctx: int) -> tuple[int, int]:
         """``(heads per block, splits)`` of the decode kernel: :func:`shared_decode_plan` or
         :func:`decode_plan` by the policy's ``decode_plan`` (``auto``: shared above
-        :data:`LONG_DECODE_CTX` tokens of cache a sequence)."""
+        :data:`LONG_DECODE_CTX` tokens of cache a sequence); batch-invariant mode:
+        :func:`batch_invariant_decode_plan` (one split, whatever the step)."""
+        if self.ctx.policy.batch_invariant:
+            return batch_invariant_decode_plan(h, kh)
         choice = self.ctx.policy.decode_plan
         if choice == "auto":
             choice = "shared" if max_ctx > LONG_DECODE_CTX else "split"
@@ -250,7 +274,9 @@ class AttentionOps:
     def _use_flash(self, q: DeviceArray, k: DeviceArray, num_seqs: int) -> bool:
         """Tensor-core kernel for multi-token batches (>= 4 query tokens per sequence on
         average) in bf16/f16 with a head dim of :data:`FLASH_HEAD_DIMS`; decode batches keep
-        the split-K kernel. Always where the split-K kernel lacks the head dim (80)."""
+        the split-K kernel. Always where the split-K kernel lacks the head dim (80). Policy
+        ``attention=simt`` (set by batch-invariant mode) keeps every row on the split-K
+        kernel."""
         t, _, d = q.shape
         if not (q.dtype.name in ("bfloat16", "float16") and k.dtype == q.dtype
                 and d in FLASH_HEAD_DIMS):

@@ -13,8 +13,10 @@ from atlas_cuda.memory import require_eager
 
 #: Bytes one thread block moves of a wide pool entry (recurrent state rows of many MB).
 PART_BYTES = 64 << 10
-#: Pool tables kept on the device (one per pool list; the engine uses two).
-MAX_TABLES = 16
+#: Pool tables kept on the device (one per pool list: the KV tiers use two, graph-captured
+#: speculative verify steps one per Gated DeltaNet layer, whose tables must be built before
+#: capture and never rebuilt under it).
+MAX_TABLES = 256
 
 
 class BlockCopyOps:

@@ -35,7 +35,11 @@ _SMALL_NORM_GEMV = 12 << 20
 
 def gemv_rows(policy: Any) -> int:
     """The most rows of ``x`` a dense linear serves with the GEMV kernels: the policy's
-    ``gemv_rows`` (``ATLAS_CUDA_GEMV_ROWS``), ``auto`` :data:`DENSE_GEMV_ROWS`."""
+    ``gemv_rows`` (``ATLAS_CUDA_GEMV_ROWS``), ``auto`` :data:`DENSE_GEMV_ROWS`; 0 (never, nor
+    the fused norm GEMV) in batch-invariant mode, where every bf16/f16 linear takes the mma
+    GEMM so a row rounds the same however many rows share the call."""
+    if getattr(policy, "batch_invariant", False):
+        return 0
     return policy.gemv_rows or DENSE_GEMV_ROWS
 
 

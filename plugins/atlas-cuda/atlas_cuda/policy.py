@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -67,6 +67,10 @@ KNOBS = (
          "keep FP8 / NVFP4 checkpoint weights quantized on the device (W8A16 / W4A16 kernels, "
          "atlas_cuda.ops_quant); off until they are faster than bf16 (correct on an H200): such "
          "checkpoints are dequantized to the activation dtype at load"),
+    Knob("batch_invariant", "ATLAS_CUDA_BATCH_INVARIANT", None,
+         "batch-invariant mode (atlas serve --batch-invariant): every op takes one kernel whose "
+         "per-row summation order depends on neither the step's rows nor a row's place in it; "
+         "overrides the fields of BATCH_INVARIANT_FIELDS (docs/serving.md, Determinism)"),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 
@@ -94,6 +98,7 @@ class KernelPolicy:
     gdn_prefill: str = "auto"
     gdn_decode: str = "auto"
     quant_weights: bool = False
+    batch_invariant: bool = False
     origins: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def describe(self) -> list[tuple[str, str, str, str]]:
@@ -106,6 +111,43 @@ class KernelPolicy:
         """One log line: every field and, where not the default, its origin."""
         return ", ".join(f"{name}={value}" + ("" if where == "default" else f" ({where})")
                          for name, _, value, where in self.describe())
+
+
+#: What ``batch_invariant`` forces, and why each choice (the kernels read for it are named in
+#: docs/serving.md, Determinism). ``gemv_rows`` has no "never" value: :func:`~atlas_cuda.ops_gemv.
+#: gemv_rows` returns 0 in this mode, so no linear (and no fused norm GEMV) takes a GEMV.
+BATCH_INVARIANT_FIELDS = (
+    # linear.cu's mma GEMM: each output is accumulated over K in 16-wide mma steps from k = 0
+    # upwards whatever the tile (the tile only picks which outputs a block owns, no split-K);
+    # cuBLASLt picks algorithms (split-K among them) by M.
+    ("gemm", "mma"),
+    # the split-K kernel for every row, prefill rows included: flash (multi-token steps) and the
+    # split-K kernel (decode) round differently, and which one a row took depended on the step
+    # (query tokens >= 4x sequences); its split count is pinned by AttentionOps._decode_plan.
+    ("attention", "simt"),
+    # the grouped GEMM for every step (per (token, expert) pair, K from 0 upwards, then a per
+    # token combine over top_k in order); the per-pair GEMV and fused small-batch kernels were
+    # chosen by the pair count.
+    ("moe", "grouped"),
+    ("moe_fused", "0"),
+    # GDN: the token-sequential recurrence for prefill chunks and decode rows alike (f32 state
+    # between tokens, so chunk boundaries change no bit); the chunked WY form rounds by chunk.
+    ("gdn_fused", False),
+    ("gdn_prefill", "sequential"),
+    # quantized weights take GEMV / skinny / GEMM kernels by row count: dequantize at load.
+    ("quant_weights", False),
+)
+
+
+def with_batch_invariance(policy: KernelPolicy, where: str = "batch_invariant") -> KernelPolicy:
+    """``policy`` with ``batch_invariant`` on and :data:`BATCH_INVARIANT_FIELDS` forced
+    (``where`` names the source in :attr:`KernelPolicy.origins`). Idempotent."""
+    forced = dict(BATCH_INVARIANT_FIELDS, batch_invariant=True)
+    origins = dict(policy.origins)
+    for name, value in forced.items():
+        if getattr(policy, name) != value or name not in origins:
+            origins[name] = where
+    return replace(policy, **forced, origins=tuple(sorted(origins.items())))
 
 
 def format_value(name: str, value: Any) -> str:
@@ -183,7 +225,10 @@ def resolve(hardware: Mapping[str, Any] | None = None, model: Mapping[str, Any] 
         if raw.strip():
             values[knob.name] = parse_value(knob.name, raw, knob.env)
             origins[knob.name] = knob.env
-    return KernelPolicy(**values, origins=tuple(sorted(origins.items())))
+    policy = KernelPolicy(**values, origins=tuple(sorted(origins.items())))
+    if policy.batch_invariant:
+        policy = with_batch_invariance(policy, origins["batch_invariant"])
+    return policy
 
 
 def policy_table(path: Path) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """KV tier transfers on CUDA beyond the shared contract (``test_contract_cuda.py`` runs the
 gather_blocks / scatter_blocks cases, the async copies and the KVBlockIO / KVTiers round trips):
 the kernels on a qwen3-8b-like layout with a 1 MiB state row split across thread blocks, and
-pinned host arrays recognised, so their copies go straight to the device, queued."""
+pinned host arrays recognised, so their copies go straight to the device, queued; stream events
+(``record_event``) complete after the copies before them and their handles are reused (the
+contract's ``test_disk_restore_into_host_rows_never_synchronizes`` covers the tiers' use)."""
 
 import numpy as np
 import pytest
@@ -50,3 +52,19 @@ def test_pinned_arrays_are_recognised_and_copied_queued(cuda_backend):
     be.copy_from_host_async(dev[1], pinned[1])
     be.synchronize()
     assert (pinned[0] == 0).all() and (be.to_host(dev[1]) == 7).all()
+
+
+def test_record_event_completes_after_the_copies_before_it_and_reuses_handles(cuda_backend):
+    be = cuda_backend
+    pinned = be.empty_pinned((64 << 20,), np.uint8)
+    dev = be.zeros((64 << 20,), np.uint8)
+    pinned[:] = 3
+    be.copy_to_host_async(pinned, dev)               # 64 MiB queued into page-locked memory
+    event = be.record_event()
+    event.query()                                    # never blocks, done or not
+    event.wait()
+    assert event.query() and (pinned == 0).all()
+    handle = event.handle
+    del event
+    assert be.record_event().handle == handle        # back on the free list, recorded again
+

@@ -5,7 +5,10 @@ futures; the worker pushes every queued request it has room for, submits them wi
 call, and completes futures as completions arrive, so many reads and writes are in flight at
 once. Files bypass the page cache (``O_DIRECT``) through page-aligned buffers, reused from
 request to request (a fresh buffer faults in every page, which costs more than the copy into
-it); where a file system refuses O_DIRECT (tmpfs) the same request runs buffered. Writes go to
+it); where a file system refuses O_DIRECT (tmpfs) the same request runs buffered.
+:meth:`IoUringStorage.read_into` reads into the caller's buffer instead, with no copy at all
+when that buffer is page-aligned and spans the file's length rounded up to whole pages (the KV
+tiers' page-locked host rows are laid out so). Writes go to
 a temporary file that is renamed over the block's name once complete, so a crash never leaves a
 half-written block under a real key. The file names are those of the ``posix`` backend, so either backend
 reads what the other wrote.
@@ -14,6 +17,7 @@ reads what the other wrote.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import logging
 import os
@@ -35,6 +39,20 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 #: Idle aligned buffers kept for the next requests: per request the ring holds in flight, this
 #: many bytes (a KV block of qwen3-8b is 2.4 MB).
 POOL_BYTES_PER_ENTRY = 4 << 20
+
+
+def _read_rest(path: Path, view: memoryview, offset: int) -> int:
+    # Bytes of ``path`` from ``offset`` into ``view``, buffered: what follows a short O_DIRECT
+    # read (whose fd would refuse an unaligned offset). Returns how many.
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        while done < view.nbytes:
+            n = f.readinto(view[done:])
+            if not n:
+                break
+            done += n
+    return done
 
 
 def _open(path: Path, flags: int) -> int:
@@ -83,8 +101,9 @@ class BufferPool:
 class _Request:
     """One read or write: its file, aligned buffer and future."""
 
-    def __init__(self, kind: str, path: Path, data: Any = None) -> None:
-        self.kind, self.path, self.data = kind, path, data
+    def __init__(self, kind: str, path: Path, data: Any = None,
+                 into: memoryview | None = None) -> None:
+        self.kind, self.path, self.data, self.into = kind, path, data, into
         self.future: Future = Future()
         self.fd = -1
         self.tmp: Path | None = None
@@ -92,11 +111,21 @@ class _Request:
         self.pool: BufferPool | None = None
 
     def prepare(self, pool: BufferPool) -> tuple[int, int, int, int]:
-        """Open the file and fill a buffer of ``pool``; ``(opcode, fd, addr, length)``."""
+        """Open the file and fill a buffer of ``pool`` (a read into a caller's aligned buffer
+        needs none); ``(opcode, fd, addr, length)``."""
         self.pool = pool
         if self.kind == "read":
             self.fd = _open(self.path, os.O_RDONLY)
             self.size = os.fstat(self.fd).st_size
+            into = self.into
+            if into is not None:
+                if self.size > into.nbytes:
+                    raise BufferError(f"{self.path} is {self.size} bytes, the buffer "
+                                      f"{into.nbytes}")
+                addr = ctypes.addressof(ctypes.c_char.from_buffer(into))
+                length = -(-self.size // 4096) * 4096
+                if addr % 4096 == 0 and length <= into.nbytes:
+                    return IORING_OP_READ, self.fd, addr, length
             self.buf = pool.take(self.size)
             return IORING_OP_READ, self.fd, self.buf[1], len(self.buf[0])
         self.tmp = self.path.with_name(temp_name(self.path.name))
@@ -112,6 +141,15 @@ class _Request:
         try:
             if res < 0:
                 raise OSError(-res, f"{os.strerror(-res)}: {self.path}")
+            if self.kind == "read" and self.into is not None:
+                n = min(res, self.size)
+                if self.buf is not None:  # not aligned: read through a pool buffer
+                    with memoryview(self.buf[0]) as staged:
+                        self.into[:n] = staged[:n]
+                if n < self.size:
+                    n += _read_rest(self.path, self.into[n:self.size], n)
+                self.future.set_result(n)
+                return
             buf = self.buf[0]
             if self.kind == "read":
                 data = buf[:min(res, self.size)]
@@ -185,9 +223,10 @@ class IoUringStorage(BlockDirectory):
                 req = waiting.popleft()
                 try:
                     opcode, fd, addr, length = req.prepare(self.buffers)
-                except OSError as exc:
+                except (OSError, BufferError) as exc:
                     req.fail(KeyError(f"no stored block in {req.path}")
-                             if exc.errno == errno.ENOENT and req.kind == "read" else exc)
+                             if getattr(exc, "errno", None) == errno.ENOENT
+                             and req.kind == "read" else exc)
                     continue
                 ring.push(opcode, fd, addr, length, 0, id(req))
                 active[id(req)] = req
@@ -219,6 +258,17 @@ class IoUringStorage(BlockDirectory):
     async def read(self, key: str) -> bytes:
         try:
             return await self._do(_Request("read", self._path(key)))
+        except KeyError:
+            raise KeyError(f"no stored block under key {key!r} in {self.root}") from None
+
+    async def read_into(self, key: str, buffer: memoryview) -> int:
+        """Into ``buffer`` by O_DIRECT with no copy when it is page-aligned and spans the file
+        rounded up to whole pages, else through an aligned pool buffer (one copy)."""
+        view = memoryview(buffer).cast("B")
+        if view.readonly:
+            raise TypeError("read_into needs a writable buffer")
+        try:
+            return await self._do(_Request("read", self._path(key), into=view))
         except KeyError:
             raise KeyError(f"no stored block under key {key!r} in {self.root}") from None
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from atlas_core.api import Module, RecurrentStateSpec, StepMetadata, TransformerLayer
 from atlas_qwen35.projections import norm_project_blocks, project_blocks
-from atlas_qwen35.spec_verify import gdn_verify
+from atlas_qwen35.spec_verify import gdn_verify, gdn_verify_graph
 
 #: Checkpoint layouts of the input projections.
 LAYOUTS = ("qwen3_5", "qwen3_next")
@@ -144,7 +144,9 @@ class GatedDeltaNet(Module, TransformerLayer):
         heads = dict(num_k_heads=self.num_k_heads, num_v_heads=self.num_v_heads,
                      head_k_dim=self.head_k_dim, head_v_dim=self.head_v_dim)
         t = meta.num_tokens
-        if meta.spec_state_rows is not None:
+        if meta.spec_verify is not None:
+            core = gdn_verify_graph(self, qkv, z, ba, meta)
+        elif meta.spec_state_rows is not None:
             core = gdn_verify(self, qkv, z, ba, meta)
         elif meta.is_decode:
             # core: [num_tokens, num_v_heads, head_v_dim], conv + gating + recurrence + norm

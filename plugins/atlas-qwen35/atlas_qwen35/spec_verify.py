@@ -7,7 +7,8 @@ sequence's slot); the last position writes the slot itself. After acceptance the
 the kept position's row into the slot: rejection rolls the state back without recomputing.
 
 Each position runs the decode op (``gated_delta_rule_decode``), so the numbers are those of
-plain one-token decode steps; a backend could fuse the loop into one kernel writing the
+plain one-token decode steps (:func:`gdn_verify_graph` is the same with device-side state
+rows, for verify steps replayed from graphs); a backend could fuse the loop into one kernel writing the
 per-position states (vLLM's GDN kernels do so).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.api import StepMetadata
+from atlas_core.api import StepMetadata, pool_row_bytes
 
 
 def gdn_verify(layer: Any, qkv: Any, z: Any, ba: Any, meta: StepMetadata) -> Any:
@@ -52,6 +53,39 @@ def gdn_verify(layer: Any, qkv: Any, z: Any, ba: Any, meta: StepMetadata) -> Any
         be.copy_(stacked[offset:offset + n], out.reshape(n, width))
         offset += n
     core = ops.embedding(plan.order, stacked)
+    return core.reshape(meta.num_tokens, layer.num_v_heads, layer.head_v_dim)
+
+
+def gdn_verify_graph(layer: Any, qkv: Any, z: Any, ba: Any, meta: StepMetadata) -> Any:
+    """:func:`gdn_verify` for a verify step captured in a graph (``meta.spec_verify``).
+
+    Every sequence has ``width`` rows and every position runs for every sequence, so the
+    index arrays are static and the state rows come from device buffers the runner rewrites
+    before each replay: position ``j`` copies rows ``src -> dst`` of both pools with one
+    ``gather_blocks`` / ``scatter_blocks`` pair (inert entries copy the scratch row onto
+    itself), then runs the decode op on rows ``state`` (``-1``: inert, nothing read or
+    written). Work arrays are persistent (``SpecVerifyRows.buffer``): nothing is allocated
+    while the graph records.
+    """
+    ops, be, p = layer.ops, layer.backend, layer.params
+    v = meta.spec_verify
+    pools = [layer.state["conv"], layer.state["ssm"]]
+    heads = dict(num_k_heads=layer.num_k_heads, num_v_heads=layer.num_v_heads,
+                 head_k_dim=layer.head_k_dim, head_v_dim=layer.head_v_dim)
+    num_seqs = meta.num_seqs
+    width = layer.num_v_heads * layer.head_v_dim
+    staging = v.buffer(be, "gdn_staging", (num_seqs, sum(pool_row_bytes(pools))), np.uint8)
+    stacked = v.buffer(be, "gdn_stacked", (meta.num_tokens, width), qkv.dtype)
+    for j in range(v.width):
+        ops.gather_blocks(pools, v.src[j], staging)
+        ops.scatter_blocks(staging, v.dst[j], pools)
+        rows = v.rows[j]
+        out = ops.gated_delta_rule_decode(
+            ops.embedding(rows, qkv), ops.embedding(rows, z), ops.embedding(rows, ba),
+            p["conv1d.weight"], p["A_log"], p["dt_bias"], p["norm.weight"], pools[0], pools[1],
+            v.cu_seqlens, v.seq_lens[j], v.state[j], **heads, eps=layer.eps)
+        be.copy_(stacked[j * num_seqs:(j + 1) * num_seqs], out.reshape(num_seqs, width))
+    core = ops.embedding(v.order, stacked)
     return core.reshape(meta.num_tokens, layer.num_v_heads, layer.head_v_dim)
 
 

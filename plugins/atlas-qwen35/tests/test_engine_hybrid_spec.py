@@ -36,8 +36,8 @@ def run(engine, params, prompts, plain=None, wrong_rate=0.35):
 def test_kv_plan_keeps_state_rows_for_drafts(checkpoints):
     engine = make_engine(checkpoints["Qwen3_5ForCausalLM"], SPEC)
     kv = engine.kv_config
-    assert kv.num_spec_state_rows == 4 * 3
-    assert kv.num_state_rows == kv.num_state_slots + kv.num_state_snapshots + 12
+    assert kv.num_spec_state_rows == 4 * 3 + 1  # + the verify graphs' scratch row
+    assert kv.num_state_rows == kv.num_state_slots + kv.num_state_snapshots + 13
 
 
 @pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3NextForCausalLM"])

@@ -1,5 +1,10 @@
 """The MLA ops and ``moe_route_grouped`` on the cuda backend: launches of ``mla.cu``,
-``mla_attention.cu`` and ``moe_route_grouped.cu``.
+``mla_attention.cu``, ``mla_decode_mma.cu`` and ``moe_route_grouped.cu``.
+
+Absorbed decode steps in bf16 / f16 on sm_80+ take the tensor-core kernel of
+``mla_decode_mma.cu`` where one exists for the latent shape (:data:`MMA_DECODE_CONFIGS`) and
+shared memory holds it; the SIMT split kernel stays the fallback (and runs everything under
+policy ``attention=simt``, ``ATLAS_CUDA_ATTENTION=simt``).
 
 The cuda backend builds one :class:`MlaCudaOps` per backend with its op context (``ctx.kernel``
 compiles through the NVRTC disk cache, ``ctx.out`` takes outputs from the step workspace,
@@ -15,6 +20,8 @@ import numpy as np
 
 from atlas_deepseek.routing import SCORING
 
+LOG2E = 1.4426950408889634
+
 #: Widest latent the register-held kernels take (``MLA_MAX_RANK`` in mla.cu).
 MAX_RANK = 1024
 #: Warps of ``mla_absorbed_attention`` (``MLA_WARPS``) and the query-token tile of
@@ -25,6 +32,13 @@ WARPS, TILE = 4, 8
 DEC_HEADS, DEC_TILE, DEC_MAX_RANK, DEC_MAX_W, MAX_SPLITS = 16, 16, 512, 576, 32
 #: Widest value head of ``mla_expanded_attention`` (``EXP_MAX_V``).
 EXP_MAX_V = 256
+#: The tensor-core decode kernels of ``mla_decode_mma.cu`` (bf16 / f16, sm_80+), one per
+#: (kv_lora_rank, rope dim): (heads per block, warps, keys per tile); must match ``MLA_MMA`` there.
+MMA_DECODE_CONFIGS = {(512, 64): (64, 8, 32), (256, 64): (32, 8, 64)}
+#: Most context splits of the tensor-core kernel (one resident block per SM: batch 1 of
+#: Mistral-Small-4 fills an H100 / H200 with ~128 splits) and its cp.async pipeline depths,
+#: deepest first (as many as the device's opt-in shared memory holds).
+MMA_MAX_SPLITS, MMA_STAGES = 128, (4, 3, 2)
 
 
 class MlaCudaOps:
@@ -114,8 +128,12 @@ class MlaCudaOps:
             raise ValueError(f"mla_absorbed_attention: latent {rank} + rope {rope} does not "
                              f"match the cache rows ({cache.shape[-1]}) or exceeds {MAX_RANK}")
         self._same_dtype("mla_absorbed_attention", q_lat, q_pe, cache)
-        if t and t == seq_lens.shape[0] and rank <= DEC_MAX_RANK and rank + rope <= DEC_MAX_W:
-            return self._decode_split(q_lat, q_pe, cache, block_tables, seq_lens, scale)
+        if t and t == seq_lens.shape[0]:
+            plan = self._mma_plan(q_lat, rope)
+            if plan is not None:
+                return self._decode_mma(plan, q_lat, q_pe, cache, block_tables, seq_lens, scale)
+            if rank <= DEC_MAX_RANK and rank + rope <= DEC_MAX_W:
+                return self._decode_split(q_lat, q_pe, cache, block_tables, seq_lens, scale)
         out = self.ctx.out((t, heads, rank), q_lat.dtype)
         if t:
             kernel = self.ctx.kernel("mla_attention", q_lat.dtype, "mla_absorbed_attention")
@@ -125,6 +143,73 @@ class MlaCudaOps:
                             np.int32(seq_lens.shape[0]), np.int32(heads), np.int32(rank),
                             np.int32(rope), np.int32(block_tables.shape[1]),
                             np.int32(cache.shape[1]), np.float32(scale), shmem=shmem)
+        return out
+
+    def decode_kernel(self, q_lat: Any, q_pe: Any) -> str:
+        """The kernel that decode rows of these shapes take (``mla_decode_mma_r<rank>`` on
+        tensor cores, else ``mla_decode_split`` or, for latents past its widths,
+        ``mla_absorbed_attention``): for benchmarks and logs."""
+        rank, rope = q_lat.shape[-1], q_pe.shape[-1]
+        plan = self._mma_plan(q_lat, rope)
+        if plan is not None:
+            return f"mla_decode_mma_r{rank} ({plan[3]} stages)"
+        if rank <= DEC_MAX_RANK and rank + rope <= DEC_MAX_W:
+            return "mla_decode_split"
+        return "mla_absorbed_attention"
+
+    def _smem_optin(self) -> int:
+        """The device's opt-in shared memory per block (bytes; 0 where unknown)."""
+        if not hasattr(self, "_optin"):
+            props = getattr(getattr(self.ctx.backend, "device", None), "properties", None)
+            self._optin = int(getattr(props, "max_shared_memory_per_block_optin", 0) or 0)
+        return self._optin
+
+    def _mma_plan(self, q_lat: Any, rope: int) -> tuple[int, int, int, int, int] | None:
+        """``(heads per block, warps, keys per tile, stages, shared bytes)`` of the tensor-core
+        decode kernel for these shapes, or None where it does not apply: policy ``attention=
+        simt``, a float32 model, pre-sm_80, a latent shape without a kernel, or too little
+        shared memory for two stages (then the SIMT split kernel runs)."""
+        rank = q_lat.shape[-1]
+        config = MMA_DECODE_CONFIGS.get((rank, rope))
+        if (config is None or self.ctx.policy.attention == "simt"
+                or np.dtype(q_lat.dtype).name not in ("bfloat16", "float16")
+                or tuple(self.ctx.capability) < (8, 0)):
+            return None
+        ht, warps, bn = config
+        nw = warps // (ht // 16)
+        row = (rank + rope + 8) * 2  # bytes of a padded bf16 / f16 row in shared memory
+        for stages in MMA_STAGES:
+            shmem = (ht + stages * bn) * row + nw * ht * (bn + 8) * 4
+            if shmem <= self._smem_optin():
+                return ht, warps, bn, stages, shmem
+        return None
+
+    def _decode_mma(self, plan: tuple[int, int, int, int, int], q_lat: Any, q_pe: Any,
+                    cache: Any, block_tables: Any, seq_lens: Any, scale: float) -> Any:
+        """Decode rows on tensor cores (``mla_decode_mma.cu``), merged by ``mla_decode_combine``.
+        Its shared memory leaves one resident block per SM, so the context splits make one
+        wave of blocks (``num_sms // (batch * head groups)``; a partial second wave would
+        double the time), no more than one per two key tiles of the table's capacity. Shapes
+        only decide the split count, so captured graphs keep it."""
+        ht, warps, bn, stages, shmem = plan
+        batch, heads, rank = q_lat.shape
+        groups = -(-heads // ht)
+        max_ctx = block_tables.shape[1] * cache.shape[1]
+        splits = max(1, min(MMA_MAX_SPLITS, self.ctx.num_sms // (batch * groups),
+                            -(-max_ctx // (2 * bn))))
+        part_o = self.ctx.out((batch * splits * heads * rank,), np.float32)
+        part_ml = self.ctx.out((batch * splits * heads * 2,), np.float32)
+        kernel = self.ctx.kernel("mla_decode_mma", q_lat.dtype, f"mla_decode_mma_r{rank}",
+                                 max_shmem=shmem)
+        self.ctx.launch(kernel, (batch, groups, splits), 32 * warps, part_o, part_ml, q_lat,
+                        q_pe, cache, block_tables, seq_lens, np.int32(heads),
+                        np.int32(block_tables.shape[1]), np.int32(cache.shape[1]),
+                        np.float32(scale * LOG2E), np.int32(splits), np.int32(stages),
+                        shmem=shmem)
+        out = self.ctx.out((batch, heads, rank), q_lat.dtype)
+        combine = self.ctx.kernel("mla_attention", q_lat.dtype, "mla_decode_combine")
+        self.ctx.launch(combine, (batch, heads), 128, out, part_o, part_ml, np.int32(heads),
+                        np.int32(rank), np.int32(splits))
         return out
 
     def _decode_split(self, q_lat: Any, q_pe: Any, cache: Any, block_tables: Any,
