@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.api import Module, StepMetadata, TransformerLayer
+from atlas_core.api import Module, QuantizedWeight, StepMetadata, TransformerLayer
 
 
 class ReLU2MLP(Module, TransformerLayer):
@@ -54,6 +54,10 @@ class NemotronHMoE(Module, TransformerLayer):
     ``down_proj.weight`` are stacked at load into ``experts.up_proj`` ``[E, I, in]`` and
     ``experts.down_proj`` ``[E, in, I]`` (stacked tensors of those names are taken too);
     ``in`` is ``moe_latent_size`` when set, else ``hidden_size``. The router stays float32.
+    Without a latent projection, biases or quantized shared weights (:attr:`fused_shared`) the
+    shared expert's weights go into ``nemotron_h_moe_experts`` (its input is then the routed
+    experts' input): one op, whose cuda decode kernels run it with the routed experts, instead
+    of two GEMVs, relu2 and add.
 
     Args:
         hidden_size: model width.
@@ -95,6 +99,7 @@ class NemotronHMoE(Module, TransformerLayer):
         self.add("shared_experts", ReLU2MLP(hidden_size=h, bias=bias,
                                             intermediate_size=shared_intermediate_size))
         self.latent = latent_size is not None
+        self.mlp_bias = bias
         if self.latent:
             self.declare("fc1_latent_proj.weight", (latent_size, h))
             self.declare("fc2_latent_proj.weight", (h, latent_size))
@@ -102,10 +107,27 @@ class NemotronHMoE(Module, TransformerLayer):
                 self.declare("fc1_latent_proj.bias", (latent_size,))
                 self.declare("fc2_latent_proj.bias", (h,))
 
+    @property
+    def fused_shared(self) -> bool:
+        """Whether the shared expert runs inside ``nemotron_h_moe_experts`` (then that op, not
+        ``add``, ends the block: the parallel rule all-reduces it). Read after loading."""
+        if self.latent or self.mlp_bias:
+            return False
+        sp = self.children["shared_experts"].params
+        return not any(isinstance(sp.get(n), QuantizedWeight)
+                       for n in ("up_proj.weight", "down_proj.weight"))
+
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         ops, p = self.ops, self.params
         weights, ids = ops.nemotron_h_moe_route(hidden, p["gate.weight"],
                                              p["gate.e_score_correction_bias"], **self.route)
+        shared_mlp = self.children["shared_experts"]
+        if self.fused_shared:
+            sp = shared_mlp.params
+            out = ops.nemotron_h_moe_experts(hidden, p["experts.up_proj"], p["experts.down_proj"],
+                                             weights, ids, sp["up_proj.weight"],
+                                             sp["down_proj.weight"])
+            return out, residual
         x = hidden
         if self.latent:
             x = ops.linear(x, p["fc1_latent_proj.weight"], self.param("fc1_latent_proj.bias"))
@@ -113,5 +135,5 @@ class NemotronHMoE(Module, TransformerLayer):
                                          ids)
         if self.latent:
             out = ops.linear(out, p["fc2_latent_proj.weight"], self.param("fc2_latent_proj.bias"))
-        shared, _ = self.children["shared_experts"].forward(hidden, None, meta)
+        shared, _ = shared_mlp.forward(hidden, None, meta)
         return ops.add(out, shared), residual

@@ -56,11 +56,16 @@ def nemotron_h_moe_route(x: np.ndarray, router_weight: np.ndarray,
 
 
 def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
-                           topk_weights: np.ndarray, topk_ids: np.ndarray) -> np.ndarray:
-    """Weighted sum of each token's chosen non-gated experts.
+                           topk_weights: np.ndarray, topk_ids: np.ndarray,
+                           shared_up: np.ndarray | None = None,
+                           shared_down: np.ndarray | None = None) -> np.ndarray:
+    """Weighted sum of each token's chosen non-gated experts, plus the shared expert if given.
 
     ``out[t] = sum_j topk_weights[t, j] * down_e(relu2(up_e(x[t])))`` with
-    ``e = topk_ids[t, j]``, in float32.
+    ``e = topk_ids[t, j]``, plus ``shared_down(relu2(shared_up(x[t])))`` when the shared
+    expert's weights are passed, all in float32 and rounded once. (HF adds the shared expert
+    to the routed sum in the activation dtype; taking it here lets the cuda decode kernels run
+    it with the routed experts, and differs from HF only by bf16 rounding.)
 
     Args:
         x: ``[num_tokens, hidden]`` (the latent when the model projects into one).
@@ -68,10 +73,14 @@ def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
         w_down: ``[num_experts, hidden, intermediate]``.
         topk_weights: ``[num_tokens, top_k]`` float32.
         topk_ids: ``[num_tokens, top_k]`` int32.
+        shared_up: ``[shared_intermediate, hidden]`` (both or neither of the shared pair).
+        shared_down: ``[hidden, shared_intermediate]``.
 
     Returns:
         ``[num_tokens, hidden]`` in ``x.dtype``.
     """
+    if (shared_up is None) != (shared_down is None):
+        raise ValueError("nemotron_h_moe_experts: pass both shared_up and shared_down, or neither")
     xf = f32(x)
     out = np.zeros(x.shape, dtype=np.float32)
     ids = np.asarray(topk_ids)
@@ -79,4 +88,7 @@ def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
         rows, slots = np.nonzero(ids == e)
         h = np.maximum(xf[rows] @ f32(w_up[e]).T, 0.0)
         out[rows] += ((h * h) @ f32(w_down[e]).T) * f32(topk_weights)[rows, slots][:, None]
+    if shared_up is not None:
+        h = np.maximum(xf @ f32(shared_up).T, 0.0)
+        out += (h * h) @ f32(shared_down).T
     return out.astype(x.dtype)

@@ -115,7 +115,12 @@ def relu2_cases() -> list[OpCase]:
 
 
 def nemotron_h_moe_route_cases() -> list[OpCase]:
-    """One group (Nemotron-3 Nano) and two groups with one kept; a scaling factor."""
+    """One group (Nemotron-3 Nano) and two groups with one kept; a scaling factor. Decode
+    batches of 1, 3 and 8 tokens over 128 experts (top-6, one group) and 64 experts in 8 groups
+    (4 kept) at a hidden size of 1088; 11 tokens span two token
+    tiles of the cuda logits kernel, a hidden size of 36 takes its scalar loads and one of 4160
+    a second round of its vector loads (past the 4096 loaded before the PDL wait). Router rows
+    are scaled by ``1 / sqrt(hidden)`` so the sigmoids stay off their flat ends (no near-ties)."""
     cases = []
     for dtype in DTYPES:
         for n_group, topk_group in ((1, 1), (4, 2)):
@@ -123,12 +128,30 @@ def nemotron_h_moe_route_cases() -> list[OpCase]:
             cases.append(OpCase(f"{dtype}-g{n_group}", (
                 randn(rng, (11, 32), dtype), randn(rng, (16, 32), "float32", 0.3),
                 randn(rng, (16,), "float32", 0.2), 4, n_group, topk_group, True, 2.5)))
+        for tokens in (1, 3, 8):
+            for experts, n_group, topk_group in ((128, 1, 1), (64, 8, 4)):
+                rng = make_rng("nemotron_h_moe_route", dtype, tokens, experts, "decode")
+                cases.append(OpCase(f"{dtype}-t{tokens}-e{experts}g{n_group}", (
+                    randn(rng, (tokens, 1088), dtype),
+                    randn(rng, (experts, 1088), "float32", 1088 ** -0.5),
+                    randn(rng, (experts,), "float32", 0.05), 6, n_group, topk_group, True, 2.5)))
+        rng = make_rng("nemotron_h_moe_route", dtype, "scalar")
+        cases.append(OpCase(f"{dtype}-h36", (
+            randn(rng, (3, 36), dtype), randn(rng, (16, 36), "float32", 36 ** -0.5),
+            randn(rng, (16,), "float32", 0.05), 4, 4, 2, False, 1.0)))
+        rng = make_rng("nemotron_h_moe_route", dtype, "long")
+        cases.append(OpCase(f"{dtype}-h4160", (
+            randn(rng, (3, 4160), dtype), randn(rng, (16, 4160), "float32", 4160 ** -0.5),
+            randn(rng, (16,), "float32", 0.05), 4, 1, 1, True, 1.0)))
     return cases
 
 
 def nemotron_h_moe_experts_cases() -> list[OpCase]:
     """Top-2 of 8 experts over a handful of tokens; widths that are and are not multiples of 8
-    (the cuda kernels' vector and scalar loads)."""
+    (the cuda kernels' vector and scalar loads). Decode batches of 1, 3 and 8 tokens with top-8
+    of 12 experts at widths that take two rounds of loads per lane in the cuda up and down
+    GEMVs, and top-40 of 48 (more slots than the down kernel stages at once); 1, 3 and 8
+    tokens with the shared expert (vector and scalar widths)."""
     cases = []
     for dtype in DTYPES:
         for width, inter in ((32, 24), (20, 12)):
@@ -138,4 +161,25 @@ def nemotron_h_moe_experts_cases() -> list[OpCase]:
                 randn(rng, (6, width), dtype), randn(rng, (8, inter, width), dtype, 0.2),
                 randn(rng, (8, width, inter), dtype, 0.2),
                 rng.uniform(0.1, 1.0, (6, 2)).astype(np.float32), ids)))
+        for tokens, experts, top_k, width, inter in ((1, 12, 8, 1032, 264), (3, 12, 8, 1032, 264),
+                                                      (8, 12, 8, 1032, 264), (2, 48, 40, 16, 8)):
+            rng = make_rng("nemotron_h_moe_experts", dtype, tokens, experts)
+            ids = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])
+            cases.append(OpCase(f"{dtype}-t{tokens}-{experts}x{width}x{inter}", (
+                randn(rng, (tokens, width), dtype),
+                randn(rng, (experts, inter, width), dtype, width ** -0.5),
+                randn(rng, (experts, width, inter), dtype, inter ** -0.5),
+                rng.uniform(0.1, 1.0, (tokens, top_k)).astype(np.float32),
+                ids.astype(np.int32))))
+        for tokens, width, inter, s_inter in ((1, 264, 136, 272), (3, 264, 136, 272),
+                                              (8, 264, 136, 272), (3, 20, 12, 28)):
+            rng = make_rng("nemotron_h_moe_experts", dtype, tokens, width, "shared")
+            ids = np.stack([rng.permutation(8)[:2] for _ in range(tokens)]).astype(np.int32)
+            cases.append(OpCase(f"{dtype}-t{tokens}-{width}x{inter}-shared{s_inter}", (
+                randn(rng, (tokens, width), dtype),
+                randn(rng, (8, inter, width), dtype, width ** -0.5),
+                randn(rng, (8, width, inter), dtype, inter ** -0.5),
+                rng.uniform(0.1, 1.0, (tokens, 2)).astype(np.float32), ids,
+                randn(rng, (s_inter, width), dtype, width ** -0.5),
+                randn(rng, (width, s_inter), dtype, s_inter ** -0.5))))
     return cases

@@ -2,7 +2,8 @@
 # What the coordinator runs on the lent GPU for atlas-nemotron-h, from the repository root
 # (under 4 minutes). Logs go to $OUT (or ./nemotron_gpu_out); every step has its own limit.
 #   1. pytest -m gpu: every op's contract cases on cuda (Mamba-2 conv / scan / gated norm,
-#      relu2, routing, experts), a decode step replayed from a CUDA graph, both expert paths,
+#      relu2, routing, experts), a decode step and the MoE at Nano shapes replayed from CUDA
+#      graphs, both expert paths (with and without the shared expert),
 #      the tiny model's greedy tokens on cuda = numpy, bf16 logits near float32.
 #   2. atlas bench nemotron-3-nano-30b-a3b (all 52 blocks, bf16, random weights on the device,
 #      62.5 GB: H100 80 GB or H200): batch 1, 8, 32 at 1k context; then batch 1 at 32k (prefill
@@ -19,7 +20,7 @@ $PY -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda 
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 git log --oneline -1 2>/dev/null | tee -a "$OUT/gpu.txt"
 
-timeout -s INT 55 $PY -m pytest -q -m gpu plugins/atlas-nemotron-h/tests -p no:cacheprovider \
+timeout -s INT 80 $PY -m pytest -q -m gpu plugins/atlas-nemotron-h/tests -p no:cacheprovider \
   2>&1 | tee "$OUT/tests.log" | tail -15
 
 bench() {  # bench SECONDS BATCHES CONTEXT [EXTRA...]

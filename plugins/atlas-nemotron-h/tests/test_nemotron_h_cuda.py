@@ -81,8 +81,9 @@ def test_decode_step_replays_from_a_graph(cuda_backend, dtype):
     np.testing.assert_allclose(ssm[used], host[10][used], rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("num_tokens", [7, 600])
-def test_experts_gemv_and_grouped_paths_match_the_reference(cuda_backend, num_tokens):
+def test_experts_gemv_and_grouped_paths_match_the_reference(cuda_backend, num_tokens, shared):
     from atlas_nemotron_h.cuda.moe_ops import GROUPED_MIN_TOKENS
     from atlas_nemotron_h.ffn_reference import nemotron_h_moe_experts
 
@@ -93,7 +94,62 @@ def test_experts_gemv_and_grouped_paths_match_the_reference(cuda_backend, num_to
     w_down = (rng.standard_normal((16, 64, 48)) / 7).astype(np.float32)
     ids = np.stack([rng.permutation(16)[:3] for _ in range(num_tokens)]).astype(np.int32)
     weights = rng.uniform(0.1, 1, (num_tokens, 3)).astype(np.float32)
-    args = [cuda_backend.from_host(a) for a in (x, w_up, w_down, weights, ids)]
+    host = [x, w_up, w_down, weights, ids]
+    if shared:
+        host += [(rng.standard_normal((80, 64)) / 8).astype(np.float32),
+                 (rng.standard_normal((64, 80)) / 9).astype(np.float32)]
+    args = [cuda_backend.from_host(a) for a in host]
     got = cuda_backend.to_host(cuda_backend.ops.nemotron_h_moe_experts(*args))
-    np.testing.assert_allclose(got, nemotron_h_moe_experts(x, w_up, w_down, weights, ids),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, nemotron_h_moe_experts(*host), rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def nano_moe():
+    """Nemotron-3 Nano's MoE shapes in bf16 (hidden 2688, 128 experts, top-6, expert width
+    1856, shared expert 3712), with 8 experts' weights instead of 128 (the kernels see the same
+    row lengths)."""
+    from atlas_core.testing.contracts_ops import as_dtype
+
+    rng = np.random.default_rng(2688)
+    bf16 = as_dtype("bfloat16")
+    hidden, inter = 2688, 1856
+    router = (rng.standard_normal((128, hidden)) / hidden ** 0.5).astype(np.float32)
+    bias = (rng.standard_normal(128) * 0.05).astype(np.float32)
+    w_up = (rng.standard_normal((8, inter, hidden)) / hidden ** 0.5).astype(np.float32)
+    w_down = (rng.standard_normal((8, hidden, inter)) / inter ** 0.5).astype(np.float32)
+    s_up = (rng.standard_normal((3712, hidden)) / hidden ** 0.5).astype(np.float32)
+    s_down = (rng.standard_normal((hidden, 3712)) / 3712 ** 0.5).astype(np.float32)
+    return router, bias, *(w.astype(bf16) for w in (w_up, w_down, s_up, s_down))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 8])
+def test_nano_shaped_moe_replays_from_a_graph(cuda_backend, nano_moe, num_tokens):
+    """The router (logits GEMV + top-k kernel) and the expert GEMVs with the shared expert at
+    the bench shapes, in a captured decode graph (PDL launches between them), against the
+    references."""
+    from atlas_core.testing.contracts_ops import as_dtype
+    from atlas_nemotron_h import ffn_reference as fr
+
+    router, bias, w_up, w_down, s_up, s_down = nano_moe
+    rng = np.random.default_rng(num_tokens)
+    x = rng.standard_normal((num_tokens, 2688)).astype(as_dtype("bfloat16"))
+    route = dict(top_k=6, n_group=1, topk_group=1, renormalize=True, routed_scaling_factor=2.5)
+    want_w, want_ids = fr.nemotron_h_moe_route(x, router, bias, **route)
+    ids = np.stack([rng.permutation(8)[:6] for _ in range(num_tokens)]).astype(np.int32)
+    want = fr.nemotron_h_moe_experts(x, w_up, w_down, want_w, ids, s_up, s_down)
+    dev = [cuda_backend.from_host(a) for a in (x, router, bias, w_up, w_down, ids, s_up, s_down)]
+    ops = cuda_backend.ops
+
+    def step():
+        weights, got_ids = ops.nemotron_h_moe_route(dev[0], dev[1], dev[2], **route)
+        return weights, got_ids, ops.nemotron_h_moe_experts(dev[0], dev[3], dev[4], weights,
+                                                            dev[5], dev[6], dev[7])
+
+    graph = cuda_backend.capture(step)
+    for _ in range(2):
+        graph.replay()
+    weights, got_ids, out = (cuda_backend.to_host(a) for a in graph.output)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=1e-6)
+    got, ref = out.astype(np.float32), want.astype(np.float32)
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()

@@ -1,13 +1,18 @@
 """Nemotron-H MoE ops on the cuda backend (``cuda/kernels/nemotron_moe.cu``): the grouped
 sigmoid router and the non-gated experts, registered by :mod:`atlas_nemotron_h.plugin`.
 
+The router is two kernels: its logits as a GEMV with a block per expert (several tokens per
+block), then a one-warp-per-token grouped top-k; one block doing both was latency bound (a
+third of a millisecond per layer at decode).
+
 Decode batches (fewer than :data:`GROUPED_MIN_TOKENS` tokens) run the experts as two
-warp-per-row GEMV kernels over each token's chosen experts (up + squared ReLU into a float32
-buffer, then down summed over the token's experts): no host sync, so decode steps capture into
-CUDA graphs. Prefill chunks group their rows by expert on the host (one sync) and run each
-used expert as cuBLAS GEMMs over its gathered rows (``embedding``, ``linear``, ``relu2``,
-``linear``; the squared ReLU rounded to the activation dtype there, as HF rounds it), then one
-kernel sums every token's weighted expert rows.
+warp-per-row GEMV kernels over each token's chosen experts and the shared expert if passed (up
++ squared ReLU into float32 buffers, then down summed over the token's experts): no host sync,
+so decode steps capture into CUDA graphs. Prefill chunks group their rows by expert on the host
+(one sync) and run each used expert as cuBLAS GEMMs over its gathered rows (``embedding``,
+``linear``, ``relu2``, ``linear``; the squared ReLU rounded to the activation dtype there, as
+HF rounds it), then one kernel sums every token's weighted expert rows (the shared expert, if
+passed, added by the same ops).
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-#: Warps per block (NM_WARPS) and the limits of nemotron_moe.cu.
-WARPS, MAX_EXPERTS, MAX_GROUPS = 4, 1024, 64
+#: Warps per block (NM_WARPS), tokens per router-logit block (NM_TOK) and the limits of
+#: nemotron_moe.cu.
+WARPS, ROUTER_TOKENS, MAX_EXPERTS, MAX_GROUPS = 4, 8, 1024, 64
 #: Tokens from which the experts run as per-expert GEMMs (above any captured decode batch).
 GROUPED_MIN_TOKENS = 512
 
@@ -46,32 +52,50 @@ class NemotronMoeCudaOps:
         ids = self.ctx.out((t, top_k), np.int32)
         if t:
             ctx = self.ctx
-            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_route"), t, 32 * WARPS,
-                       weights, ids, x, ctx.f32(router_weight), ctx.f32(correction_bias), hidden,
-                       e, top_k, n_group, topk_group, int(renormalize),
-                       float(routed_scaling_factor))
+            w, bias = ctx.f32(router_weight), ctx.f32(correction_bias)
+            logits = ctx.out((t, e), np.float32)
+            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_logits"),
+                       (e, -(-t // ROUTER_TOKENS)), 32 * WARPS, logits, x, w, t, hidden, e,
+                       pdl=ctx.pdl)
+            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_select"), t, 32,
+                       weights, ids, logits, bias, e, top_k, n_group, topk_group,
+                       int(renormalize), float(routed_scaling_factor), pdl=ctx.pdl)
         return weights, ids
 
     def nemotron_h_moe_experts(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any,
-                               topk_ids: Any) -> Any:
+                               topk_ids: Any, shared_up: Any = None,
+                               shared_down: Any = None) -> Any:
         """See :func:`atlas_nemotron_h.ffn_reference.nemotron_h_moe_experts`."""
         t, width = x.shape
         inter, top_k = w_up.shape[1], topk_ids.shape[1]
-        if w_up.dtype != x.dtype or w_down.dtype != x.dtype:
+        shared = [w for w in (shared_up, shared_down) if w is not None]
+        if len(shared) == 1:
+            raise ValueError("nemotron_h_moe_experts: pass both shared_up and shared_down, "
+                             "or neither")
+        dtypes = [str(w.dtype) for w in (w_up, w_down, *shared)]
+        if any(d != str(x.dtype) for d in dtypes):
             raise TypeError(f"nemotron_h_moe_experts: expert weights must be in {x.dtype} on "
-                            f"cuda (got {w_up.dtype}, {w_down.dtype})")
+                            f"cuda (got {', '.join(dtypes)})")
         if t >= GROUPED_MIN_TOKENS and not self.ctx.backend.capturing:
-            return self._grouped(x, w_up, w_down, topk_weights, topk_ids)
+            out = self._grouped(x, w_up, w_down, topk_weights, topk_ids)
+            if shared:
+                ops = self.ctx.ops
+                out = ops.add(out, ops.linear(ops.relu2(ops.linear(x, shared_up)), shared_down))
+            return out
         out = self.ctx.out((t, width), x.dtype)
         if t:
             ctx = self.ctx
+            s_inter = shared_up.shape[0] if shared else 0
             h = ctx.out((t * top_k, inter), np.float32)
+            hs = ctx.out((t, s_inter), np.float32) if shared else h
+            ws_up, ws_down = (shared_up, shared_down) if shared else (w_up, w_down)
+            rows = t * (top_k * inter + s_inter)
             ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_up"),
-                       (-(-inter // WARPS), t * top_k), 32 * WARPS, h, x, w_up, topk_ids, width,
-                       inter, top_k)
+                       -(-rows // WARPS), 32 * WARPS, h, hs, x, w_up, ws_up, topk_ids, t, width,
+                       inter, s_inter, top_k, pdl=ctx.pdl)
             ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_down"),
                        (-(-width // WARPS), t), 32 * WARPS, out, h, w_down, topk_weights,
-                       topk_ids, width, inter, top_k)
+                       topk_ids, hs, ws_down, width, inter, s_inter, top_k, pdl=ctx.pdl)
         return out
 
     def _grouped(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any, topk_ids: Any) -> Any:

@@ -1,10 +1,23 @@
 // atlas-nemotron-h: MoE routing and non-gated experts (references in
 // atlas_nemotron_h/ffn_reference.py). Math in float32.
+//
+// Decode is memory bound, so every GEMV here keeps several 16-byte loads per lane in flight
+// (NM_UNROLL / NM_DOWN_UNROLL chunks of 8 elements, issued before any is consumed) and spreads
+// its rows over many warps; the router's logits are one such GEMV (a block per expert), and
+// the top-k selection a one-warp kernel after it. The shared expert, when passed, runs as extra
+// rows of the up kernel and an extra dot of the down kernel (no GEMVs, relu2 or add of its
+// own). Every kernel is PDL-safe: it reads what an earlier kernel wrote only after pdl_wait()
+// (the down kernel reads the routing before it: the up kernel between them triggers only after
+// its own wait, so routing is complete by then).
 #include "common.cuh"
 
 #define NM_MAX_EXPERTS 1024
 #define NM_MAX_GROUPS 64
 #define NM_WARPS 4
+#define NM_TOK 8          // tokens per router-logit block (the router row is read once for them)
+#define NM_UNROLL 4       // 8-element chunks in flight per lane: router and up GEMVs
+#define NM_DOWN_UNROLL 8  // the same for the down GEMV (4x fewer warps than up at decode)
+#define NM_SLOTS 32       // (token, expert) slots the down kernel stages at a time
 
 __device__ __forceinline__ float nm_warp_sum(float v) {
 #pragma unroll
@@ -12,22 +25,51 @@ __device__ __forceinline__ float nm_warp_sum(float v) {
   return v;
 }
 
-// A warp's dot product of x[0:n] and w[0:n] (float32 sum, every lane holds it): 16-byte
-// vector loads when n is a multiple of 8 (rows then start 16-byte aligned), else scalar.
-template <typename X, typename W>
+// Max (MAX) or min of v over the warp (every lane gets it).
+template <bool MAX>
+__device__ __forceinline__ u32 nm_reduce_u32(u32 v) {
+#if __CUDA_ARCH__ >= 800
+  if (MAX) asm volatile("redux.sync.max.u32 %0, %0, 0xffffffff;\n" : "+r"(v));
+  else asm volatile("redux.sync.min.u32 %0, %0, 0xffffffff;\n" : "+r"(v));
+#else
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    u32 w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = MAX ? max(v, w) : min(v, w);
+  }
+#endif
+  return v;
+}
+
+// A float as an unsigned key of the same order (-inf > 0; 0 is left for "taken").
+__device__ __forceinline__ u32 nm_key(float f) {
+  u32 u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// A warp's dot product of x[0:n] and w[0:n] (float32 sum, every lane holds it): U 16-byte
+// vector loads of each per lane in flight when n is a multiple of 8 (rows then start 16-byte
+// aligned), else scalar.
+template <int U, typename X, typename W>
 __device__ __forceinline__ float nm_dot(const X* x, const W* w, int n, int lane) {
   float acc = 0.f;
   if ((n & 7) == 0) {
-    for (int c = lane * 8; c < n; c += 256) {
-      Vec8<X> xv;
-      Vec8<W> wv;
-      xv.load(x + c);
-      wv.load(w + c);
-      float xf[8], wf[8];
-      xv.to_float(xf);
-      wv.to_float(wf);
+    for (int c0 = lane * 8; c0 < n; c0 += U * 256) {
+      Vec8<X> xv[U];
+      Vec8<W> wv[U];
 #pragma unroll
-      for (int i = 0; i < 8; i++) acc += xf[i] * wf[i];
+      for (int u = 0; u < U; u++)
+        if (c0 + u * 256 < n) { wv[u].load(w + c0 + u * 256); xv[u].load(x + c0 + u * 256); }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (c0 + u * 256 < n) {
+          float xf[8], wf[8];
+          xv[u].to_float(xf);
+          wv[u].to_float(wf);
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc += xf[i] * wf[i];
+        }
+      }
     }
   } else {
     for (int c = lane; c < n; c += 32) acc += to_f32(x[c]) * to_f32(w[c]);
@@ -35,90 +77,256 @@ __device__ __forceinline__ float nm_dot(const X* x, const W* w, int n, int lane)
   return nm_warp_sum(acc);
 }
 
-// Grid (num_tokens), block 32 * NM_WARPS. Logits x . w_e in float32 (a warp per expert), then
-// one thread picks: group scores (sum of the two best biased scores), the topk_group best
-// groups, the top_k best biased scores among them (ties: lower index), weighted by the
-// unbiased sigmoid, renormalised (sum + 1e-20) and scaled.
+// Grid (E, ceil(num_tokens / NM_TOK)), block 32 * NM_WARPS: block e writes logits[t, e] =
+// x[t] . w[e] (float32) for its NM_TOK tokens, its threads splitting the row (read once for
+// the tokens). The first NM_UNROLL chunks per thread of the (static) router row, 4096 floats
+// at 4 warps, are loaded before the PDL wait, so at decode only x is read after it.
 template <typename T>
-__device__ void nm_route_impl(float* weights, int* ids, const T* x, const float* w,
-                              const float* bias, int hidden, int E, int top_k, int n_group,
-                              int topk_group, int renorm, float scale) {
-  __shared__ float score[NM_MAX_EXPERTS], choice[NM_MAX_EXPERTS];
-  __shared__ unsigned char keep[NM_MAX_GROUPS];
-  int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const T* xr = x + (long long)t * hidden;
-  for (int e = warp; e < E; e += NM_WARPS) {
-    float acc = nm_dot(xr, w + (long long)e * hidden, hidden, lane);
-    if (lane == 0) {
-      float s = 1.f / (1.f + expf(-acc));
-      score[e] = s;
-      choice[e] = s + bias[e];
+__device__ void nm_logits_impl(float* logits, const T* x, const float* w, int ntok, int hidden,
+                               int E) {
+  __shared__ float part[NM_WARPS][NM_TOK];
+  const int step = NM_WARPS * 256;  // elements of one 8-element chunk per thread
+  int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int t0 = blockIdx.y * NM_TOK, nt = min(NM_TOK, ntok - t0);
+  bool vec = (hidden & 7) == 0;
+  const float* wr = w + (long long)e * hidden;
+  const T* xb = x + (long long)t0 * hidden;
+  Vec8<float> wv[NM_UNROLL];
+  if (vec) {
+#pragma unroll
+    for (int u = 0; u < NM_UNROLL; u++)
+      if (tid * 8 + u * step < hidden) wv[u].load(wr + tid * 8 + u * step);
+  }
+  pdl_wait();
+  pdl_trigger();
+  float acc[NM_TOK];
+#pragma unroll
+  for (int m = 0; m < NM_TOK; m++) acc[m] = 0.f;
+  if (vec) {
+    for (int c0 = tid * 8; c0 < hidden; c0 += NM_UNROLL * step) {
+      if (c0 != tid * 8) {
+#pragma unroll
+        for (int u = 0; u < NM_UNROLL; u++)
+          if (c0 + u * step < hidden) wv[u].load(wr + c0 + u * step);
+      }
+#pragma unroll
+      for (int u = 0; u < NM_UNROLL; u++) {
+        int c = c0 + u * step;
+        if (c < hidden) {
+          float wf[8];
+          wv[u].to_float(wf);
+#pragma unroll
+          for (int m = 0; m < NM_TOK; m++) {
+            if (m < nt) {
+              float xf[8];
+              Vec8<T> xv;
+              xv.load(xb + (long long)m * hidden + c);
+              xv.to_float(xf);
+#pragma unroll
+              for (int i = 0; i < 8; i++) acc[m] += xf[i] * wf[i];
+            }
+          }
+        }
+      }
+    }
+  } else {
+    for (int c = tid; c < hidden; c += 32 * NM_WARPS) {
+      float wc = wr[c];
+#pragma unroll
+      for (int m = 0; m < NM_TOK; m++)
+        if (m < nt) acc[m] += to_f32(xb[(long long)m * hidden + c]) * wc;
     }
   }
+#pragma unroll
+  for (int m = 0; m < NM_TOK; m++) {
+    float v = nm_warp_sum(acc[m]);
+    if (lane == 0) part[warp][m] = v;
+  }
   __syncthreads();
-  if (threadIdx.x != 0) return;
+  if (tid < nt) {
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < NM_WARPS; i++) v += part[i][tid];
+    logits[(long long)(t0 + tid) * E + e] = v;
+  }
+}
+
+// Grid (num_tokens), block 32 (one warp per token): s = sigmoid(logit), choice = s + bias;
+// group scores (sum of the two best choices; the one when a group has one expert), the
+// topk_group best groups (ties: lower group), then the top_k best choices among their experts
+// (the others rank as -inf, ties: lower index), weighted by s, renormalised (sum + 1e-20) and
+// scaled; slot j is written by lane j % 32.
+__device__ void nm_select_impl(float* weights, int* ids, const float* logits, const float* bias,
+                               int E, int top_k, int n_group, int topk_group, int renorm,
+                               float scale) {
+  __shared__ float score[NM_MAX_EXPERTS], choice[NM_MAX_EXPERTS], gscore[NM_MAX_GROUPS];
+  __shared__ u32 key[NM_MAX_EXPERTS];
+  __shared__ unsigned char keep[NM_MAX_GROUPS];
+  int t = blockIdx.x, lane = threadIdx.x;
+  const float* lg = logits + (long long)t * E;
+  pdl_wait();
+  pdl_trigger();
+  for (int e = lane; e < E; e += 32) {
+    float s = 1.f / (1.f + expf(-lg[e]));
+    score[e] = s;
+    choice[e] = s + bias[e];
+  }
+  __syncwarp();
   int per = E / n_group;
-  for (int g = 0; g < n_group; g++) keep[g] = n_group == 1;
-  for (int j = 0; j < topk_group && n_group > 1; j++) {
-    int best = -1;
-    float best_v = 0.f;
-    for (int g = 0; g < n_group; g++) {
-      if (keep[g]) continue;
+  if (n_group > 1) {
+    for (int g = lane; g < n_group; g += 32) {
       float a = NEG_INF, b = NEG_INF;
       for (int e = g * per; e < (g + 1) * per; e++) {
         float c = choice[e];
         if (c > a) { b = a; a = c; } else if (c > b) { b = c; }
       }
-      if (best < 0 || a + b > best_v) { best = g; best_v = a + b; }
+      gscore[g] = per > 1 ? a + b : a;
+      keep[g] = 0;
     }
-    keep[best] = 1;
+    __syncwarp();
+    if (lane == 0) {
+      for (int j = 0; j < topk_group; j++) {
+        int best = -1;
+        for (int g = 0; g < n_group; g++)
+          if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        keep[best] = 1;
+      }
+    }
+    __syncwarp();
   }
-  float sum = 0.f;
+  for (int e = lane; e < E; e += 32)
+    key[e] = nm_key(n_group <= 1 || keep[e / per] ? choice[e] : NEG_INF);
+  __syncwarp();
   float* wt = weights + (long long)t * top_k;
   int* id = ids + (long long)t * top_k;
+  float sum = 0.f;
   for (int j = 0; j < top_k; j++) {
-    int best = -1;
-    float best_c = 0.f;
-    for (int e = 0; e < E; e++) {
-      if (!keep[e / per]) continue;
-      bool taken = false;
-      for (int q = 0; q < j; q++) taken |= id[q] == e;
-      if (!taken && (best < 0 || choice[e] > best_c)) { best = e; best_c = choice[e]; }
-    }
-    id[j] = best;
-    wt[j] = score[best];
-    sum += score[best];
+    u32 best = 0u;
+    int bi = E;
+    for (int e = lane; e < E; e += 32)
+      if (key[e] > best) { best = key[e]; bi = e; }
+    u32 top = nm_reduce_u32<true>(best);
+    int idx = (int)nm_reduce_u32<false>(best == top ? (u32)bi : 0xffffffffu);
+    float s = score[idx];
+    sum += s;
+    if ((idx & 31) == lane) key[idx] = 0u;
+    if ((j & 31) == lane) { id[j] = idx; wt[j] = s; }
+    __syncwarp();
   }
-  for (int j = 0; j < top_k; j++) wt[j] = (renorm ? wt[j] / (sum + 1e-20f) : wt[j]) * scale;
+  for (int j = lane; j < top_k; j += 32) wt[j] = (renorm ? wt[j] / (sum + 1e-20f) : wt[j]) * scale;
 }
 
-// Grid (ceil(I / NM_WARPS), num_tokens * top_k): h[r, i] = relu2(up_e[i] . x[t]) in float32,
-// r = t * top_k + j, e = ids[r]; a warp per row i.
+// Grid (ceil((num_tokens * top_k * I + num_tokens * Is) / NM_WARPS)), a warp per row n of
+// either: n < num_tokens * top_k * I: h[n] = h[r, i] = relu2(up_e[i] . x[t]) in float32,
+// r = t * top_k + j, e = ids[r]; after them the shared expert (Is > 0):
+// hs[m] = hs[t, i] = relu2(ws_up[i] . x[t]), m = n - num_tokens * top_k * I.
 template <typename T>
-__device__ void nm_up_impl(float* h, const T* x, const T* w_up, const int* ids, int width,
-                           int inter, int top_k) {
-  int i = blockIdx.x * NM_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  long long r = blockIdx.y;
-  if (i >= inter) return;
-  const T* wr = w_up + ((long long)ids[r] * inter + i) * width;
-  float acc = fmaxf(nm_dot(x + (r / top_k) * width, wr, width, lane), 0.f);
-  if (lane == 0) h[r * inter + i] = acc * acc;
+__device__ void nm_up_impl(float* h, float* hs, const T* x, const T* w_up, const T* ws_up,
+                           const int* ids, int ntok, int width, int inter, int s_inter,
+                           int top_k) {
+  long long n = (long long)blockIdx.x * NM_WARPS + (threadIdx.x >> 5);
+  long long routed = (long long)ntok * top_k * inter;
+  int lane = threadIdx.x & 31;
+  pdl_wait();
+  pdl_trigger();
+  const T *wr, *xr;
+  float* dst;
+  if (n < routed) {
+    long long r = n / inter;
+    wr = w_up + ((long long)ids[r] * inter + (n - r * inter)) * width;
+    xr = x + (r / top_k) * width;
+    dst = h + n;
+  } else {
+    long long m = n - routed, t = m / max(s_inter, 1);
+    if (m >= (long long)ntok * s_inter) return;
+    wr = ws_up + (m - t * s_inter) * width;
+    xr = x + t * width;
+    dst = hs + m;
+  }
+  float acc = fmaxf(nm_dot<NM_UNROLL>(xr, wr, width, lane), 0.f);
+  if (lane == 0) *dst = acc * acc;
+}
+
+// One round of the down GEMV: the weights of flat chunks q0 + 32 u (u < NM_DOWN_UNROLL) of the
+// staged slots' rows o (nq = slots * inter / 8 chunks), each chunk's slot into js.
+template <typename T>
+__device__ __forceinline__ void nm_down_load(Vec8<T> (&wv)[NM_DOWN_UNROLL],
+                                             int (&js)[NM_DOWN_UNROLL], const T* w_row,
+                                             const long long* s_off, int q0, int nq, int cpr) {
+#pragma unroll
+  for (int u = 0; u < NM_DOWN_UNROLL; u++) {
+    int q = q0 + 32 * u, j = q / cpr;
+    js[u] = j;
+    if (q < nq) wv[u].load(w_row + s_off[j] + (q - j * cpr) * 8);
+  }
 }
 
 // Grid (ceil(width / NM_WARPS), num_tokens): out[t, o] = sum_j weights[t, j] *
-// (down_{ids[t, j]}[o] . h[t * top_k + j]); a warp per output feature.
+// (down_{ids[t, j]}[o] . h[t * top_k + j]) + (Is > 0: ws_down[o] . hs[t]); a warp per output
+// feature. The token's slots are staged NM_SLOTS at a time; with inter a multiple of 8 the
+// warp's lanes walk their rows as one flat run of 8-element chunks (no idle lanes at row
+// ends), NM_DOWN_UNROLL in flight.
 template <typename T>
 __device__ void nm_down_impl(T* out, const float* h, const T* w_down, const float* weights,
-                             const int* ids, int width, int inter, int top_k) {
+                             const int* ids, const float* hs, const T* ws_down, int width,
+                             int inter, int s_inter, int top_k) {
+  __shared__ long long s_off[NM_SLOTS];
+  __shared__ float s_wt[NM_SLOTS];
   int o = blockIdx.x * NM_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
   long long t = blockIdx.y;
-  if (o >= width) return;
+  bool live = o < width, vec = (inter & 7) == 0;
+  int cpr = inter >> 3;
+  const T* w_row = w_down + (long long)(live ? o : 0) * inter;
+  Vec8<T> wv[NM_DOWN_UNROLL];
+  int js[NM_DOWN_UNROLL];
   float total = 0.f;
-  for (int j = 0; j < top_k; j++) {
-    long long r = t * top_k + j;
-    const T* wr = w_down + ((long long)ids[r] * width + o) * inter;
-    total += nm_dot(h + r * inter, wr, inter, lane) * weights[r];
+  if (top_k <= 0) pdl_wait();  // else the first slots' loop waits
+  for (int j0 = 0; j0 < top_k; j0 += NM_SLOTS) {
+    int ns = min(NM_SLOTS, top_k - j0), nq = ns * cpr;
+    if (j0) __syncthreads();  // every warp is done with the previous slots
+    for (int q = threadIdx.x; q < ns; q += blockDim.x) {
+      s_off[q] = (long long)ids[t * top_k + j0 + q] * width * inter;
+      s_wt[q] = weights[t * top_k + j0 + q];
+    }
+    __syncthreads();
+    if (live && vec) nm_down_load<T>(wv, js, w_row, s_off, lane, nq, cpr);
+    if (!j0) {  // the routing is complete (see the top); h is the previous kernel's
+      pdl_wait();
+      pdl_trigger();
+    }
+    if (!live) continue;
+    const float* hr = h + (t * top_k + j0) * inter;
+    if (vec) {
+      for (int q0 = lane; q0 < nq; q0 += 32 * NM_DOWN_UNROLL) {
+        if (q0 != lane) nm_down_load<T>(wv, js, w_row, s_off, q0, nq, cpr);
+#pragma unroll
+        for (int u = 0; u < NM_DOWN_UNROLL; u++) {
+          int q = q0 + 32 * u, j = js[u];
+          if (q < nq) {
+            float wf[8], hf[8], s = 0.f;
+            Vec8<float> hv;
+            hv.load(hr + (long long)j * inter + (q - j * cpr) * 8);
+            hv.to_float(hf);
+            wv[u].to_float(wf);
+#pragma unroll
+            for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+            total += s * s_wt[j];
+          }
+        }
+      }
+    } else {
+      for (int j = 0; j < ns; j++) {
+        float s = 0.f;
+        for (int c = lane; c < inter; c += 32)
+          s += to_f32(w_row[s_off[j] + c]) * hr[(long long)j * inter + c];
+        total += s * s_wt[j];
+      }
+    }
   }
+  if (!live) return;
+  total = nm_warp_sum(total);
+  if (s_inter)
+    total += nm_dot<NM_UNROLL>(hs + t * s_inter, ws_down + (long long)o * s_inter, s_inter, lane);
   if (lane == 0) out[t * width + o] = from_f32<T>(total);
 }
 
@@ -137,20 +345,25 @@ __device__ void nm_combine_impl(T* out, const T* rows, const float* weights, con
 }
 
 #define NEMOTRON_MOE(T, S)                                                                    \
-  extern "C" __global__ void nemotron_h_moe_route_##S(                                        \
-      float* wt, int* ids, const T* x, const float* w, const float* bias, int hidden, int E,  \
-      int k, int n_group, int topk_group, int renorm, float scale) {                          \
-    nm_route_impl<T>(wt, ids, x, w, bias, hidden, E, k, n_group, topk_group, renorm, scale);  \
+  extern "C" __global__ void nemotron_h_moe_logits_##S(float* logits, const T* x,             \
+                                                       const float* w, int ntok, int hidden,  \
+                                                       int E) {                               \
+    nm_logits_impl<T>(logits, x, w, ntok, hidden, E);                                         \
   }                                                                                           \
-  extern "C" __global__ void nemotron_h_moe_up_##S(float* h, const T* x, const T* w_up,       \
-                                                   const int* ids, int width, int inter,      \
-                                                   int k) {                                   \
-    nm_up_impl<T>(h, x, w_up, ids, width, inter, k);                                          \
+  extern "C" __global__ void nemotron_h_moe_select_##S(                                       \
+      float* wt, int* ids, const float* logits, const float* bias, int E, int k, int n_group, \
+      int topk_group, int renorm, float scale) {                                              \
+    nm_select_impl(wt, ids, logits, bias, E, k, n_group, topk_group, renorm, scale);          \
   }                                                                                           \
-  extern "C" __global__ void nemotron_h_moe_down_##S(T* out, const float* h, const T* w_down, \
-                                                     const float* wt, const int* ids,         \
-                                                     int width, int inter, int k) {           \
-    nm_down_impl<T>(out, h, w_down, wt, ids, width, inter, k);                                \
+  extern "C" __global__ void nemotron_h_moe_up_##S(                                           \
+      float* h, float* hs, const T* x, const T* w_up, const T* ws_up, const int* ids,         \
+      int ntok, int width, int inter, int s_inter, int k) {                                   \
+    nm_up_impl<T>(h, hs, x, w_up, ws_up, ids, ntok, width, inter, s_inter, k);                \
+  }                                                                                           \
+  extern "C" __global__ void nemotron_h_moe_down_##S(                                         \
+      T* out, const float* h, const T* w_down, const float* wt, const int* ids,               \
+      const float* hs, const T* ws_down, int width, int inter, int s_inter, int k) {          \
+    nm_down_impl<T>(out, h, w_down, wt, ids, hs, ws_down, width, inter, s_inter, k);          \
   }                                                                                           \
   extern "C" __global__ void nemotron_h_moe_combine_##S(T* out, const T* rows, const float* wt, \
                                                         const int* pos, int width, int k) {   \
