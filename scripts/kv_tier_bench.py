@@ -167,9 +167,15 @@ def _hashes(bm, tokens: list[int]) -> list[bytes]:
 
 
 def forget_lower(engine, keep_host: bool) -> None:
-    """Spill the device prefix cache to the tiers, then drop it (and host memory unless kept)."""
+    """Spill the device prefix cache to the tiers, then drop it (and host memory unless kept).
+
+    Returns once the spill's device -> host copies have landed in the host rows: a spill only
+    queues them (it records an event, it does not synchronize), and the next row's restore
+    copies and forward queue behind them on the one stream, so without the wait the ``host``
+    row would also time the spill it was set up by (all 4.8 GB of it at 32k tokens)."""
     bm, tiers = engine.block_manager, engine.kv_tiers
     bm.flush_to_tiers()
+    engine.backend.synchronize()
     bm.reset_prefix_cache()
     if not keep_host:
         tiers.clear_memory()
