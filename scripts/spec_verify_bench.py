@@ -54,6 +54,8 @@ def main() -> int:
     p.add_argument("--k", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--eager-verify", action="store_true",
+                   help="verify steps op by op instead of from CUDA graphs")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     args = p.parse_args()
 
@@ -80,7 +82,7 @@ def main() -> int:
         del plain
         gc.collect()  # the plain engine's KV cache goes back before the next one sizes its own
         spec = {"method": "ngram", "num_speculative_tokens": args.k, "draft_token_cost": 0.0,
-                "disable_by_batch_size": batch}
+                "disable_by_batch_size": batch, "verify_graphs": not args.eager_verify}
         engine = LLMEngine(model, backend, EngineArgs(**common, speculative_config=spec))
         oracle = ScriptedProposer({tuple(pr): out for pr, out in zip(prompts, want)},
                                   model.vocab_size, wrong_rate=0.0)

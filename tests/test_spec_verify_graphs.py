@@ -15,7 +15,7 @@ from atlas_core.testing.spec_drafts import ScriptedProposer
 pytestmark = pytest.mark.timeout(180)
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "draft_token_cost": 0.0,
-        "disable_by_batch_size": 4}
+        "disable_by_batch_size": 4, "verify_graphs": True}
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,11 @@ class SpeculativeConfig:
             (see :mod:`atlas_core.engine.spec.gate`).
         max_context_len: no drafts for sequences longer than this (``None``: no cap; the
             measured acceptance per context range turns speculation down by itself).
+        verify_graphs: replay verify steps from CUDA graphs (engine/verify_graphs.py). Off by
+            default: on the H200 (session 16, qwen3.5-35b-a3b shape, K=2) the graph path gave
+            other tokens than plain decoding from the first verify step on, and a verify step
+            cost 2.9-3.8x a plain one; correct on the CPU backends. The eager verify path is
+            the default until the graph path passes on a GPU.
     """
 
     method: str = "ngram"
@@ -49,6 +54,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int = 16
     draft_token_cost: float = 0.05
     max_context_len: int | None = None
+    verify_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

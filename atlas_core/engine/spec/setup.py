@@ -53,7 +53,7 @@ def create_speculator(config: SpeculativeConfig | None, model: Any, runner: Any,
     if config.method == "mtp":
         proposer = MTPProposer(model, model.mtp, runner.backend, block_manager,
                                config.num_speculative_tokens, lambda: runner.last_hidden)
-    if hasattr(runner, "enable_verify_graphs"):
+    if config.verify_graphs and hasattr(runner, "enable_verify_graphs"):
         runner.enable_verify_graphs(config.num_speculative_tokens + 1,
                                     config.disable_by_batch_size)
     kv = runner.kv
