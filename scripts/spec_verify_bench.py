@@ -3,6 +3,11 @@
     python scripts/spec_verify_bench.py --shape qwen3.5-35b-a3b --backend cuda --batch 1 8 32
     python scripts/spec_verify_bench.py --shape tiny-qwen3.5-moe --backend numpy   # smoke run
 
+Plain decode rows and verify rows (K + 1 rows a sequence) take other kernels by default, so with
+random bf16 weights a greedy token can flip on a near tie and the check below can report a
+difference that is rounding, not a bug: ``--batch-invariant`` (one code path per op) makes the
+comparison exact, and ``--eager-verify`` tells the graph path from the verify logic.
+
 For each batch: plain greedy decoding of random prompts, then the same requests with K drafts
 per step taken from the plain run's own output (every draft accepted: the forced-full-
 acceptance test mode; the tokens are checked equal). Reports the mean decode-step time of
@@ -56,14 +61,21 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--eager-verify", action="store_true",
                    help="verify steps op by op instead of from CUDA graphs")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="batch-invariant kernels (EngineArgs.batch_invariant): plain and "
+                        "speculative tokens must then be equal bit for bit")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     args = p.parse_args()
 
     config = shape_config(args.shape)
     backend, registry = create_backend(args.backend)
+    if args.batch_invariant:  # on the backend (EngineArgs refuses it with speculation), before
+        backend.set_batch_invariant(True)  # the weights are made, as load_engine_parts does
     model = build_random_model(config, backend, registry)
     rng = np.random.default_rng(0)
-    print(f"{args.shape} on {args.backend or 'default backend'}, K={args.k}")
+    print(f"{args.shape} on {args.backend or 'default backend'}, K={args.k}, verify "
+          f"{'eager' if args.eager_verify else 'graphs'}"
+          f"{', batch-invariant' if args.batch_invariant else ''}")
     print("| batch | plain step ms | verify step ms | verify / plain | plain tok/s | "
           "forced-accept tok/s | tok/s ratio | graph verify steps |")
     print("|---|---|---|---|---|---|---|---|")

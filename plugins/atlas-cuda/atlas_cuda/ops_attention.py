@@ -37,6 +37,50 @@ COMBINE_FLOATS_SHARED = 32768
 #: 9.69; qwen3-30b-a3b at 8,192 4.95 -> 3.31 / - / 24.43 -> 15.98; at 512 tokens the split plan
 #: keeps batch 1 (8b 4.23 against 4.26, 30b 2.52 against 2.60, 0.6b 0.78 against 0.83 ms).
 LONG_DECODE_CTX = 4096
+#: Head dims of the tensor-core decode kernel (attention_decode_mma.cu) and the stages of its
+#: K/V ring (kept in step with the kernel's DecMma::NST): two blocks an SM up to 128, one at 256.
+MMA_DECODE_STAGES = {64: 4, 128: 3, 256: 2}
+#: Cache length (the block table's width) above which ``auto`` takes that kernel: H200,
+#: per op (scripts/attn_decode_bench.py), mma against the CUDA-core plans, qwen3-8b heads, us:
+#: batch 1 at 512 tokens 7.20 / 7.54, 1,024 7.76 / 10.98, 4,096 11.65 / 30.85; batch 8 at
+#: 1,024 15.75 / 52.22; batch 1 at 128 tokens the split plan keeps it (5.26 against 6.69).
+MMA_DECODE_MIN_CTX = 512
+#: Keys of one K/V tile of that kernel (16 a warp).
+MMA_DECODE_BN = 64
+#: Most partial floats (heads x head dim x splits) a block row of that kernel merges: more than
+#: the CUDA-core kernels' cap, so few KV heads still fill the GPU (qwen3.5-35b-a3b, 2 KV heads
+#: of 8 query heads at 256, batch 1: 64 splits instead of 16; H200 at 32,768 tokens the capped
+#: plan ran at 507 GB/s).
+COMBINE_FLOATS_MMA = 131072
+
+
+def mma_decode_heads(h: int, kh: int) -> int:
+    """Query heads a block of the tensor-core decode kernel takes (the rows of its 16-row mma
+    tile: the whole GQA group up to 16, else 16 at a time), or 0 where it does not apply
+    (one query head per KV head: nothing to share)."""
+    group = h // kh
+    hb = min(group, 16)
+    return hb if hb in (2, 4, 8, 16) and group % hb == 0 else 0
+
+
+def mma_decode_smem(d: int, itemsize: int) -> int:
+    """Dynamic shared memory of the tensor-core decode kernel: 16 query rows and the K/V ring,
+    rows padded by 8 elements (ldmatrix without bank conflicts)."""
+    return (16 + MMA_DECODE_STAGES[d] * 2 * MMA_DECODE_BN) * (d + 8) * itemsize
+
+
+def mma_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
+                    num_sms: int) -> tuple[int, int]:
+    """``(heads per block, splits)`` of the tensor-core decode kernel: a wave of blocks (two an
+    SM up to head dim 128, one at 256), each split at least one 64-key tile, the partials within
+    :data:`COMBINE_FLOATS_MMA`."""
+    hb = mma_decode_heads(h, kh)
+    target = (2 if d <= 128 else 1) * num_sms
+    base = t * kh * (h // kh // hb)
+    if base > COUNTERS:
+        return hb, 1
+    return hb, max(1, min(target // base, COMBINE_FLOATS_MMA // (hb * d),
+                          -(-max_ctx // MMA_DECODE_BN)))
 
 
 def shared_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
@@ -189,7 +233,10 @@ class AttentionOps:
         # batch-invariant mode: always the two ops. The fused kernel folds the newest key in
         # after the others (not in its round) and was taken for decode steps of <= 8 tokens
         # only, so a row rounded differently alone and in a larger step.
-        if self.ctx.policy.batch_invariant or not (
+        # Long caches take the tensor-core decode kernel, which has no rope prologue.
+        mma = self._use_mma_decode(qkv, k_cache, num_heads, num_kv_heads, head_dim,
+                                   block_tables.shape[1] * k_cache.shape[1])
+        if mma or self.ctx.policy.batch_invariant or not (
                 0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
                 and head_dim in ROPE_DECODE_HEAD_DIMS):
             return compose_rope_cache_attention(
@@ -231,6 +278,11 @@ class AttentionOps:
             self._flash(out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
                         block_size, scale, causal)
             return out
+        if causal and block_tables is not None and self._use_mma_decode(
+                q, k, h, num_kv_heads, d, max_ctx):
+            self._mma_decode(out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs,
+                             num_kv_heads, block_size, max_ctx, scale, kv_scale)
+            return out
         var = variant_of(q.dtype)
         fp8 = _cache_suffix(k, q)
         if fp8 and d not in FP8_HEAD_DIMS:
@@ -251,6 +303,36 @@ class AttentionOps:
                         float(scale * LOG2E), float(kv_scale), pdl=self.ctx.pdl)
         return out
 
+    def _use_mma_decode(self, q: DeviceArray, k_cache: DeviceArray, h: int, kh: int, d: int,
+                        max_ctx: int) -> bool:
+        """The tensor-core decode kernel (attention_decode_mma.cu): policy ``decode_plan`` ``mma``,
+        or ``auto`` with more than :data:`MMA_DECODE_MIN_CTX` tokens of cache a sequence, for a
+        bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES` and
+        GQA groups of 2-16 query heads (or multiples of 16). Never in batch-invariant mode
+        (``attention=simt``): it splits the context as the step's plan says."""
+        policy = self.ctx.policy
+        if policy.attention == "simt" or policy.decode_plan not in ("auto", "mma"):
+            return False
+        if policy.decode_plan == "auto" and max_ctx <= MMA_DECODE_MIN_CTX:
+            return False
+        return (q.dtype.name in ("bfloat16", "float16") and k_cache.dtype == q.dtype
+                and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh) > 0)
+
+    def _mma_decode(self, out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs,
+                    num_kv_heads, block_size, max_ctx, scale, kv_scale) -> None:
+        t, h, d = q.shape
+        hb, splits = mma_decode_plan(t, h, num_kv_heads, d, max_ctx, self.ctx.num_sms)
+        part_acc, part_ml = self._dec_partials(t, h, d, splits)
+        var = variant_of(q.dtype)
+        shmem = mma_decode_smem(d, q.dtype.itemsize)
+        kern = self.ctx.kernels.kernel("attention_decode_mma", var,
+                                       f"attn_dec_mma_{var}_d{d}_h{hb}", shmem)
+        self.ctx.launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
+                        part_acc, part_ml, self.ctx.sync_counters(), q, k, v, block_tables,
+                        seq_lens, cu_seqlens, h, num_kv_heads, block_size,
+                        block_tables.shape[1], num_seqs, splits, float(scale * LOG2E),
+                        float(kv_scale), shmem=shmem, pdl=self.ctx.pdl)
+
     def _dec_partials(self, t: int, h: int, d: int, splits: int):
         """The split partials of the decode kernel (accumulators, (max, sum) pairs), or Nones."""
         if splits < 2:
@@ -266,7 +348,7 @@ class AttentionOps:
         if self.ctx.policy.batch_invariant:
             return batch_invariant_decode_plan(h, kh)
         choice = self.ctx.policy.decode_plan
-        if choice == "auto":
+        if choice in ("auto", "mma"):  # mma here: a cache the tensor-core kernel does not take
             choice = "shared" if max_ctx > LONG_DECODE_CTX else "split"
         plan = shared_decode_plan if choice == "shared" else decode_plan
         return plan(t, h, kh, d, max_ctx, self.ctx.num_sms)

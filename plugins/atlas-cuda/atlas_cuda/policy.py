@@ -35,10 +35,13 @@ KNOBS = (
          "own mma.sync kernel), cublaslt (required) or mma"),
     Knob("attention", "ATLAS_CUDA_ATTENTION", ("auto", "flash", "simt"),
          "multi-token attention: auto/flash (tensor-core flash kernel where it applies) or simt"),
-    Knob("decode_plan", "ATLAS_CUDA_DECODE_PLAN", ("auto", "shared", "split"),
-         "split decode attention: shared (every query head of a KV head in one block, so K/V "
-         "are read once, and more splits), split (fewer heads a block where that fills the "
-         "GPU) or auto (shared when the cache may hold more than 4,096 tokens a sequence)"),
+    Knob("decode_plan", "ATLAS_CUDA_DECODE_PLAN", ("auto", "shared", "split", "mma"),
+         "split decode attention: mma (tensor-core kernel: a GQA group's query heads as the "
+         "rows of one mma tile, bf16/f16 caches), shared (CUDA cores, every query head of a KV "
+         "head in one block, so K/V are read once, and more splits), split (CUDA cores, fewer "
+         "heads a block where that fills the GPU) or auto (mma where it applies and the cache "
+         "may hold more than 512 tokens a sequence; else shared above 4,096 tokens, split "
+         "below)"),
     Knob("pdl", "ATLAS_CUDA_PDL", None,
          "programmatic dependent launch of the decode kernels on sm_90+"),
     Knob("moe", "ATLAS_CUDA_MOE", ("auto", "grouped", "gemv"),

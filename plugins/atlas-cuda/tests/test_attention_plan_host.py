@@ -80,3 +80,58 @@ def test_prefill_attention_refuses_a_head_dim_no_kernel_has():
     with pytest.raises(ValueError, match="head_dim 80"):
         AttentionOps(fake_context()).prefill_attention(q, q, q, FakeArray((3,), np.int32), 0.1,
                                                        causal=False)
+
+
+@pytest.mark.parametrize("h,kh,want", [(32, 8, 4), (32, 4, 8), (16, 2, 8), (16, 8, 2),
+                                       (64, 2, 16), (48, 1, 16), (16, 16, 0), (24, 8, 0)])
+def test_mma_decode_heads(h, kh, want):
+    from atlas_cuda.ops_attention import mma_decode_heads
+    assert mma_decode_heads(h, kh) == want
+
+
+@pytest.mark.parametrize("t,h,kh,d,ctx,want", [
+    (1, 32, 8, 128, 32768, (4, 33)),    # a wave of two blocks an SM: 264 // 8
+    (1, 16, 2, 256, 32768, (8, 64)),    # one block an SM at 256; partials cap 131072 // (8 x 256)
+    (8, 32, 8, 128, 32768, (4, 4)),
+    (1, 32, 8, 128, 100, (4, 2)),       # at least one 64-key tile a split
+    (64, 32, 8, 128, 8192, (4, 1))])
+def test_mma_decode_plan(t, h, kh, d, ctx, want):
+    from atlas_cuda.ops_attention import mma_decode_plan
+    assert mma_decode_plan(t, h, kh, d, ctx, 132) == want
+
+
+def test_mma_decode_smem_fits_two_blocks_an_sm_up_to_128():
+    from atlas_cuda.ops_attention import mma_decode_smem
+    assert 2 * mma_decode_smem(128, 2) <= 227 << 10
+    assert 2 * mma_decode_smem(64, 2) <= 227 << 10
+    assert mma_decode_smem(256, 2) <= 227 << 10
+
+
+@pytest.mark.parametrize("choice,ctx,dtype,cache,want", [
+    ("auto", 512, "bfloat16", "bfloat16", False), ("auto", 513, "bfloat16", "bfloat16", True),
+    ("mma", 512, "bfloat16", "bfloat16", True), ("shared", 40960, "bfloat16", "bfloat16", False),
+    ("auto", 40960, "bfloat16", "float8_e4m3fn", False), ("auto", 40960, "float32", "float32",
+                                                          False)])
+def test_policy_picks_the_mma_decode_kernel(choice, ctx, dtype, cache, want):
+    import numpy as np
+    from types import SimpleNamespace
+    from atlas_core.api import as_dtype
+    from atlas_cuda.ops_attention import AttentionOps
+    from atlas_cuda.policy import KernelPolicy
+    from fake_context import fake_context
+    ops = AttentionOps(fake_context(KernelPolicy(decode_plan=choice)))
+    q = SimpleNamespace(dtype=np.dtype(as_dtype(dtype)))
+    k = SimpleNamespace(dtype=np.dtype(as_dtype(cache)))
+    assert ops._use_mma_decode(q, k, 32, 8, 128, ctx) == want
+
+
+def test_batch_invariant_mode_keeps_the_cuda_core_kernel():
+    import numpy as np
+    from types import SimpleNamespace
+    from atlas_core.api import bfloat16
+    from atlas_cuda.ops_attention import AttentionOps
+    from atlas_cuda.policy import KernelPolicy, with_batch_invariance
+    from fake_context import fake_context
+    ops = AttentionOps(fake_context(with_batch_invariance(KernelPolicy())))
+    q = SimpleNamespace(dtype=np.dtype(bfloat16))
+    assert not ops._use_mma_decode(q, q, 32, 8, 128, 40960)

@@ -117,3 +117,52 @@ def test_references_match_hf_torch_functions():
     expected = norm(torch.from_numpy(yy), torch.from_numpy(z)).detach().numpy()
     np.testing.assert_allclose(ref.mamba2_gated_norm(yy, z, w, 16, 1e-5), expected,
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("state_size", [16, 128, 256])
+def test_chunked_time_scan_matches_the_token_scan_on_cuda(cuda_backend, monkeypatch, dtype,
+                                                          state_size):
+    """Prefill steps (more tokens than sequences) run ``mamba2_scan_chunked``: sequences of
+    several staged chunks (32 tokens at N <= 128, 16 at 256) and partial ones, one continuing
+    from its slot, a padding row and one-token rows, against the token-by-token kernel
+    (``ATLAS_MAMBA2_SCAN=token``: the same state update) and the reference."""
+    from atlas_core.testing.contracts_ops import as_dtype
+
+    heads, head_dim, groups = 8, 24, 2
+    sizes = dict(num_heads=heads, head_dim=head_dim, n_groups=groups, state_size=state_size,
+                 dt_min=0.001, dt_max=float("inf"))
+    rng = np.random.default_rng(state_size)
+    lens = [70, 1, 45, 33]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    seq_lens = np.array([75, 1, 45, 33], np.int32)    # the first continues from its slot
+    slots = np.array([2, 0, -1, 3], np.int32)         # slot 1 is nobody's: left as it was
+    n = int(cu[-1])
+    xbc = rng.standard_normal((n, heads * head_dim + 2 * groups * state_size))
+    xbc = xbc.astype(as_dtype(dtype))
+    dt = (2 * rng.standard_normal((n, heads))).astype(as_dtype(dtype))
+    a_log = np.log(rng.uniform(0.5, 4, heads)).astype(np.float32)
+    dt_bias, d = (rng.standard_normal(heads).astype(np.float32) for _ in range(2))
+    pool = rng.standard_normal((4, heads, head_dim, state_size)).astype(np.float32)
+    host = [xbc, dt, a_log, dt_bias, d]
+    layout = [cu, seq_lens, slots]
+
+    def run(kind):
+        monkeypatch.setenv("ATLAS_MAMBA2_SCAN", kind)
+        dev_pool = cuda_backend.from_host(pool)
+        y = cuda_backend.ops.mamba2_ssd_chunked(
+            *(cuda_backend.from_host(a) for a in host), dev_pool,
+            *(cuda_backend.from_host(a) for a in layout), **sizes)
+        return cuda_backend.to_host(y).astype(np.float32), cuda_backend.to_host(dev_pool)
+
+    y_tok, s_tok = run("token")
+    y_chk, s_chk = run("chunked")
+    want_pool = pool.copy()
+    want = ref.mamba2_ssd_recurrent(*host, want_pool, *layout, **sizes).astype(np.float32)
+    np.testing.assert_allclose(s_chk, s_tok, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(s_chk, want_pool, rtol=1e-3, atol=1e-3)
+    tol = 1e-4 if dtype == "float32" else 2e-2
+    scale = max(1.0, float(np.abs(want).max()))
+    assert np.abs(y_chk - y_tok).max() <= tol * scale
+    assert np.abs(y_chk - want).max() <= tol * scale

@@ -5,13 +5,18 @@ the step workspace, ``ctx.launch`` launches on the backend's stream).
 
 Same signatures and semantics as :mod:`atlas_nemotron_h.mamba2_reference`: state pools are
 float32, updated in place. Every launch takes device arrays and scalars only (no host sync),
-so decode steps capture into CUDA graphs. ``mamba2_ssd_chunked`` runs the token-by-token scan
-(as the numpy backend does): a sequence's state is the same however its prompt was split.
+so decode steps capture into CUDA graphs. ``mamba2_ssd_chunked`` runs the recurrence token by
+token (as the numpy backend does): a sequence's state is the same however its prompt was split.
+Prefill steps can run it with the time loop in staged chunks instead (``mamba2_scan_chunked``,
+:data:`SCAN_KERNEL_ENV` ``chunked``), the same state update; not the default: on an H200 the
+nemotron-3-nano shape's 1,024-token TTFT was 434.6 ms with it against 406.7 ms token by token
+(batch 8: 3,445.7 against 3,231.0 ms; prefill time is elsewhere, see docs/benchmarks.md).
 Needs atlas-cuda (``pip install atlas-nemotron-h[cuda]``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -24,6 +29,20 @@ CONV_THREADS = 128
 SCAN_WARPS, SCAN_MAX_STATE = 4, 256
 #: Threads per block of the gated norm.
 NORM_THREADS = 128
+#: Environment variable choosing the prefill scan kernel: ``token`` (default; the token-by-token
+#: kernel, which decode steps always run) or ``chunked`` (the time loop in staged chunks of up
+#: to 32 tokens; measured slower, see the module docstring).
+SCAN_KERNEL_ENV = "ATLAS_MAMBA2_SCAN"
+
+
+def scan_kernel() -> str:
+    """The prefill scan kernel :data:`SCAN_KERNEL_ENV` selects (read per call, so tests and
+    benches can switch it): both give the same state bit for bit, ``y`` up to the order of its
+    float32 sum over the state columns."""
+    kind = os.environ.get(SCAN_KERNEL_ENV, "token")
+    if kind not in ("chunked", "token"):
+        raise ValueError(f"{SCAN_KERNEL_ENV}={kind!r}: use 'chunked' or 'token'")
+    return kind
 
 
 def _need_f32_pool(name: str, pool: Any) -> None:
@@ -102,7 +121,9 @@ class Mamba2CudaOps:
         out = self.ctx.out((num_tokens, num_heads * head_dim), xbc.dtype)
         if num_tokens and num_seqs:
             ctx = self.ctx
-            ctx.launch(ctx.kernel("mamba2", xbc.dtype, "mamba2_scan"),
+            chunked = num_tokens > num_seqs and scan_kernel() == "chunked"
+            kernel = "mamba2_scan_chunked" if chunked else "mamba2_scan"
+            ctx.launch(ctx.kernel("mamba2", xbc.dtype, kernel),
                        (-(-head_dim // SCAN_WARPS), num_heads, num_seqs), 32 * SCAN_WARPS, out,
                        xbc, dt, ctx.f32(A_log), ctx.f32(dt_bias), ctx.f32(D), ssm_states,
                        cu_seqlens, seq_lens, state_indices, num_heads, head_dim, n_groups,

@@ -5,11 +5,13 @@ The router is two kernels: its logits as a GEMV with a block per expert (several
 block), then a one-warp-per-token grouped top-k; one block doing both was latency bound (a
 third of a millisecond per layer at decode).
 
-Decode batches (fewer than :data:`GROUPED_MIN_TOKENS` tokens) run the experts as two
-warp-per-row GEMV kernels over each token's chosen experts and the shared expert if passed (up
-+ squared ReLU into float32 buffers, then down summed over the token's experts): no host sync,
-so decode steps capture into CUDA graphs. Prefill chunks group their rows by expert on the host
-(one sync) and run each used expert as cuBLAS GEMMs over its gathered rows (``embedding``,
+Decode batches (fewer than :data:`GROUPED_MIN_TOKENS` tokens) run the experts as two GEMV
+kernels over each token's chosen experts and the shared expert if passed: up + squared ReLU
+into float32 buffers (a warp per row), then down split over K (a block per piece of a token's
+h -- an expert slot or part of the shared expert -- and 8 output rows, h staged in shared
+memory; the last block of each rows-tile sums the pieces' partials in a fixed order): no host
+sync, so decode steps capture into CUDA graphs. Prefill chunks group their rows by expert on the
+host (one sync) and run each used expert as cuBLAS GEMMs over its gathered rows (``embedding``,
 ``linear``, ``relu2``, ``linear``; the squared ReLU rounded to the activation dtype there, as
 HF rounds it), then one kernel sums every token's weighted expert rows (the shared expert, if
 passed, added by the same ops).
@@ -24,6 +26,8 @@ import numpy as np
 #: Warps per block (NM_WARPS), tokens per router-logit block (NM_TOK) and the limits of
 #: nemotron_moe.cu.
 WARPS, ROUTER_TOKENS, MAX_EXPERTS, MAX_GROUPS = 4, 8, 1024, 64
+#: Output rows per down block (NM_DOWN_TILE) and the most K per block (NM_DOWN_PIECE).
+DOWN_TILE, DOWN_PIECE = 8, 2048
 #: Tokens from which the experts run as per-expert GEMMs (above any captured decode batch).
 GROUPED_MIN_TOKENS = 512
 
@@ -90,12 +94,18 @@ class NemotronMoeCudaOps:
             hs = ctx.out((t, s_inter), np.float32) if shared else h
             ws_up, ws_down = (shared_up, shared_down) if shared else (w_up, w_down)
             rows = t * (top_k * inter + s_inter)
+            piece = min(inter, DOWN_PIECE)
+            pieces = top_k * -(-inter // piece) + -(-s_inter // piece)
+            tiles = -(-width // DOWN_TILE)
+            part = ctx.out((t, pieces, width), np.float32)
+            cnt = ctx.out((t, tiles), np.int32)
             ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_up"),
-                       -(-rows // WARPS), 32 * WARPS, h, hs, x, w_up, ws_up, topk_ids, t, width,
-                       inter, s_inter, top_k, pdl=ctx.pdl)
+                       -(-rows // WARPS), 32 * WARPS, h, hs, cnt, x, w_up, ws_up, topk_ids, t,
+                       width, inter, s_inter, top_k, t * tiles, pdl=ctx.pdl)
             ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_down"),
-                       (-(-width // WARPS), t), 32 * WARPS, out, h, w_down, topk_weights,
-                       topk_ids, hs, ws_down, width, inter, s_inter, top_k, pdl=ctx.pdl)
+                       (tiles, pieces, t), 32 * WARPS, out, part, cnt, h, w_down,
+                       topk_weights, topk_ids, hs, ws_down, width, inter, s_inter, top_k, piece,
+                       pdl=ctx.pdl)
         return out
 
     def _grouped(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any, topk_ids: Any) -> Any:

@@ -6,6 +6,8 @@
 
 #define M2_KMAX 8
 #define M2_WARPS 4
+#define M2_CHUNK 32    // most tokens per chunk of the chunked-time scan (lanes of its y sums)
+#define M2_STAGE 8192  // floats of that scan's staged B and C rows (tc * 2 N at most)
 
 __device__ __forceinline__ float m2_silu(float x) { return x / (1.f + expf(-x)); }
 __device__ __forceinline__ float m2_softplus(float x) {
@@ -126,6 +128,92 @@ __device__ void m2_scan_impl(T* out, const T* xbc, const T* dt, const float* a_l
     if (j < per && j * 32 + lane < N) st[j * 32 + lane] = s[j];
 }
 
+// The same scan for prefill, its time loop in chunks of tc = min(M2_CHUNK, M2_STAGE / (2 N))
+// tokens: the block stages the chunk's B and C rows (float32), its x values and each token's
+// step and decay in shared memory with every load in flight at once, then each warp walks the
+// chunk from there (the state update is the token kernel's, so the state is bit-identical);
+// the chunk's y sums over the lanes are one transposing butterfly (31 shuffles for 32 tokens,
+// lane i ends with token i) instead of a 5-shuffle reduce per token. Grid and block as
+// m2_scan_impl; warps past P stage and synchronise but do not scan.
+template <typename T>
+__device__ void m2_scan_chunked_impl(T* out, const T* xbc, const T* dt, const float* a_log,
+                                     const float* dt_bias, const float* d_skip, float* states,
+                                     const int* cu, const int* seq_lens,
+                                     const int* state_indices, int H, int P, int G, int N,
+                                     float dt_min, float dt_max) {
+  __shared__ float s_bc[M2_STAGE];  // [tc][N] B, then [tc][N] C
+  __shared__ float s_x[M2_CHUNK][M2_WARPS], s_step[M2_CHUNK], s_decay[M2_CHUNK];
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int p = blockIdx.x * M2_WARPS + warp, h = blockIdx.y, b = blockIdx.z;
+  bool live = p < P;
+  int start = cu[b], n = cu[b + 1] - start, slot = state_indices[b];
+  bool has_state = slot >= 0 && seq_lens[b] > n;
+  int per = (N + 31) >> 5, g = h / (H / G), tc = min(M2_CHUNK, M2_STAGE / (2 * N));
+  long long row = (long long)H * P + 2LL * G * N;
+  long long b_off = (long long)H * P + (long long)g * N, c_off = b_off + (long long)G * N;
+  float* st = states + (((long long)(slot < 0 ? 0 : slot) * H + h) * P + (live ? p : 0)) * N;
+  float s[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    s[j] = (live && j * 32 + lane < N && has_state) ? st[j * 32 + lane] : 0.f;
+  float a = -expf(a_log[h]), bias = dt_bias[h], dskip = d_skip[h];
+  const float* sb = s_bc;
+  const float* sc = s_bc + tc * N;
+  for (int t0 = start; t0 < start + n; t0 += tc) {
+    int m = min(tc, start + n - t0);
+    __syncthreads();  // every warp is done with the previous chunk
+    for (int i = tid; i < m * N; i += blockDim.x) {
+      int k = i / N, col = i - k * N;
+      const T* r = xbc + (t0 + k) * row;
+      s_bc[i] = to_f32(r[b_off + col]);
+      s_bc[tc * N + i] = to_f32(r[c_off + col]);
+    }
+    for (int i = tid; i < m * M2_WARPS; i += blockDim.x) {
+      int k = i / M2_WARPS, pw = blockIdx.x * M2_WARPS + (i - k * M2_WARPS);
+      s_x[k][i - k * M2_WARPS] = pw < P ? to_f32(xbc[(t0 + k) * row + (long long)h * P + pw]) : 0.f;
+    }
+    if (tid < m) {
+      float step = m2_softplus(to_f32(dt[(long long)(t0 + tid) * H + h]) + bias);
+      step = fminf(fmaxf(step, dt_min), dt_max);
+      s_step[tid] = step;
+      s_decay[tid] = expf(step * a);
+    }
+    __syncthreads();
+    if (!live) continue;
+    float acc[M2_CHUNK];
+#pragma unroll
+    for (int k = 0; k < M2_CHUNK; k++) {
+      acc[k] = 0.f;
+      if (k < m) {
+        float step = s_step[k], decay = s_decay[k], xv = s_x[k][warp];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          int col = j * 32 + lane;
+          if (j < per && col < N) {
+            s[j] = s[j] * decay + (step * sb[k * N + col]) * xv;
+            acc[k] += s[j] * sc[k * N + col];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      bool up = lane & o;
+#pragma unroll
+      for (int i = 0; i < o; i++) {
+        float send = up ? acc[i] : acc[i + o];
+        acc[i] = (up ? acc[i + o] : acc[i]) + __shfl_xor_sync(0xffffffffu, send, o);
+      }
+    }
+    if (lane < m)
+      out[((long long)(t0 + lane) * H + h) * P + p] = from_f32<T>(acc[0] + dskip * s_x[lane][warp]);
+  }
+  if (slot < 0 || !live) return;
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    if (j < per && j * 32 + lane < N) st[j * 32 + lane] = s[j];
+}
+
 // Gated group RMSNorm: grid (groups, rows), block 128. h = y * silu(z); h / rms(h) over the
 // group, rounded to T, times weight (T or float32), rounded again.
 template <typename T, typename W>
@@ -185,6 +273,13 @@ __device__ void m2_relu2_impl(T* out, const T* x, long long n) {
                                              int G, int N, float dt_min, float dt_max) {      \
     m2_scan_impl<T>(out, xbc, dt, a_log, dt_bias, d, st, cu, lens, idx, H, P, G, N, dt_min,   \
                     dt_max);                                                                  \
+  }                                                                                           \
+  extern "C" __global__ void mamba2_scan_chunked_##S(                                         \
+      T* out, const T* xbc, const T* dt, const float* a_log, const float* dt_bias,            \
+      const float* d, float* st, const int* cu, const int* lens, const int* idx, int H,       \
+      int P, int G, int N, float dt_min, float dt_max) {                                      \
+    m2_scan_chunked_impl<T>(out, xbc, dt, a_log, dt_bias, d, st, cu, lens, idx, H, P, G, N,   \
+                            dt_min, dt_max);                                                  \
   }                                                                                           \
   extern "C" __global__ void mamba2_gated_norm_##S(T* out, const T* y, const T* z,            \
                                                    const T* w, int d, int group, float eps) { \

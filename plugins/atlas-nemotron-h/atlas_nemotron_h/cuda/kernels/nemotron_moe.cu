@@ -5,10 +5,10 @@
 // (NM_UNROLL / NM_DOWN_UNROLL chunks of 8 elements, issued before any is consumed) and spreads
 // its rows over many warps; the router's logits are one such GEMV (a block per expert), and
 // the top-k selection a one-warp kernel after it. The shared expert, when passed, runs as extra
-// rows of the up kernel and an extra dot of the down kernel (no GEMVs, relu2 or add of its
-// own). Every kernel is PDL-safe: it reads what an earlier kernel wrote only after pdl_wait()
-// (the down kernel reads the routing before it: the up kernel between them triggers only after
-// its own wait, so routing is complete by then).
+// rows of the up kernel and extra K pieces of the split-K down kernel (no GEMVs, relu2 or add
+// of its own). Every kernel is PDL-safe: it reads what an earlier kernel wrote only after
+// pdl_wait() (the down kernel reads the routing before it: the up kernel between them triggers
+// only after its own wait, so routing is complete by then).
 #include "common.cuh"
 
 #define NM_MAX_EXPERTS 1024
@@ -16,8 +16,10 @@
 #define NM_WARPS 4
 #define NM_TOK 8          // tokens per router-logit block (the router row is read once for them)
 #define NM_UNROLL 4       // 8-element chunks in flight per lane: router and up GEMVs
-#define NM_DOWN_UNROLL 8  // the same for the down GEMV (4x fewer warps than up at decode)
-#define NM_SLOTS 32       // (token, expert) slots the down kernel stages at a time
+#define NM_DOWN_UNROLL 8  // the same per row for the down GEMV (bf16 / fp16; half in float32)
+#define NM_DOWN_ROWS 2    // output rows per warp of the down GEMV (its h chunk read once)
+#define NM_DOWN_TILE (NM_WARPS * NM_DOWN_ROWS)  // output rows per down block
+#define NM_DOWN_PIECE 2048  // most K (h floats) per down block: its shared-memory copy of h
 
 __device__ __forceinline__ float nm_warp_sum(float v) {
 #pragma unroll
@@ -219,16 +221,19 @@ __device__ void nm_select_impl(float* weights, int* ids, const float* logits, co
 // Grid (ceil((num_tokens * top_k * I + num_tokens * Is) / NM_WARPS)), a warp per row n of
 // either: n < num_tokens * top_k * I: h[n] = h[r, i] = relu2(up_e[i] . x[t]) in float32,
 // r = t * top_k + j, e = ids[r]; after them the shared expert (Is > 0):
-// hs[m] = hs[t, i] = relu2(ws_up[i] . x[t]), m = n - num_tokens * top_k * I.
+// hs[m] = hs[t, i] = relu2(ws_up[i] . x[t]), m = n - num_tokens * top_k * I. It also zeroes
+// the down kernel's n_cnt completion counters (that kernel reads them after its wait).
 template <typename T>
-__device__ void nm_up_impl(float* h, float* hs, const T* x, const T* w_up, const T* ws_up,
-                           const int* ids, int ntok, int width, int inter, int s_inter,
-                           int top_k) {
+__device__ void nm_up_impl(float* h, float* hs, int* cnt, const T* x, const T* w_up,
+                           const T* ws_up, const int* ids, int ntok, int width, int inter,
+                           int s_inter, int top_k, int n_cnt) {
   long long n = (long long)blockIdx.x * NM_WARPS + (threadIdx.x >> 5);
   long long routed = (long long)ntok * top_k * inter;
   int lane = threadIdx.x & 31;
   pdl_wait();
   pdl_trigger();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_cnt; i += gridDim.x * blockDim.x)
+    cnt[i] = 0;
   const T *wr, *xr;
   float* dst;
   if (n < routed) {
@@ -247,87 +252,134 @@ __device__ void nm_up_impl(float* h, float* hs, const T* x, const T* w_up, const
   if (lane == 0) *dst = acc * acc;
 }
 
-// One round of the down GEMV: the weights of flat chunks q0 + 32 u (u < NM_DOWN_UNROLL) of the
-// staged slots' rows o (nq = slots * inter / 8 chunks), each chunk's slot into js.
-template <typename T>
-__device__ __forceinline__ void nm_down_load(Vec8<T> (&wv)[NM_DOWN_UNROLL],
-                                             int (&js)[NM_DOWN_UNROLL], const T* w_row,
-                                             const long long* s_off, int q0, int nq, int cpr) {
+// One round of the down GEMV's weight loads: chunks c0 + 32 u (u < U, c0 + 32 u < nc) of
+// the warp's NM_DOWN_ROWS rows (row r at w + r * ld; rows past the last, dead, are skipped).
+template <int U, typename T>
+__device__ __forceinline__ void nm_down_load(Vec8<T> (&wv)[NM_DOWN_ROWS][U], const T* w,
+                                             long long ld, int live, int c0, int nc) {
 #pragma unroll
-  for (int u = 0; u < NM_DOWN_UNROLL; u++) {
-    int q = q0 + 32 * u, j = q / cpr;
-    js[u] = j;
-    if (q < nq) wv[u].load(w_row + s_off[j] + (q - j * cpr) * 8);
-  }
+  for (int r = 0; r < NM_DOWN_ROWS; r++)
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (r < live && c0 + 32 * u < nc) wv[r][u].load(w + r * ld + (c0 + 32 * u) * 8);
 }
 
-// Grid (ceil(width / NM_WARPS), num_tokens): out[t, o] = sum_j weights[t, j] *
-// (down_{ids[t, j]}[o] . h[t * top_k + j]) + (Is > 0: ws_down[o] . hs[t]); a warp per output
-// feature. The token's slots are staged NM_SLOTS at a time; with inter a multiple of 8 the
-// warp's lanes walk their rows as one flat run of 8-element chunks (no idle lanes at row
-// ends), NM_DOWN_UNROLL in flight.
+// Grid (ceil(width / NM_DOWN_TILE), pieces, num_tokens), block 32 * NM_WARPS: split-K down
+// GEMV. A token's K is cut into pieces of at most `piece` (a multiple of 8 when inter is): the
+// top_k routed slots' h rows (ceil(inter / piece) pieces each), then the shared expert's hs row
+// (ceil(s_inter / piece)). Block (tile, p, t) stages its piece of h in shared memory once and
+// its warps each dot NM_DOWN_ROWS output rows with it (U 16-byte loads per row and lane in
+// flight), writing weights[t, j] * partial to part[t, p, o]. The last block of a (t, tile) to
+// finish (cnt[t, tile], zeroed by the up kernel) sums the pieces in order p = 0, 1, ... and
+// writes out[t, o] (deterministic, per token). The warp-per-row kernel this replaces re-read
+// the token's whole h (2x the weight bytes, float32) from L2 for every row: L2 bound at about
+// 2 TB/s of weights on the H200.
 template <typename T>
-__device__ void nm_down_impl(T* out, const float* h, const T* w_down, const float* weights,
-                             const int* ids, const float* hs, const T* ws_down, int width,
-                             int inter, int s_inter, int top_k) {
-  __shared__ long long s_off[NM_SLOTS];
-  __shared__ float s_wt[NM_SLOTS];
-  int o = blockIdx.x * NM_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-  long long t = blockIdx.y;
-  bool live = o < width, vec = (inter & 7) == 0;
-  int cpr = inter >> 3;
-  const T* w_row = w_down + (long long)(live ? o : 0) * inter;
-  Vec8<T> wv[NM_DOWN_UNROLL];
-  int js[NM_DOWN_UNROLL];
-  float total = 0.f;
-  if (top_k <= 0) pdl_wait();  // else the first slots' loop waits
-  for (int j0 = 0; j0 < top_k; j0 += NM_SLOTS) {
-    int ns = min(NM_SLOTS, top_k - j0), nq = ns * cpr;
-    if (j0) __syncthreads();  // every warp is done with the previous slots
-    for (int q = threadIdx.x; q < ns; q += blockDim.x) {
-      s_off[q] = (long long)ids[t * top_k + j0 + q] * width * inter;
-      s_wt[q] = weights[t * top_k + j0 + q];
-    }
-    __syncthreads();
-    if (live && vec) nm_down_load<T>(wv, js, w_row, s_off, lane, nq, cpr);
-    if (!j0) {  // the routing is complete (see the top); h is the previous kernel's
-      pdl_wait();
-      pdl_trigger();
-    }
-    if (!live) continue;
-    const float* hr = h + (t * top_k + j0) * inter;
-    if (vec) {
-      for (int q0 = lane; q0 < nq; q0 += 32 * NM_DOWN_UNROLL) {
-        if (q0 != lane) nm_down_load<T>(wv, js, w_row, s_off, q0, nq, cpr);
+__device__ void nm_down_impl(T* out, float* part, int* cnt, const float* h, const T* w_down,
+                             const float* weights, const int* ids, const float* hs,
+                             const T* ws_down, int width, int inter, int s_inter, int top_k,
+                             int piece) {
+  constexpr int U = sizeof(T) >= 4 ? NM_DOWN_UNROLL / 2 : NM_DOWN_UNROLL;
+  __shared__ __align__(16) float s_h[NM_DOWN_PIECE];
+  __shared__ bool s_last;
+  int tile = blockIdx.x, p = blockIdx.y, lane = threadIdx.x & 31;
+  long long t = blockIdx.z;
+  int o0 = tile * NM_DOWN_TILE + (threadIdx.x >> 5) * NM_DOWN_ROWS;
+  int live = min(NM_DOWN_ROWS, width - o0);  // rows of this warp (<= 0: none)
+  int rp = (inter + piece - 1) / piece;
+  const T* w;
+  const float* hp;
+  float wt;
+  int len, k0;
+  long long ld;
+  // The routing is complete before the wait (see the top of the file).
+  if (p < top_k * rp) {
+    int j = p / rp;
+    long long r = t * top_k + j;
+    k0 = (p - j * rp) * piece;
+    len = min(piece, inter - k0);
+    ld = inter;
+    w = w_down + ((long long)ids[r] * width + o0) * inter + k0;
+    hp = h + r * inter + k0;
+    wt = weights[r];
+  } else {
+    k0 = (p - top_k * rp) * piece;
+    len = min(piece, s_inter - k0);
+    ld = s_inter;
+    w = ws_down + (long long)o0 * s_inter + k0;
+    hp = hs + t * s_inter + k0;
+    wt = 1.f;
+  }
+  // Rows, piece starts and lengths in whole 16-byte chunks (inter and s_inter multiples of 8).
+  bool vec = ((ld | len | k0) & 7) == 0;
+  int nc = len >> 3;
+  float acc[NM_DOWN_ROWS];
 #pragma unroll
-        for (int u = 0; u < NM_DOWN_UNROLL; u++) {
-          int q = q0 + 32 * u, j = js[u];
-          if (q < nq) {
-            float wf[8], hf[8], s = 0.f;
-            Vec8<float> hv;
-            hv.load(hr + (long long)j * inter + (q - j * cpr) * 8);
-            hv.to_float(hf);
-            wv[u].to_float(wf);
+  for (int r = 0; r < NM_DOWN_ROWS; r++) acc[r] = 0.f;
+  Vec8<T> wv[NM_DOWN_ROWS][U];
+  if (vec) nm_down_load<U, T>(wv, w, ld, live, lane, nc);
+  pdl_wait();  // h, hs and the counters are the up kernel's
+  pdl_trigger();
+  if (vec) {
+    for (int c = threadIdx.x; c < nc; c += blockDim.x) {
+      Vec8<float> v;
+      v.load(hp + c * 8);
+      v.store(s_h + c * 8);
+    }
+  } else {
+    for (int c = threadIdx.x; c < len; c += blockDim.x) s_h[c] = hp[c];
+  }
+  __syncthreads();
+  if (vec) {
+    for (int c0 = lane; c0 < nc; c0 += 32 * U) {
+      if (c0 != lane) nm_down_load<U, T>(wv, w, ld, live, c0, nc);
 #pragma unroll
-            for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
-            total += s * s_wt[j];
+      for (int u = 0; u < U; u++) {
+        int c = c0 + 32 * u;
+        if (c < nc) {
+          float hf[8];
+          Vec8<float> hv;
+          hv.load(s_h + c * 8);
+          hv.to_float(hf);
+#pragma unroll
+          for (int r = 0; r < NM_DOWN_ROWS; r++) {
+            if (r < live) {
+              float wf[8];
+              wv[r][u].to_float(wf);
+#pragma unroll
+              for (int i = 0; i < 8; i++) acc[r] += wf[i] * hf[i];
+            }
           }
         }
       }
-    } else {
-      for (int j = 0; j < ns; j++) {
-        float s = 0.f;
-        for (int c = lane; c < inter; c += 32)
-          s += to_f32(w_row[s_off[j] + c]) * hr[(long long)j * inter + c];
-        total += s * s_wt[j];
-      }
     }
+  } else {
+    for (int r = 0; r < NM_DOWN_ROWS; r++)
+      if (r < live)
+        for (int c = lane; c < len; c += 32) acc[r] += to_f32(w[r * ld + c]) * s_h[c];
   }
-  if (!live) return;
-  total = nm_warp_sum(total);
-  if (s_inter)
-    total += nm_dot<NM_UNROLL>(hs + t * s_inter, ws_down + (long long)o * s_inter, s_inter, lane);
-  if (lane == 0) out[t * width + o] = from_f32<T>(total);
+  float* pp = part + (t * gridDim.y + p) * width;
+#pragma unroll
+  for (int r = 0; r < NM_DOWN_ROWS; r++) {
+    float v = nm_warp_sum(acc[r]);
+    if (lane == 0 && r < live) pp[o0 + r] = v * wt;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    s_last = atomicAdd(cnt + t * gridDim.x + tile, 1) == (int)gridDim.y - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < NM_DOWN_TILE; i += blockDim.x) {
+    int o = tile * NM_DOWN_TILE + i;
+    if (o >= width) break;
+    const float* q = part + t * gridDim.y * width + o;
+    float total = 0.f;
+#pragma unroll 4
+    for (int k = 0; k < (int)gridDim.y; k++) total += __ldcg(q + (long long)k * width);
+    out[t * width + o] = from_f32<T>(total);
+  }
 }
 
 // Grid (ceil(width / 256), num_tokens): out[t, o] = sum_j weights[t, j] * rows[pos[t, j], o],
@@ -356,14 +408,16 @@ __device__ void nm_combine_impl(T* out, const T* rows, const float* weights, con
     nm_select_impl(wt, ids, logits, bias, E, k, n_group, topk_group, renorm, scale);          \
   }                                                                                           \
   extern "C" __global__ void nemotron_h_moe_up_##S(                                           \
-      float* h, float* hs, const T* x, const T* w_up, const T* ws_up, const int* ids,         \
-      int ntok, int width, int inter, int s_inter, int k) {                                   \
-    nm_up_impl<T>(h, hs, x, w_up, ws_up, ids, ntok, width, inter, s_inter, k);                \
+      float* h, float* hs, int* cnt, const T* x, const T* w_up, const T* ws_up,               \
+      const int* ids, int ntok, int width, int inter, int s_inter, int k, int n_cnt) {        \
+    nm_up_impl<T>(h, hs, cnt, x, w_up, ws_up, ids, ntok, width, inter, s_inter, k, n_cnt);    \
   }                                                                                           \
-  extern "C" __global__ void nemotron_h_moe_down_##S(                                         \
-      T* out, const float* h, const T* w_down, const float* wt, const int* ids,               \
-      const float* hs, const T* ws_down, int width, int inter, int s_inter, int k) {          \
-    nm_down_impl<T>(out, h, w_down, wt, ids, hs, ws_down, width, inter, s_inter, k);          \
+  extern "C" __global__ void __launch_bounds__(32 * NM_WARPS) nemotron_h_moe_down_##S(        \
+      T* out, float* part, int* cnt, const float* h, const T* w_down, const float* wt,        \
+      const int* ids, const float* hs, const T* ws_down, int width, int inter, int s_inter,   \
+      int k, int piece) {                                                                     \
+    nm_down_impl<T>(out, part, cnt, h, w_down, wt, ids, hs, ws_down, width, inter, s_inter,   \
+                    k, piece);                                                                \
   }                                                                                           \
   extern "C" __global__ void nemotron_h_moe_combine_##S(T* out, const T* rows, const float* wt, \
                                                         const int* pos, int width, int k) {   \

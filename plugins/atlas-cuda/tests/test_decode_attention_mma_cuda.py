@@ -1,0 +1,122 @@
+"""The tensor-core decode kernel (attention_decode_mma.cu, policy ``decode_plan=mma``) against
+the NumPy reference: GQA groups of 2-32 query heads (32: two 16-row chunks), head dims 64 / 128 /
+256, bf16 and f16, contexts crossing KV blocks, 64-key tiles and splits, several query tokens a
+sequence (speculative verify rows), graph replay with changing lengths; and that ``auto`` picks it
+for long caches and keeps the CUDA-core kernel for short ones and fp8 caches."""
+
+import numpy as np
+import pytest
+
+from atlas_core.api import reference as ref
+from atlas_core.api import bfloat16, float8_e4m3fn
+
+from cuda_probe import HAS_GPU, device_rel_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA device")]
+rng = np.random.default_rng(11)
+BS = 16
+
+
+def paged(batch, h, kh, d, max_ctx, dtype=bfloat16, n_q=1):
+    width = -(-max_ctx // BS)
+    blocks = batch * width + 4
+    kc = rng.standard_normal((blocks, BS, kh, d)).astype(dtype)
+    vc = rng.standard_normal((blocks, BS, kh, d)).astype(dtype)
+    tables = rng.permutation(blocks)[:batch * width].reshape(batch, width).astype(np.int32)
+    q = rng.standard_normal((batch * n_q, h, d)).astype(dtype)
+    cu = (np.arange(batch + 1) * n_q).astype(np.int32)
+    return q, kc, vc, tables, cu
+
+
+def run(be, arrays, d, kv_scale=1.0):
+    return be.ops.paged_attention(*(be.from_host(a) for a in arrays), d ** -0.5,
+                                  kv_scale=kv_scale)
+
+
+@pytest.mark.parametrize("h,kh,d", [(32, 8, 128), (32, 4, 128), (16, 2, 256), (16, 8, 64),
+                                    (32, 2, 128), (64, 2, 64), (16, 1, 128), (8, 4, 256)])
+@pytest.mark.parametrize("lens", [[1], [17], [64], [65], [4100], [300, 1, 63, 4097, 128, 15, 16, 2049]])
+def test_mma_decode_matches_reference(cuda_backend, use_policy, h, kh, d, lens):
+    use_policy(decode_plan="mma")
+    be = cuda_backend
+    sl = np.array(lens, np.int32)
+    q, kc, vc, bt, cu = paged(len(lens), h, kh, d, max(lens))
+    got = run(be, (q, kc, vc, bt, sl, cu), d)
+    want = ref.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5)
+    assert device_rel_error(be, got, want, check_shape=False) < 1e-2
+    assert be.kernels.last_module == "attention_decode_mma"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16])
+def test_mma_decode_f16_and_bf16(cuda_backend, use_policy, dtype):
+    use_policy(decode_plan="mma")
+    be = cuda_backend
+    sl = np.array([5000, 77, 1], np.int32)
+    q, kc, vc, bt, cu = paged(3, 32, 8, 128, 5000, dtype)
+    got = run(be, (q, kc, vc, bt, sl, cu), 128)
+    assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 128 ** -0.5),
+                            check_shape=False) < 1e-2
+
+
+@pytest.mark.parametrize("n_q", [2, 3, 4])
+def test_mma_decode_several_queries_a_sequence(cuda_backend, use_policy, n_q):
+    """Verify rows: query i of a sequence sees keys up to seq_len - n_q + i."""
+    use_policy(decode_plan="mma")
+    be = cuda_backend
+    sl = np.array([4200, n_q, 300], np.int32)
+    q, kc, vc, bt, cu = paged(3, 32, 4, 128, 4200, n_q=n_q)
+    got = run(be, (q, kc, vc, bt, sl, cu), 128)
+    assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 128 ** -0.5),
+                            check_shape=False) < 1e-2
+
+
+def test_mma_decode_graph_replay_with_changing_lengths(cuda_backend, use_policy):
+    use_policy(decode_plan="mma")
+    be = cuda_backend
+    batch, h, kh, d = 4, 32, 8, 128
+    q, kc, vc, bt, cu = paged(batch, h, kh, d, 8192)
+    dev = [be.from_host(a) for a in (q, kc, vc, bt)]
+    sl = be.from_host(np.ones(batch, np.int32))
+    dcu = be.from_host(cu)
+    graph = be.capture(lambda: be.ops.paged_attention(*dev, sl, dcu, d ** -0.5))
+    for top in (1, 17, 130, 8192, 999, 2, 6000):
+        lens = np.maximum(top - np.arange(batch) * 7, 1).astype(np.int32)
+        be.copy_from_host(sl, lens)
+        for _ in range(2):
+            graph.replay()
+        want = ref.paged_attention(q, kc, vc, bt, lens, cu, d ** -0.5)
+        assert device_rel_error(be, graph.output, want, check_shape=False) < 1e-2, lens
+
+
+def test_auto_takes_mma_for_long_caches_only(cuda_backend, use_policy):
+    use_policy(decode_plan="auto")
+    be = cuda_backend
+    sl = np.array([100], np.int32)
+    for max_ctx, module in ((512, "attention_decode"), (528, "attention_decode_mma")):
+        q, kc, vc, bt, cu = paged(1, 32, 8, 128, max_ctx)
+        got = run(be, (q, kc, vc, bt, sl, cu), 128)
+        assert be.kernels.last_module == module
+        assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 128 ** -0.5),
+                                check_shape=False) < 1e-2
+    q, kc, vc, bt, cu = paged(1, 32, 8, 128, 8192, float8_e4m3fn)
+    q = q.astype(np.float32).astype(bfloat16)  # bf16 queries over an fp8 cache
+    run(be, (q, kc, vc, bt, sl, cu), 128, kv_scale=0.5)
+    assert be.kernels.last_module == "attention_decode"  # fp8 caches stay on CUDA cores
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_rope_cache_attention_on_long_caches(cuda_backend, use_policy, batch):
+    """Long caches: rope + cache write, then the mma kernel (it has no rope prologue); equal to
+    the reference composition, new K/V written."""
+    from test_decode_attention_cuda import rope_case, run_rope
+
+    use_policy(decode_plan="auto")
+    be = cuda_backend
+    args, kw = rope_case(batch, 32, 8, 128, 6000)
+    want_k, want_v = args[3].copy(), args[4].copy()
+    want = ref.rope_cache_attention(*args[:3], want_k, want_v, *args[5:], 128 ** -0.5, 1.0, **kw)
+    got, dk, dv = run_rope(be, args, kw)
+    assert be.kernels.last_module == "attention_decode_mma"
+    assert device_rel_error(be, got, want, check_shape=False) < 2e-2
+    assert device_rel_error(be, dk, want_k, check_shape=False) < 2e-2
+    assert device_rel_error(be, dv, want_v, check_shape=False) < 2e-2

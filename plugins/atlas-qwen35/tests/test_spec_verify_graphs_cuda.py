@@ -1,0 +1,541 @@
+"""Speculative verify steps replayed from CUDA graphs (issue #27, engine/verify_graphs.py) on the
+cuda backend, written to bisect the H200 report "speculative output differs from plain decoding
+from the first verify step" (scripts/spec_verify_bench.py, qwen3.5-35b-a3b shape, K = 2).
+
+Two kinds of check:
+
+* Engines on tiny bf16 checkpoints (dense Qwen3, hybrid Qwen3.5-MoE): plain greedy decoding,
+  then speculative decoding with verify graphs on, K = 1, 2, 3, batch 1 and 3, drafts from the
+  plain run's own output (forced acceptance, as the bench), the same with some drafts wrong and
+  fewer drafts for some sequences (padding rows), and n-gram drafts. Every verify step that
+  fits a graph runs twice on the same state: eagerly (``runner.verify`` off), then the KV cache
+  and the recurrent-state pools are put back and it runs from the graph. Each failure names the
+  first step and piece that differs: sampled tokens, final hidden rows, which layer's KV slots,
+  which GDN pool rows (slot / spec row / the inert scratch row). Every decode and verify row's
+  final hidden state is also compared with plain decoding's at the same position and prefix.
+  In batch-invariant mode (one code path per op whatever the step: ``EngineArgs.batch_invariant``)
+  every comparison is exact, so any difference there is a bug. In the default mode plain decode
+  rows (t = batch, GEMV, fused rope + decode, one-token MoE kernels) and verify rows
+  (t = batch x (K + 1), other kernels) round differently, and with random weights greedy tokens
+  can flip on near ties: there graph vs eager on the same state is held to bf16 noise, and plain
+  vs verify is printed (``-s``) with a loose bound only; the exact verdict is the invariant run.
+* Ops: ``gdn_verify_graph`` (gather/scatter of state rows, inert entries copying the scratch row
+  onto itself from several staging rows at once, decode op with state index -1) eagerly and
+  replayed from a CUDA graph with new index buffers, against ``gdn_verify`` on the numpy
+  backend; ``rope_cache_attention`` with ``K + 1`` query rows a sequence, padding rows (slot -1)
+  and a padding sequence, eagerly and from a graph, against the numpy reference on the unpadded
+  layout.
+
+    python -m pytest -q -s plugins/atlas-qwen35/tests/test_spec_verify_graphs_cuda.py -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from atlas_core.api import as_dtype, reference as core_ref, rope_cos_sin_cache
+from atlas_core.interfaces.metadata import SpecVerifyRows
+from atlas_core.testing.contracts_ops import make_rng, randn, rel_error
+
+from qwen35_cuda_probe import HAS_GPU
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA device"),
+              pytest.mark.timeout(1800)]
+
+CHECKPOINTS = {"qwen3": "Qwen3ForCausalLM", "qwen35_moe": "Qwen3_5MoeForCausalLM"}
+MAX_TOKENS = 18
+#: Relative L2 error allowed per row between graph and eager verify on the same state in the
+#: default mode (bf16: the graph's padded bucket may pick other GEMM tiles than the eager step).
+NOISE = 2e-2
+#: Loose bound on plain decode rows vs verify rows in the default mode: rounding differences
+#: stay far below it, a wrong state row or KV slot does not.
+LOOSE = 0.25
+
+
+# ---------------------------------------------------------------- engines
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from atlas_core.api import Registry
+    from atlas_core.testing.checkpoints import write_tiny_checkpoint
+    registry, root = Registry(), tmp_path_factory.mktemp("spec_verify_cuda")
+    out = {}
+    for name, arch in CHECKPOINTS.items():
+        if arch not in registry.names("weight_loaders"):
+            pytest.skip(f"{arch} is not registered (install its plugin)")
+        out[name] = write_tiny_checkpoint(arch, root / name, dtype="bfloat16", registry=registry)
+    return out
+
+
+@pytest.fixture
+def be(cuda_backend):
+    yield cuda_backend
+    cuda_backend.set_batch_invariant(False)
+    gc.collect()
+
+
+def _engine(be, path, invariant, spec=None):
+    """An engine on the shared backend; batch-invariant mode is set on the backend itself
+    (EngineArgs refuses ``batch_invariant`` with a speculative config, a user-facing guard:
+    here the mode is the exact oracle for plain vs verify rows)."""
+    from atlas_core.api import EngineArgs, LLMEngine
+    be.set_batch_invariant(invariant)
+    return LLMEngine.from_args(EngineArgs(
+        model=str(path), backend="cuda", max_num_seqs=4,
+        block_size=16, num_kv_blocks=256, enable_prefix_caching=False, async_scheduling=False,
+        gpu_memory_utilization=0.5, speculative_config=spec), backend=be)
+
+
+def _prompts(batch, drafts):
+    """Prompts crossing block boundaries (13, 30, 47 tokens); n-gram prompts repeat a pattern
+    so the lookup drafts K tokens each step (mostly rejected on a random model)."""
+    rng = np.random.default_rng(21)
+    if drafts == "ngram":
+        return [(rng.integers(0, 370, 5 + i).tolist() * 6)[:13 + 17 * i] for i in range(batch)]
+    return [rng.integers(0, 370, 13 + 17 * i).tolist() for i in range(batch)]
+
+
+class Recorder:
+    """Wraps ``runner.execute``: records every decode / verify row's final hidden state by
+    (request, position, token prefix) and, with ``dual``, runs each verify step that fits a graph
+    eagerly first, puts the KV cache and state pools back, runs it from the graph and compares
+    the two (``problems``). Returns the graph run's results, so the engine follows the graph."""
+
+    def __init__(self, engine, dual: bool, exact: bool) -> None:
+        self.engine, self.runner, self.be = engine, engine.runner, engine.backend
+        self.dual, self.exact = dual, exact
+        self.inner = self.runner.execute
+        self.runner.execute = self.execute
+        self.rows: list[tuple] = []  # (path, request id, position, prefix hash, hidden row)
+        self.problems: list[str] = []
+        self.stats = {"verify steps": 0, "graph steps": 0, "max hidden err": 0.0,
+                      "max kv err": 0.0, "max state err": 0.0, "token flips": 0}
+        self.step = 0
+
+    # state ------------------------------------------------------------------
+    def _arrays(self):
+        """(label, device array) of every KV cache and recurrent-state pool."""
+        out = []
+        for i, cache in enumerate(self.runner.kv_caches):
+            if cache is None:
+                continue
+            items = cache.items() if isinstance(cache, dict) else zip(("k", "v"), cache)
+            out.extend((f"layer {i} {name}", arr) for name, arr in items)
+        return out
+
+    def _snapshot(self):
+        self.be.synchronize()
+        return [self.be.to_host(a) for _, a in self._arrays()]
+
+    def _restore(self, saved) -> None:
+        for (_, a), host in zip(self._arrays(), saved):
+            self.be.copy_from_host(a, host)
+        self.be.synchronize()
+
+    def _scratch(self):
+        verify = self.runner.verify
+        return None if verify is None else verify.scratch_row
+
+    # recording --------------------------------------------------------------
+    def _record(self, path, sched):
+        hidden = np.asarray(self.be.to_host(self.runner.last_hidden), np.float32)
+        offset, got = 0, {}
+        for s in sched.scheduled:
+            seq, n = s.seq, s.num_tokens
+            if s.start == len(seq) - 1:  # a decode / verify row set, not a prefill chunk
+                base = tuple(seq.tokens_range(0, s.start + 1))
+                for j in range(n):
+                    prefix = base + tuple(s.draft_token_ids[:j])
+                    key = (seq.request_id, s.start + j, hash(prefix))
+                    got[key] = hidden[offset + j]
+                    self.rows.append((path, *key, hidden[offset + j]))
+            offset += n
+        return got
+
+    def execute(self, sched, rows_of):
+        self.step += 1
+        r = self.runner
+        rows = [x for s in sched.scheduled for x in rows_of.get(s.seq.seq_id, [])]
+        verify = r.verify
+        fits = (verify is not None and any(s.draft_token_ids for s in sched.scheduled)
+                and verify.fits(sched, rows_of, rows))
+        if not fits:
+            path = "plain" if verify is None else (
+                "eager-verify" if any(s.draft_token_ids for s in sched.scheduled) else "decode")
+            out = self.inner(sched, rows_of)
+            self._record(path, sched)
+            return out
+        self.stats["verify steps"] += 1
+        if not self.dual:
+            out = self.inner(sched, rows_of)
+            self._record("graph-verify", sched)
+            self.stats["graph steps"] += 1
+            return out
+        saved = self._snapshot()
+        r.verify = None
+        try:
+            eager = self.inner(sched, rows_of)
+            eager_h = self._record("eager-verify", sched)
+        finally:
+            r.verify = verify
+        eager_state = self._snapshot()
+        self._restore(saved)
+        before = r.num_verify_replays
+        graph = self.inner(sched, rows_of)
+        graph_h = self._record("graph-verify", sched)
+        if r.num_verify_replays == before:
+            self.problems.append(f"step {self.step}: fits() but no verify graph replayed")
+        self.stats["graph steps"] += 1
+        self._compare(sched, eager, graph, eager_h, graph_h, saved, eager_state,
+                      self._snapshot())
+        return graph
+
+    def _compare(self, sched, eager, graph, eager_h, graph_h, before, eager_state, graph_state):
+        where = f"step {self.step} ({len(sched.scheduled)} seqs, drafts " \
+                f"{[len(s.draft_token_ids) for s in sched.scheduled]})"
+        flips = [(e.row.seq.request_id, e.row.draft_index, e.token_id, g.token_id)
+                 for e, g in zip(eager, graph) if e.token_id != g.token_id]
+        self.stats["token flips"] += len(flips)
+        errs = {key: rel_error(graph_h[key], eager_h[key]) for key in eager_h}
+        worst = max(errs.values(), default=0.0)
+        self.stats["max hidden err"] = max(self.stats["max hidden err"], worst)
+        notes = []
+        bound = 0.0 if self.exact else NOISE
+        bad_rows = {k: e for k, e in errs.items() if e > bound}
+        if bad_rows:
+            notes.append("hidden rows (request, position) -> rel err: " + ", ".join(
+                f"({k[0]}, {k[1]}) {e:.2e}" for k, e in sorted(bad_rows.items())[:8]))
+        labels = [label for label, _ in self._arrays()]
+        for label, b0, e, g in zip(labels, before, eager_state, graph_state):
+            err = rel_error(g, e) if e.size else 0.0
+            kind = "max kv err" if label.endswith((" k", " v")) else "max state err"
+            self.stats[kind] = max(self.stats[kind], err)
+            if (np.array_equal(g, e) if self.exact else err <= NOISE):
+                continue
+            diff = np.any((g.astype(np.float32) != e.astype(np.float32)).reshape(
+                g.shape[0], -1), axis=1) if self.exact else np.any(np.abs(
+                    g.astype(np.float32) - e.astype(np.float32)).reshape(g.shape[0], -1)
+                    > NOISE * (np.abs(e.astype(np.float32)).max() + 1e-6), axis=1)
+            moved = np.any((g != b0).reshape(g.shape[0], -1), axis=1)
+            idx = np.flatnonzero(diff)[:12].tolist()
+            notes.append(f"{label}: rel err {err:.2e}, first differing entries {idx} (KV: "
+                         f"block ids, state pools: rows; scratch row {self._scratch()}; "
+                         f"entries the graph wrote: {np.flatnonzero(moved)[:12].tolist()})")
+        if flips and (self.exact or worst > NOISE):
+            notes.append("tokens (request, draft index, eager, graph): " + repr(flips[:8]))
+        if notes:
+            self.problems.append(f"{where}: graph verify != eager verify on the same state: "
+                                 + "; ".join(notes))
+
+
+def _run(engine, prompts, proposer=None, caps=None):
+    from atlas_core.api import SamplingParams
+    from atlas_core.testing.fake_model import run_to_completion
+    if proposer is not None:
+        if caps is not None:  # fewer drafts than K for some sequences: padding rows
+            inner = proposer.propose
+            proposer.propose = lambda seq, k: inner(seq, min(k, caps.get(seq.request_id, k)))
+        engine.speculator.proposer = proposer
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+    return {rid: list(o.outputs[0].token_ids) for rid, o in run_to_completion(engine).items()}
+
+
+def _first_diff(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+_PLAIN: dict = {}
+
+
+def _plain(be, path, name, invariant, prompts):
+    """Plain greedy tokens and hidden rows (cached per checkpoint, mode and prompts)."""
+    key = (name, invariant, tuple(map(tuple, prompts)))
+    if key not in _PLAIN:
+        engine = _engine(be, path, invariant)
+        rec = Recorder(engine, dual=False, exact=invariant)
+        tokens = _run(engine, prompts)
+        _PLAIN[key] = tokens, {(rid, pos, h): row for _, rid, pos, h, row in rec.rows}
+        del engine, rec
+        gc.collect()
+    return _PLAIN[key]
+
+
+#: (K, batch, drafts): drafts "oracle" = the plain run's own tokens (every draft accepted, the
+#: bench's mode); "mixed" = the same with 35% wrong and r1 / r2 capped at 1 / 2 drafts (padding
+#: rows, every acceptance count); "ngram" = prompt lookup.
+CASES = [(k, b, "oracle") for k in (1, 2, 3) for b in (1, 3)] + \
+        [(3, 3, "mixed"), (2, 3, "mixed"), (3, 1, "ngram"), (3, 3, "ngram")]
+
+
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "default"])
+@pytest.mark.parametrize("k,batch,drafts", CASES, ids=[f"K{k}-b{b}-{d}" for k, b, d in CASES])
+@pytest.mark.parametrize("name", list(CHECKPOINTS))
+def test_verify_graph_vs_eager_vs_plain(be, model_dirs, name, k, batch, drafts, invariant):
+    from atlas_core.testing.spec_drafts import ScriptedProposer
+    label = f"[{name} K={k} batch={batch} {drafts} {'invariant' if invariant else 'default'}]"
+    prompts = _prompts(batch, drafts)
+    want, plain_rows = _plain(be, model_dirs[name], name, invariant, prompts)
+    spec = {"method": "ngram", "num_speculative_tokens": k, "draft_token_cost": 0.0,
+            "disable_by_batch_size": 4, "verify_graphs": True}
+    engine = _engine(be, model_dirs[name], invariant, spec)
+    assert engine.runner.verify is not None, "verify graphs are not enabled on cuda"
+    rec = Recorder(engine, dual=True, exact=invariant)
+    proposer = caps = None
+    if drafts != "ngram":
+        proposer = ScriptedProposer(want, engine.model.vocab_size,
+                                    0.35 if drafts == "mixed" else 0.0, seed=5)
+        caps = {"r1": 1, "r2": 2} if drafts == "mixed" else None
+    got = _run(engine, prompts, proposer, caps)
+    replays = engine.runner.num_verify_replays
+    # plain decode rows vs every verify row at the same position after the same tokens
+    errs = {}
+    for path, rid, pos, h, row in rec.rows:
+        ref = plain_rows.get((rid, pos, h))
+        if ref is not None and path != "decode":
+            errs.setdefault(path, []).append((rel_error(row, ref), rid, pos))
+    summary = {p: max(e)[0] for p, e in errs.items()}
+    print(f"\n{label} verify steps {rec.stats['verify steps']}, graph replays {replays}, "
+          f"graph vs eager: {rec.stats}; plain vs verify rows, max rel err: {summary}")
+    for rid in want:
+        if got[rid] != want[rid]:
+            print(f"{label} {rid}: speculative tokens differ from plain from output token "
+                  f"{_first_diff(got[rid], want[rid])}")
+    del engine
+    gc.collect()
+    assert replays > 0 and rec.stats["graph steps"] > 0, f"{label}: no verify step ran a graph"
+    assert not rec.problems, f"{label}\n" + "\n".join(rec.problems[:6])
+    bound = 0.0 if invariant else LOOSE
+    for path, rows in errs.items():
+        worst = max(rows)
+        assert worst[0] <= bound, (
+            f"{label}: {path} row of {worst[1]} at position {worst[2]} differs from plain "
+            f"decoding after the same tokens (rel err {worst[0]:.2e}, bound {bound}); all "
+            f"rows over it: {sorted(r for r in rows if r[0] > bound)[:8]}")
+    if invariant:
+        for rid in want:
+            assert got[rid] == want[rid], (
+                f"{label} {rid}: graph-verified tokens differ from plain decoding from output "
+                f"token {_first_diff(got[rid], want[rid])}: {got[rid]} != {want[rid]}")
+
+
+# ---------------------------------------------------------------- Gated DeltaNet verify op
+
+#: (num_k_heads, num_v_heads, head_k_dim, head_v_dim): the model's 128 x 128 heads, fewer.
+GDN_HEADS = (2, 4, 128, 128)
+CONV_K = 4
+
+
+def _gdn_layer(be, rng, dtype, rows, pools=None):
+    hk, hv, dk, dv = GDN_HEADS
+    conv_dim = 2 * hk * dk + hv * dv
+    params = {"conv1d.weight": randn(rng, (conv_dim, CONV_K), dtype, 0.5),
+              "A_log": np.log(rng.uniform(0.5, 4, hv)).astype(np.float32),
+              "dt_bias": randn(rng, (hv,)), "norm.weight": randn(rng, (dv,), dtype)}
+    if pools is None:
+        pools = {"conv": randn(rng, (rows, CONV_K - 1, conv_dim), "float32", 0.5),
+                 "ssm": randn(rng, (rows, hv, dk, dv), "float32", 0.1)}
+    layer = SimpleNamespace(ops=be.ops, backend=be, eps=1e-6, num_k_heads=hk, num_v_heads=hv,
+                            head_k_dim=dk, head_v_dim=dv,
+                            params={n: be.from_host(a) for n, a in params.items()},
+                            state={n: be.from_host(a) for n, a in pools.items()})
+    return layer, params, pools
+
+
+def _verify_layout(seqs, bucket, width, scratch):
+    """Host arrays of a graph verify step as VerifyGraphs._fill_state writes them; ``seqs``:
+    per real sequence ``(slot, context before the step, state rows of its positions)``."""
+    n = bucket * width
+    src, dst = np.full(n, scratch, np.int32), np.full(n, scratch, np.int32)
+    state, lens = np.full(n, -1, np.int32), np.ones(n, np.int32)
+    for b, (slot, ctx, rows) in enumerate(seqs):
+        for j, row in enumerate(rows):
+            i = j * bucket + b
+            src[i], dst[i] = (slot if j == 0 else rows[j - 1]), row
+            state[i], lens[i] = row, ctx + j + 1
+    return {"spec_src": src, "spec_dst": dst, "spec_state": state, "spec_lens": lens}
+
+
+#: Per layout: bucket, width, real sequences ``(slot, context, state rows)`` (the last row of
+#: each is its slot, as the speculator plans them; fewer rows than width: padding positions).
+GDN_LAYOUTS = {
+    "b1-w3-full": (1, 3, [[(0, 9, [4, 5, 0])]]),
+    "b2-w3-mixed": (2, 3, [[(1, 20, [4, 1]), (0, 7, [6, 7, 0])]]),
+    "b4-w4-padded": (4, 4, [[(0, 30, [4, 5, 6, 0]), (2, 3, [2])],
+                            [(1, 12, [7, 8, 1]), (3, 40, [4, 5, 6, 3]), (0, 17, [9, 0])]]),
+}
+
+
+@pytest.mark.parametrize("layout", list(GDN_LAYOUTS))
+def test_gdn_verify_graph_replays_match_numpy(cuda_backend, registry, layout):
+    """``gdn_verify_graph`` captured over all-inert inputs, then replayed with the index buffers
+    of each step of ``layout`` (new qkv / z / ba, fresh pools), against ``gdn_verify`` on the
+    numpy backend with the same rows: outputs of real rows and every pool row (the scratch
+    row must stay as it was: inert entries copy it onto itself, several at once)."""
+    from atlas_qwen35.spec_verify import gdn_verify, gdn_verify_graph
+    be, npbe = cuda_backend, registry.create("gpu_backends", "numpy")
+    bucket, width, steps = GDN_LAYOUTS[layout]
+    rng = make_rng("gdn_verify_graph", layout)
+    rows_total = 11
+    scratch = rows_total - 1
+    layer, params, pools = _gdn_layer(be, rng, "bfloat16", rows_total)
+    hk, hv, dk, dv = GDN_HEADS
+    conv_dim = 2 * hk * dk + hv * dv
+    t = bucket * width
+    bf16 = as_dtype("bfloat16")
+    dev = {"qkv": be.zeros((t, conv_dim), bf16), "z": be.zeros((t, hv * dv), bf16),
+           "ba": be.zeros((t, 2 * hv), bf16)}
+    idx = {name: be.from_host(a) for name, a in
+           _verify_layout([], bucket, width, scratch).items()}
+    views = {n: [idx[n][j * bucket:(j + 1) * bucket] for j in range(width)] for n in idx}
+    order = (np.arange(width)[None, :] * bucket + np.arange(bucket)[:, None]).reshape(-1)
+    rows_dev = [be.from_host(np.arange(bucket, dtype=np.int32) * width + j)
+                for j in range(width)]
+    spec = SpecVerifyRows(width=width, rows=rows_dev, src=views["spec_src"],
+                          dst=views["spec_dst"], state=views["spec_state"],
+                          seq_lens=views["spec_lens"],
+                          cu_seqlens=be.from_host(np.arange(bucket + 1, dtype=np.int32)),
+                          order=be.from_host(order.astype(np.int32)), scratch={})
+    meta = SimpleNamespace(num_tokens=t, num_seqs=bucket, spec_verify=spec)
+    holder = {}
+    be.synchronize()
+    graph = be.capture(lambda: holder.__setitem__(
+        "out", gdn_verify_graph(layer, dev["qkv"], dev["z"], dev["ba"], meta)))
+    be.synchronize()
+    for n, a in pools.items():  # capture ran the inert step twice: nothing may have moved
+        got = be.to_host(layer.state[n])
+        assert np.array_equal(got, a), f"{layout}: capture over inert inputs changed pool {n}"
+    for step, seqs in enumerate(steps):
+        qkv = randn(rng, (t, conv_dim), "bfloat16")
+        z, ba = randn(rng, (t, hv * dv), "bfloat16"), randn(rng, (t, 2 * hv), "bfloat16")
+        fresh = {n: randn(rng, a.shape, "float32", 0.5 if n == "conv" else 0.1)
+                 for n, a in pools.items()}
+        for n, a in fresh.items():
+            be.copy_from_host(layer.state[n], a)
+        for n, a in (("qkv", qkv), ("z", z), ("ba", ba)):
+            be.copy_from_host(dev[n], a)
+        for n, a in _verify_layout(seqs, bucket, width, scratch).items():
+            be.copy_from_host(idx[n], a)
+        graph.replay()
+        out = be.to_host(holder["out"]).astype(np.float32).reshape(bucket, width, -1)
+        got_pools = {n: be.to_host(layer.state[n]) for n in fresh}
+        # the numpy reference: the eager verify op over the packed real rows
+        counts = [len(r) for _, _, r in seqs]
+        pick = np.concatenate([np.arange(b * width, b * width + c) for b, c in enumerate(counts)])
+        ref_layer, _, _ = _gdn_layer(npbe, make_rng("gdn_verify_graph", layout), "bfloat16",
+                                     rows_total, pools={n: a.copy() for n, a in fresh.items()})
+        ref_layer.params = {n: npbe.from_host(a) for n, a in params.items()}
+        cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        host = {"cu_seqlens_q": cu,
+                "seq_lens": np.array([c + n for (_, c, _), n in zip(seqs, counts)], np.int32),
+                "state_indices": np.array([s for s, _, _ in seqs], np.int32)}
+        ref_meta = SimpleNamespace(num_tokens=int(cu[-1]), num_seqs=len(seqs), host=host,
+                                   spec_state_rows=[r for _, _, r in seqs], layer_cache={})
+        want = np.asarray(gdn_verify(ref_layer, qkv[pick], z[pick], ba[pick], ref_meta),
+                          np.float32).reshape(len(pick), -1)
+        for b, c in enumerate(counts):
+            err = rel_error(out[b, :c], want[cu[b]:cu[b] + c])
+            assert err <= 2e-2, (f"{layout} step {step}: sequence {b} core output of "
+                                 f"gdn_verify_graph (graph replay) off by {err:.2e}")
+        for n in fresh:
+            want_pool = np.asarray(ref_layer.state[n])
+            for row in range(rows_total):
+                err = rel_error(got_pools[n][row], want_pool[row])
+                what = "scratch" if row == scratch else f"row {row}"
+                assert err <= 1e-2, (f"{layout} step {step}: pool {n} {what} off by {err:.2e} "
+                                     "after the graph replay")
+
+
+# ---------------------------------------------------------------- attention, K + 1 rows
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("heads", [(8, 2, 128, None), (4, 2, 256, 64)],
+                         ids=["d128", "d256-partial-rope"])
+def test_rope_cache_attention_verify_rows(cuda_backend, width, heads):
+    """``rope_cache_attention`` over a verify step's layout (``width`` rows a sequence, real
+    rows first, padding rows at the last real position with slot -1, then an all-padding
+    sequence: seq_len ``width``, block table of zeros), eagerly and replayed from a graph,
+    against the numpy reference on the unpadded layout: real rows' outputs and the caches
+    (padding rows write nothing). At ``width`` 4 and head dim 128 the flash kernel takes it."""
+    be = cuda_backend
+    num_heads, num_kv_heads, head_dim, rotary = heads
+    rng = make_rng("verify_attention", width, heads)
+    bs, blocks = 16, 24
+    ctx = [37, 5, 16]             # tokens before the step
+    real = [width, 1, max(1, width - 1)]  # real query rows of each sequence
+    n_real, bucket = len(ctx), len(ctx) + 1
+    perm = rng.permutation(blocks - 1) + 1  # block 0 stays the padding rows' dummy
+    tables = np.zeros((bucket, 8), np.int32)
+    used = 0
+    for b, c in enumerate(ctx):
+        need = -(-(c + width) // bs)
+        tables[b, :need] = perm[used:used + need]
+        used += need
+    t = bucket * width
+    positions, slots = np.zeros(t, np.int32), np.full(t, -1, np.int32)
+    for b, (c, k) in enumerate(zip(ctx, real)):
+        for j in range(width):
+            pos = c + min(j, k - 1)
+            positions[b * width + j] = pos
+            if j < k:
+                slots[b * width + j] = tables[b, pos // bs] * bs + pos % bs
+    seq_lens = np.array([c + width for c in ctx] + [width], np.int32)
+    cu = (np.arange(bucket + 1) * width).astype(np.int32)
+    width_qkv = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = randn(rng, (t, width_qkv), "bfloat16", 2.0)
+    k_cache = randn(rng, (blocks, bs, num_kv_heads, head_dim), "bfloat16")
+    v_cache = randn(rng, (blocks, bs, num_kv_heads, head_dim), "bfloat16")
+    table = rope_cos_sin_cache(rotary or head_dim, 128, {"rope_type": "default",
+                                                         "rope_theta": 1e4})
+    kw = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+              rotary_dim=rotary, is_neox=True, eps=1e-6,
+              q_norm=randn(rng, (head_dim,), "bfloat16", 0.3) + 1,
+              k_norm=randn(rng, (head_dim,), "bfloat16", 0.3) + 1)
+    scale = head_dim ** -0.5
+    # the reference: the real rows only, as an eager verify step packs them
+    pick = np.concatenate([np.arange(b * width, b * width + k) for b, k in enumerate(real)])
+    ref_k, ref_v = k_cache.copy(), v_cache.copy()
+    want = core_ref.rope_cache_attention(
+        qkv[pick], positions[pick], table, ref_k, ref_v, slots[pick], tables[:n_real],
+        np.array([c + k for c, k in zip(ctx, real)], np.int32),
+        np.concatenate([[0], np.cumsum(real)]).astype(np.int32), scale, 1.0, **kw)
+    want = np.asarray(want, np.float32).reshape(len(pick), -1)
+    dev = {n: be.from_host(a) for n, a in (("qkv", qkv), ("pos", positions), ("slots", slots),
+                                            ("tables", tables), ("lens", seq_lens), ("cu", cu))}
+    dk, dv = be.from_host(k_cache), be.from_host(v_cache)
+    dkw = {n: (be.from_host(v) if isinstance(v, np.ndarray) else v) for n, v in kw.items()}
+    dtable = be.from_host(table)
+
+    def step():
+        return be.ops.rope_cache_attention(dev["qkv"], dev["pos"], dtable, dk, dv, dev["slots"],
+                                           dev["tables"], dev["lens"], dev["cu"], scale, 1.0,
+                                           **dkw)
+
+    be.reset_workspace()
+    eager = be.to_host(step()).astype(np.float32).reshape(t, -1)
+    holder = {}
+    graph = be.capture(lambda: holder.__setitem__("out", step()))
+    be.copy_from_host(dk, k_cache)
+    be.copy_from_host(dv, v_cache)
+    graph.replay()
+    replayed = be.to_host(holder["out"]).astype(np.float32).reshape(t, -1)
+    for what, got in (("eager", eager), ("graph replay", replayed)):
+        err = rel_error(got[pick], want)
+        worst = max(range(len(pick)), key=lambda i: rel_error(got[pick[i]], want[i]))
+        assert err <= 2e-2, (f"width {width} {heads}: {what} real rows off by {err:.2e} "
+                             f"(worst token row {pick[worst]})")
+    assert np.array_equal(eager, replayed) or rel_error(replayed, eager) < 1e-6, \
+        "the graph replay and the eager call of the same step disagree"
+    for label, got, ref in (("k_cache", be.to_host(dk), ref_k), ("v_cache", be.to_host(dv), ref_v)):
+        diff = np.flatnonzero(np.any((got.astype(np.float32) - np.asarray(ref, np.float32)
+                                      ).reshape(blocks * bs, -1) != 0, axis=1))
+        err = rel_error(got.astype(np.float32), np.asarray(ref, np.float32))
+        assert err <= 1e-2, (f"width {width} {heads}: {label} off by {err:.2e}; slots that "
+                             f"differ: {diff[:12].tolist()} (padding rows write slot -1: none)")
