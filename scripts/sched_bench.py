@@ -5,7 +5,9 @@ Load: ``--chats`` streaming users, each with a ``--chat-prompt``-token prompt ge
 ``--chat-tokens`` tokens, arriving ``--chat-gap`` seconds apart and starting a new chat when one
 ends, for ``--duration`` seconds; plus a ``--long-prompt``-token prompt (4 output tokens) every
 ``--long-every`` seconds. Prompts are random token ids (the same for both policies). Each
-policy runs on a fresh engine after a warm-up request; one JSON line per policy.
+policy runs on a fresh engine after a warm-up request and a probe (one chat prompt alone: its
+TTFT against its decode steps shows what a step with a prefill chunk costs over a graph
+decode step); one JSON line per policy.
 
     python scripts/sched_bench.py MODEL [--backend cuda] [--tbt-deadline-ms 50]
 
@@ -44,6 +46,26 @@ def build_load(args, vocab: int) -> list[tuple[float, str, list[int], int]]:
     return sorted(load, key=lambda x: x[0])
 
 
+def probe(engine, args, vocab: int) -> tuple[float, float]:
+    """One chat prompt alone, twice (the second is reported): its TTFT (ms) is one eager step
+    (a prefill chunk: no decode graph) and the median gap between its next tokens (ms) one
+    graph decode step; their difference, less the prompt's tokens, is the eager cost that
+    ``atlas_core.testing.sched_sim.StepCost.eager`` models (fitted: ~27 ms on the H200)."""
+    rng = np.random.default_rng(1)
+    result = (0.0, 0.0)
+    for i in range(2):
+        prompt = rng.integers(100, vocab - 100, args.chat_prompt).tolist()
+        engine.add_request(f"probe{i}", prompt, SamplingParams(temperature=0.0, max_tokens=17,
+                                                                ignore_eos=True))
+        stamps: list[float] = []
+        start = time.perf_counter()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                stamps.extend([time.perf_counter()] * (len(out.outputs[0].token_ids) - len(stamps)))
+        result = ((stamps[0] - start) * 1e3, float(np.median(np.diff(stamps))) * 1e3)
+    return result
+
+
 def run_policy(args, policy: str) -> dict:
     engine = engine_for(args.model, args.backend, max_num_seqs=args.max_num_seqs,
                         max_prefill_tokens=args.max_prefill_tokens, scheduling_policy=policy,
@@ -54,6 +76,7 @@ def run_policy(args, policy: str) -> dict:
     engine.add_request("warmup", list(range(100, 164)), SamplingParams(max_tokens=8))
     while engine.has_unfinished_requests():
         engine.step()
+    probe_ttft, probe_step = probe(engine, args, vocab)
     load = build_load(args, vocab)
     times: dict[str, list[float]] = {}
     arrival: dict[str, float] = {}
@@ -79,9 +102,13 @@ def run_policy(args, policy: str) -> dict:
     return {"policy": policy, "device": getattr(engine.backend, "name", args.backend),
             "chat_tbt_p50_ms": float(np.percentile(gaps, 50) * 1e3),
             "chat_tbt_p99_ms": float(np.percentile(gaps, 99) * 1e3),
+            "chat_tbt_max_ms": float(gaps.max() * 1e3),
+            "chat_gaps_over_30ms_pct": float(np.mean(gaps > 0.030) * 100),
+            "chat_ttft_p50_ms": float(np.percentile(chat_ttft, 50) * 1e3),
             "chat_ttft_p99_ms": float(np.percentile(chat_ttft, 99) * 1e3),
             "long_ttft_max_s": float(max(ttft)) if ttft else None,
-            "long_prompts": len(ttft), "chats": len(chat_ttft)}
+            "long_prompts": len(ttft), "chats": len(chat_ttft),
+            "alone_chat_ttft_ms": probe_ttft, "alone_decode_step_ms": probe_step}
 
 
 def main() -> None:

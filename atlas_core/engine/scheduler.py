@@ -118,7 +118,7 @@ class Scheduler:
         now = self.policy.clock()
         budget = self.max_prefill_tokens
         if self.waiting or any(seq.is_prefilling for seq in self.running):
-            budget = self.policy.prefill_budget(budget, self.running, now)
+            budget = self.policy.prefill_budget(budget, self.running, now, self.waiting)
         budget = self._schedule_running(out, budget, now)
         if not out.preempted:
             ordered = self.policy.order_waiting(self.waiting, now) if self.waiting else None
@@ -241,16 +241,17 @@ class Scheduler:
         Each sequence computes the token ``prev`` samples for it, one position past ``prev``'s,
         with its block allocated now. Returns ``None``, changing nothing, when the plan would
         differ from what :meth:`schedule` decides once ``prev`` is complete: sequences wait to be
-        admitted, the running set is not ``prev``'s, the batch rotates, or a block is short
-        (preemption).
+        admitted (unless the policy holds them back: a prefill budget of 0), the running set is
+        not ``prev``'s, the batch rotates, or a block is short (preemption).
         """
-        if self.waiting and len(self.running) < self.max_num_seqs:
-            return None
         if len(self.running) > self.max_batch_size or not seqs:
             return None
         live = {s.seq.seq_id: s.start for s in prev.scheduled if not s.seq.is_finished}
         if set(live) != {seq.seq_id for seq in self.running} or any(
                 s.num_tokens != 1 for s in prev.scheduled):
+            return None
+        if (self.waiting and len(self.running) < self.max_num_seqs and self.policy.prefill_budget(
+                self.max_prefill_tokens, self.running, self.policy.clock(), self.waiting) > 0):
             return None
         bm = self.block_manager
         if sum(bm.blocks_needed(seq, live[seq.seq_id] + 2) for seq in seqs) > bm.num_free_blocks:
