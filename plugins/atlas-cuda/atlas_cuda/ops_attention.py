@@ -45,6 +45,12 @@ MMA_DECODE_STAGES = {64: 4, 128: 3, 256: 2}
 #: batch 1 at 512 tokens 7.20 / 7.54, 1,024 7.76 / 10.98, 4,096 11.65 / 30.85; batch 8 at
 #: 1,024 15.75 / 52.22; batch 1 at 128 tokens the split plan keeps it (5.26 against 6.69).
 MMA_DECODE_MIN_CTX = 512
+#: One query token (batch 1): the CUDA-core kernel with its fused rope prologue keeps caches up
+#: to this long. H200, qwen3-8b step ms, auto (mma) against decode_plan=shared, one call: batch 1
+#: at 1,024 tokens 4.79 / 4.42, at 8,192 5.13 / 4.88; batch 8 at 1,024 5.82 / 5.89, at 8,192
+#: 8.04 / 9.73; at 32,768 the mma kernel is 27 us a layer faster per op (41.7 against 69.1 us).
+#: Where between 8k and 32k batch 1 crosses over is not measured: 16,384 is a guess.
+MMA_DECODE_B1_MAX_CTX = 16384
 #: Keys of one K/V tile of that kernel (16 a warp).
 MMA_DECODE_BN = 64
 #: Most partial floats (heads x head dim x splits) a block row of that kernel merges: more than
@@ -235,7 +241,7 @@ class AttentionOps:
         # only, so a row rounded differently alone and in a larger step.
         # Long caches take the tensor-core decode kernel, which has no rope prologue.
         mma = self._use_mma_decode(qkv, k_cache, num_heads, num_kv_heads, head_dim,
-                                   block_tables.shape[1] * k_cache.shape[1])
+                                   block_tables.shape[1] * k_cache.shape[1], t)
         if mma or self.ctx.policy.batch_invariant or not (
                 0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
                 and head_dim in ROPE_DECODE_HEAD_DIMS):
@@ -279,7 +285,7 @@ class AttentionOps:
                         block_size, scale, causal)
             return out
         if causal and block_tables is not None and self._use_mma_decode(
-                q, k, h, num_kv_heads, d, max_ctx):
+                q, k, h, num_kv_heads, d, max_ctx, t):
             self._mma_decode(out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs,
                              num_kv_heads, block_size, max_ctx, scale, kv_scale)
             return out
@@ -304,16 +310,18 @@ class AttentionOps:
         return out
 
     def _use_mma_decode(self, q: DeviceArray, k_cache: DeviceArray, h: int, kh: int, d: int,
-                        max_ctx: int) -> bool:
+                        max_ctx: int, t: int = 2) -> bool:
         """The tensor-core decode kernel (attention_decode_mma.cu): policy ``decode_plan`` ``mma``,
-        or ``auto`` with more than :data:`MMA_DECODE_MIN_CTX` tokens of cache a sequence, for a
+        or ``auto`` with more than :data:`MMA_DECODE_MIN_CTX` tokens of cache a sequence (more than
+        :data:`MMA_DECODE_B1_MAX_CTX` for a single query token ``t``), for a
         bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES` and
         GQA groups of 2-16 query heads (or multiples of 16). Never in batch-invariant mode
         (``attention=simt``): it splits the context as the step's plan says."""
         policy = self.ctx.policy
         if policy.attention == "simt" or policy.decode_plan not in ("auto", "mma"):
             return False
-        if policy.decode_plan == "auto" and max_ctx <= MMA_DECODE_MIN_CTX:
+        if policy.decode_plan == "auto" and (
+                max_ctx <= MMA_DECODE_MIN_CTX or (t == 1 and max_ctx <= MMA_DECODE_B1_MAX_CTX)):
             return False
         return (q.dtype.name in ("bfloat16", "float16") and k_cache.dtype == q.dtype
                 and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh) > 0)

@@ -40,8 +40,8 @@ KNOBS = (
          "rows of one mma tile, bf16/f16 caches), shared (CUDA cores, every query head of a KV "
          "head in one block, so K/V are read once, and more splits), split (CUDA cores, fewer "
          "heads a block where that fills the GPU) or auto (mma where it applies and the cache "
-         "may hold more than 512 tokens a sequence; else shared above 4,096 tokens, split "
-         "below)"),
+         "may hold more than 512 tokens a sequence, 16,384 for one query token; else shared "
+         "above 4,096 tokens, split below)"),
     Knob("pdl", "ATLAS_CUDA_PDL", None,
          "programmatic dependent launch of the decode kernels on sm_90+"),
     Knob("moe", "ATLAS_CUDA_MOE", ("auto", "grouped", "gemv"),

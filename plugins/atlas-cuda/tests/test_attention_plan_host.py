@@ -135,3 +135,17 @@ def test_batch_invariant_mode_keeps_the_cuda_core_kernel():
     ops = AttentionOps(fake_context(with_batch_invariance(KernelPolicy())))
     q = SimpleNamespace(dtype=np.dtype(bfloat16))
     assert not ops._use_mma_decode(q, q, 32, 8, 128, 40960)
+
+
+@pytest.mark.parametrize("t,ctx,want", [(1, 16384, False), (1, 16385, True), (2, 600, True),
+                                        (3, 600, True)])
+def test_one_query_token_keeps_the_fused_kernel_below_16k(t, ctx, want):
+    import numpy as np
+    from types import SimpleNamespace
+    from atlas_core.api import bfloat16
+    from atlas_cuda.ops_attention import AttentionOps
+    from atlas_cuda.policy import KernelPolicy
+    from fake_context import fake_context
+    ops = AttentionOps(fake_context(KernelPolicy()))
+    q = SimpleNamespace(dtype=np.dtype(bfloat16))
+    assert ops._use_mma_decode(q, q, 32, 8, 128, ctx, t) == want

@@ -91,17 +91,22 @@ def test_mma_decode_graph_replay_with_changing_lengths(cuda_backend, use_policy)
 def test_auto_takes_mma_for_long_caches_only(cuda_backend, use_policy):
     use_policy(decode_plan="auto")
     be = cuda_backend
-    sl = np.array([100], np.int32)
+    sl = np.array([100, 7], np.int32)
     for max_ctx, module in ((512, "attention_decode"), (528, "attention_decode_mma")):
-        q, kc, vc, bt, cu = paged(1, 32, 8, 128, max_ctx)
+        q, kc, vc, bt, cu = paged(2, 32, 8, 128, max_ctx)
         got = run(be, (q, kc, vc, bt, sl, cu), 128)
         assert be.kernels.last_module == module
         assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 128 ** -0.5),
                                 check_shape=False) < 1e-2
-    q, kc, vc, bt, cu = paged(1, 32, 8, 128, 8192, float8_e4m3fn)
+    q, kc, vc, bt, cu = paged(2, 32, 8, 128, 8192, float8_e4m3fn)
     q = q.astype(np.float32).astype(bfloat16)  # bf16 queries over an fp8 cache
     run(be, (q, kc, vc, bt, sl, cu), 128, kv_scale=0.5)
     assert be.kernels.last_module == "attention_decode"  # fp8 caches stay on CUDA cores
+    # one query token keeps the CUDA-core kernel up to 16,384 tokens of cache, then mma
+    for max_ctx, module in ((16384, "attention_decode"), (16400, "attention_decode_mma")):
+        q, kc, vc, bt, cu = paged(1, 32, 8, 128, max_ctx)
+        run(be, (q, kc, vc, bt, sl[:1], cu), 128)
+        assert be.kernels.last_module == module
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
@@ -116,7 +121,9 @@ def test_rope_cache_attention_on_long_caches(cuda_backend, use_policy, batch):
     want_k, want_v = args[3].copy(), args[4].copy()
     want = ref.rope_cache_attention(*args[:3], want_k, want_v, *args[5:], 128 ** -0.5, 1.0, **kw)
     got, dk, dv = run_rope(be, args, kw)
-    assert be.kernels.last_module == "attention_decode_mma"
+    # one token: the fused rope + CUDA-core kernel below 16,384 tokens of cache
+    assert be.kernels.last_module == ("attention_rope_decode" if batch == 1
+                                      else "attention_decode_mma")
     assert device_rel_error(be, got, want, check_shape=False) < 2e-2
     assert device_rel_error(be, dk, want_k, check_shape=False) < 2e-2
     assert device_rel_error(be, dv, want_v, check_shape=False) < 2e-2
