@@ -10,6 +10,7 @@ from atlas_core.backends.mock_backend import MockGpuBackend
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 from atlas_core.testing.fake_model import run_to_completion
+from atlas_core.testing.frozen_graphs import FrozenGraphBackend
 from atlas_core.testing.spec_drafts import ScriptedProposer
 
 pytestmark = pytest.mark.timeout(180)
@@ -108,4 +109,24 @@ def test_padding_buckets_and_warm_up(model_dir):
     engine.add_request("w", prompts(1)[0], SamplingParams(temperature=0, max_tokens=2))
     run_to_completion(engine)
     assert sorted(runner.verify.graphs) == [(1, 4), (2, 4), (4, 4)]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_verify_graphs_replay_as_cuda_does(model_dir):
+    """Decode and verify graphs replayed as CUDA replays them (issue #27): the op calls
+    recorded at capture on their recorded buffers, with no captured function kept alive
+    (the mock re-runs the step's Python at every replay); greedy tokens equal plain decoding,
+    padded rows included."""
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    ps = prompts()
+    plain = run(make_engine(model_dir, graphs=False), ps, params)
+    args = EngineArgs(model=str(model_dir), speculative_config=SPEC, num_kv_blocks=64,
+                      max_num_seqs=4, block_size=8, async_scheduling=False)
+    engine = LLMEngine.from_args(args, backend=FrozenGraphBackend())
+    cap = {0: 3, 1: 1, 2: 2}
+    out = run(engine, ps, params, plain, 0.35,
+              max_drafts=lambda seq: cap[int(seq.request_id[1:])])
+    assert tokens(out) == tokens(plain)
+    assert engine.runner.num_verify_replays > 0
+    assert engine.runner.num_graph_replays > engine.runner.num_verify_replays
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -190,7 +190,8 @@ class VerifyGraphs:
         return holder["tokens"]
 
     def _layout(self, bucket: int) -> SpecVerifyRows:
-        # Static index arrays are uploaded once here, outside the captured work.
+        # Static index arrays are uploaded once here, outside the captured work. Only the
+        # step's metadata references them: _capture keeps that metadata with the graph.
         be, w = self.runner.backend, self.width
         rows = [be.from_host(np.arange(bucket, dtype=np.int32) * w + j) for j in range(w)]
         order = (np.arange(w, dtype=np.int32)[None, :] * bucket
@@ -219,4 +220,12 @@ class VerifyGraphs:
             logits = r.model.compute_logits(hidden, views["logits_indices"])
             holder["tokens"] = r.sampler.sample(logits, params)
 
-        return r.backend.capture(step), holder
+        graph = r.backend.capture(step)
+        # A CUDA graph holds raw device addresses, not the arrays: every array the captured
+        # step reads must outlive it. The layout's index arrays (rows, cu_seqlens, order) are
+        # referenced by ``meta`` alone, which would go with ``step`` on return; freed, their
+        # memory goes to later allocations and the replays read whatever lands there (issue
+        # #27, hybrid models on cuda: GDN positions gathered the wrong token rows, NaN logits).
+        # The holder lives as long as the graph.
+        holder["meta"], holder["views"], holder["params"] = meta, views, params
+        return graph, holder

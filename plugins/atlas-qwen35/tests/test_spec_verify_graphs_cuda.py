@@ -113,7 +113,8 @@ class Recorder:
         self.runner.execute = self.execute
         self.rows: list[tuple] = []  # (path, request id, position, prefix hash, hidden row)
         self.problems: list[str] = []
-        self.stats = {"verify steps": 0, "graph steps": 0, "max hidden err": 0.0,
+        self.stats = {"draft steps": 0, "verify steps": 0, "graph steps": 0,
+                      "max hidden err": 0.0,
                       "max kv err": 0.0, "max state err": 0.0, "token flips": 0}
         self.step = 0
 
@@ -162,8 +163,9 @@ class Recorder:
         r = self.runner
         rows = [x for s in sched.scheduled for x in rows_of.get(s.seq.seq_id, [])]
         verify = r.verify
-        fits = (verify is not None and any(s.draft_token_ids for s in sched.scheduled)
-                and verify.fits(sched, rows_of, rows))
+        drafted = any(s.draft_token_ids for s in sched.scheduled)
+        self.stats["draft steps"] += drafted
+        fits = verify is not None and drafted and verify.fits(sched, rows_of, rows)
         if not fits:
             path = "plain" if verify is None else (
                 "eager-verify" if any(s.draft_token_ids for s in sched.scheduled) else "decode")
@@ -309,7 +311,11 @@ def test_verify_graph_vs_eager_vs_plain(be, model_dirs, name, k, batch, drafts, 
                   f"{_first_diff(got[rid], want[rid])}")
     del engine
     gc.collect()
-    assert replays > 0 and rec.stats["graph steps"] > 0, f"{label}: no verify step ran a graph"
+    # n-gram drafts exist only where the random model's output repeats a prompt n-gram, which
+    # may never happen (qwen3 K=3 batch 1 found none): graphs are required only once drafts came
+    if drafts != "ngram" or rec.stats["draft steps"]:
+        assert replays > 0 and rec.stats["graph steps"] > 0, (
+            f"{label}: no verify step ran a graph ({rec.stats['draft steps']} steps had drafts)")
     assert not rec.problems, f"{label}\n" + "\n".join(rec.problems[:6])
     bound = 0.0 if invariant else LOOSE
     for path, rows in errs.items():

@@ -10,6 +10,7 @@ import pytest
 
 from atlas_core.api import EagerGraph, EngineArgs, LLMEngine, NumpyBackend, SamplingParams
 from atlas_core.testing.fake_model import run_to_completion
+from atlas_core.testing.frozen_graphs import FrozenGraphBackend
 from atlas_core.testing.spec_drafts import ScriptedProposer
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,10 +34,13 @@ class _RunsAtCapture(NumpyBackend):
 
 
 def make_engine(path, spec=None, graphs=False):
+    """``graphs``: False (numpy, no graphs), True (graphs that run the step at capture) or a
+    backend instance."""
     args = dict(model=str(path), num_kv_blocks=64, max_num_seqs=4, block_size=8,
                 speculative_config=spec, async_scheduling=False)
     if graphs:
-        return LLMEngine.from_args(EngineArgs(**args), backend=_RunsAtCapture())
+        backend = _RunsAtCapture() if graphs is True else graphs
+        return LLMEngine.from_args(EngineArgs(**args), backend=backend)
     return LLMEngine.from_args(EngineArgs(**args, backend="numpy"))
 
 
@@ -69,3 +73,23 @@ def test_hybrid_verify_graphs_keep_greedy_tokens(arch, wrong_rate, checkpoints):
     assert engine.runner.num_verify_replays > 0
     assert engine.state_cache.num_free_slots == engine.state_cache.num_slots
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3NextForCausalLM"])
+def test_hybrid_verify_graphs_replay_as_cuda_does(arch, checkpoints):
+    """Graphs replayed as a CUDA graph replays (issue #27): the op calls recorded at capture
+    on their recorded buffers, no captured function kept alive. The Gated DeltaNet verify
+    layout's index arrays (token rows, cu_seqlens, order) were referenced only by the captured
+    step's metadata: freed after capture, their memory reused on cuda (NaN logits from the
+    first verify step, right tokens on numpy, whose graphs call the step again). Here a
+    replay reading a released array raises, and greedy tokens must equal plain decoding."""
+    rng = np.random.default_rng(11)
+    ps = [rng.integers(0, 370, n).tolist() for n in (13, 4, 21)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = run(make_engine(checkpoints[arch]), ps, params)
+    engine = make_engine(checkpoints[arch], SPEC, graphs=FrozenGraphBackend())
+    graph = run(engine, ps, params, plain, 0.35)
+    want = {rid: o.outputs[0].token_ids for rid, o in plain.items()}
+    assert {rid: o.outputs[0].token_ids for rid, o in graph.items()} == want
+    assert engine.runner.num_verify_replays > 0
+    assert engine.state_cache.num_free_slots == engine.state_cache.num_slots
