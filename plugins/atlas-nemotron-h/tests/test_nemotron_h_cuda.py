@@ -153,3 +153,62 @@ def test_nano_shaped_moe_replays_from_a_graph(cuda_backend, nano_moe, num_tokens
     np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=1e-6)
     got, ref = out.astype(np.float32), want.astype(np.float32)
     assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 8])
+def test_nano_shaped_norm_route_matches_rms_norm_and_replays_from_a_graph(cuda_backend, nano_moe,
+                                                                           num_tokens):
+    """The MoE block's decode path with its pre-norm in the router kernel
+    (``nemotron_h_moe_norm_route``) at the bench shapes: its normed rows and residual sum are
+    ``rms_norm``'s (the residual bit for bit; a normed element may differ by one bf16 step when
+    the sum of squares, added in another order, rounds differently), its routing that of
+    ``nemotron_h_moe_route`` over them; then the block (norm + route + experts) in a captured
+    graph against the references."""
+    from atlas_core.testing.contracts_ops import as_dtype
+    from atlas_nemotron_h import ffn_reference as fr
+
+    router, bias, w_up, w_down, s_up, s_down = nano_moe
+    bf16 = as_dtype("bfloat16")
+    rng = np.random.default_rng(100 + num_tokens)
+    x = (rng.standard_normal((num_tokens, 2688)) * 2).astype(bf16)
+    res = (rng.standard_normal((num_tokens, 2688)) * 2).astype(bf16)
+    norm_w = (1 + rng.standard_normal(2688) * 0.1).astype(bf16)
+    route = dict(top_k=6, n_group=1, topk_group=1, renormalize=True, routed_scaling_factor=2.5)
+    ops = cuda_backend.ops
+    dev = [cuda_backend.from_host(a) for a in (x, res, norm_w, router, bias)]
+
+    normed, r_out, weights, ids = (cuda_backend.to_host(a) for a in ops.nemotron_h_moe_norm_route(
+        dev[0], dev[1], dev[2], 1e-5, False, dev[3], dev[4], **route))
+    h, r = ops.rms_norm(dev[0], dev[2], 1e-5, dev[1])
+    want_h, want_r = cuda_backend.to_host(h), cuda_backend.to_host(r)
+    want_w, want_ids = (cuda_backend.to_host(a) for a in ops.nemotron_h_moe_route(
+        h, dev[3], dev[4], **route))
+    np.testing.assert_array_equal(r_out.view(np.uint16), want_r.view(np.uint16))
+    step = np.abs(normed.astype(np.float32) - want_h.astype(np.float32))
+    assert (step <= np.abs(want_h.astype(np.float32)) * 2.0 ** -7).all()
+    assert (step > 0).mean() <= 0.01
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(weights, want_w, rtol=1e-4, atol=1e-6)
+
+    ref_h, ref_r, ref_w, ref_ids = fr.nemotron_h_moe_norm_route(x, res, norm_w, 1e-5, False,
+                                                                router, bias, **route)
+    experts = np.stack([rng.permutation(8)[:6] for _ in range(num_tokens)]).astype(np.int32)
+    want = fr.nemotron_h_moe_experts(ref_h, w_up, w_down, ref_w, experts, s_up, s_down)
+    weights_dev = [cuda_backend.from_host(a) for a in (w_up, w_down, experts, s_up, s_down)]
+
+    def block():
+        hn, rn, wt, got_ids = ops.nemotron_h_moe_norm_route(dev[0], dev[1], dev[2], 1e-5, False,
+                                                            dev[3], dev[4], **route)
+        out = ops.nemotron_h_moe_experts(hn, weights_dev[0], weights_dev[1], wt, weights_dev[2],
+                                         weights_dev[3], weights_dev[4])
+        return rn, wt, got_ids, out
+
+    graph = cuda_backend.capture(block)
+    for _ in range(2):
+        graph.replay()
+    rn, wt, got_ids, out = (cuda_backend.to_host(a) for a in graph.output)
+    np.testing.assert_array_equal(rn.view(np.uint16), ref_r.view(np.uint16))
+    np.testing.assert_array_equal(got_ids, ref_ids)
+    np.testing.assert_allclose(wt, ref_w, rtol=1e-4, atol=1e-6)
+    got, ref = out.astype(np.float32), want.astype(np.float32)
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
