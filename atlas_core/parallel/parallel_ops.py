@@ -47,8 +47,8 @@ class RowParallelOps(_WrappedOps):
 
 
 class _LocalExperts(_WrappedOps):
-    """``moe_route`` (and Nemotron-H's ``nemotron_h_moe_route`` / ``_norm_route``) routed to this
-    rank's experts: choices of other ranks' experts get weight 0 (expert parallel)."""
+    """``moe_route`` (and Nemotron-H's ``nemotron_h_moe_route``) routed to this rank's experts:
+    choices of other ranks' experts get weight 0 (expert parallel)."""
 
     def __init__(self, base: Any, comm: Any, plan: ShardPlan) -> None:
         super().__init__(base, comm)
@@ -65,11 +65,6 @@ class _LocalExperts(_WrappedOps):
     def moe_route_grouped(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         weights, ids = self._base.moe_route_grouped(*args, **kwargs)
         return self._base.moe_remap_ids(weights, ids, self._start, self._num_local)
-
-    def nemotron_h_moe_norm_route(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        normed, residual, weights, ids = self._base.nemotron_h_moe_norm_route(*args, **kwargs)
-        return (normed, residual,
-                *self._base.moe_remap_ids(weights, ids, self._start, self._num_local))
 
 
 class MoeParallelOps(_WrappedOps):
@@ -113,7 +108,6 @@ class SumParallelOps(_WrappedOps):
         if plan.expert_parallel:
             local = _LocalExperts(base, comm, plan)
             self.nemotron_h_moe_route = local.nemotron_h_moe_route
-            self.nemotron_h_moe_norm_route = local.nemotron_h_moe_norm_route
             self.moe_route_grouped = local.moe_route_grouped
 
 

@@ -9,11 +9,6 @@ import numpy as np
 
 from atlas_core.api import Module, QuantizedWeight, StepMetadata, TransformerLayer
 
-#: The most rows for which the MoE block's pre-norm runs with its router
-#: (``nemotron_h_moe_norm_route``): decode batches, where a separate ``rms_norm`` launch per
-#: layer is a visible share of the step.
-NORM_ROUTE_MAX_TOKENS = 8
-
 
 class ReLU2MLP(Module, TransformerLayer):
     """``down_proj(relu2(up_proj(x)))``, no gate (HF ``NemotronHMLP``).
@@ -123,36 +118,16 @@ class NemotronHMoE(Module, TransformerLayer):
                        for n in ("up_proj.weight", "down_proj.weight"))
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
-        p = self.params
-        weights, ids = self.ops.nemotron_h_moe_route(hidden, p["gate.weight"],
-                                                  p["gate.e_score_correction_bias"], **self.route)
-        return self._experts(hidden, weights, ids, meta), residual
-
-    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
-                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
-        """Decode batches (at most :data:`NORM_ROUTE_MAX_TOKENS` rows) take the block's norm
-        and residual add with the router (``ops.nemotron_h_moe_norm_route``: on cuda one
-        kernel instead of ``rms_norm`` and the logits GEMV, a launch less per layer); larger
-        batches, where the norm is a negligible part of the block, take ``rms_norm`` then
-        :meth:`forward`."""
-        if hidden.shape[0] > NORM_ROUTE_MAX_TOKENS:
-            return super().forward_prenorm(hidden, residual, norm_weight, eps, zero_centered,
-                                           meta)
-        p = self.params
-        normed, residual, weights, ids = self.ops.nemotron_h_moe_norm_route(
-            hidden, residual, norm_weight, eps, zero_centered, p["gate.weight"],
-            p["gate.e_score_correction_bias"], **self.route)
-        return self._experts(normed, weights, ids, meta), residual
-
-    def _experts(self, hidden: Any, weights: Any, ids: Any, meta: StepMetadata) -> Any:
-        """The routed and shared experts over the normed rows ``hidden``."""
         ops, p = self.ops, self.params
+        weights, ids = ops.nemotron_h_moe_route(hidden, p["gate.weight"],
+                                             p["gate.e_score_correction_bias"], **self.route)
         shared_mlp = self.children["shared_experts"]
         if self.fused_shared:
             sp = shared_mlp.params
-            return ops.nemotron_h_moe_experts(hidden, p["experts.up_proj"],
-                                              p["experts.down_proj"], weights, ids,
-                                              sp["up_proj.weight"], sp["down_proj.weight"])
+            out = ops.nemotron_h_moe_experts(hidden, p["experts.up_proj"], p["experts.down_proj"],
+                                             weights, ids, sp["up_proj.weight"],
+                                             sp["down_proj.weight"])
+            return out, residual
         x = hidden
         if self.latent:
             x = ops.linear(x, p["fc1_latent_proj.weight"], self.param("fc1_latent_proj.bias"))
@@ -161,4 +136,4 @@ class NemotronHMoE(Module, TransformerLayer):
         if self.latent:
             out = ops.linear(out, p["fc2_latent_proj.weight"], self.param("fc2_latent_proj.bias"))
         shared, _ = shared_mlp.forward(hidden, None, meta)
-        return ops.add(out, shared)
+        return ops.add(out, shared), residual

@@ -1,11 +1,8 @@
 """NumPy references of Nemotron-H's feed-forward ops: the squared ReLU, the grouped sigmoid
-router with a correction bias (alone and after the block's RMSNorm), and non-gated (up / down)
-experts. Registered as op specs by
+router with a correction bias, and non-gated (up / down) experts. Registered as op specs by
 :mod:`atlas_nemotron_h.plugin`."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -58,49 +55,6 @@ def nemotron_h_moe_route(x: np.ndarray, router_weight: np.ndarray,
                                          routed_scaling_factor)
 
 
-def nemotron_h_moe_norm_route(x: np.ndarray, residual: np.ndarray | None,
-                              norm_weight: np.ndarray, eps: float, zero_centered: bool,
-                              router_weight: np.ndarray, correction_bias: np.ndarray, top_k: int,
-                              n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
-                              routed_scaling_factor: float = 1.0):
-    """The MoE block's pre-norm and its router as one op (the cuda backend normalises the rows
-    in the router's logits kernel at decode instead of launching ``rms_norm``):
-    ``nemotron_h_moe_route(rms_norm(x, norm_weight, eps, residual), ...)``, rounding as the
-    separate ops do (the residual sum and the normed rows stored in ``x.dtype``).
-
-    Args:
-        x: ``[num_tokens, hidden]`` output of the previous block.
-        residual: ``[num_tokens, hidden]`` residual stream, or None (then ``x`` is the stream).
-        norm_weight: ``[hidden]`` (stored as ``w - 1`` with ``zero_centered``).
-        eps, zero_centered: as ``rms_norm``'s.
-        router_weight ... routed_scaling_factor: as :func:`nemotron_h_moe_route`'s.
-
-    Returns:
-        ``(normed, residual_out, topk_weights, topk_ids)``: the normed rows (the experts'
-        input) in ``x.dtype``, the new residual stream ``x + residual`` (``x`` itself when
-        ``residual`` is None) and the routing.
-    """
-    return compose_nemotron_h_moe_norm_route(
-        _REFERENCE_OPS, x, residual, norm_weight, eps, zero_centered, router_weight,
-        correction_bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor)
-
-
-def compose_nemotron_h_moe_norm_route(ops, x, residual, norm_weight, eps, zero_centered,
-                                      router_weight, correction_bias, top_k, n_group=1,
-                                      topk_group=1, renormalize=True, routed_scaling_factor=1.0):
-    """:func:`nemotron_h_moe_norm_route` as ``ops.rms_norm`` then ``ops.nemotron_h_moe_route``
-    over any op table (its unfused definition, and the cuda fallback)."""
-    if residual is None:
-        normed, residual = ops.rms_norm(x, norm_weight, eps, zero_centered=zero_centered), x
-    else:
-        normed, residual = ops.rms_norm(x, norm_weight, eps, residual,
-                                        zero_centered=zero_centered)
-    weights, ids = ops.nemotron_h_moe_route(normed, router_weight, correction_bias, top_k,
-                                            n_group, topk_group, renormalize,
-                                            routed_scaling_factor)
-    return normed, residual, weights, ids
-
-
 def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
                            topk_weights: np.ndarray, topk_ids: np.ndarray,
                            shared_up: np.ndarray | None = None,
@@ -138,7 +92,3 @@ def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
         h = np.maximum(xf @ f32(shared_up).T, 0.0)
         out += (h * h) @ f32(shared_down).T
     return out.astype(x.dtype)
-
-
-_REFERENCE_OPS = SimpleNamespace(rms_norm=reference.rms_norm,
-                                 nemotron_h_moe_route=nemotron_h_moe_route)

@@ -40,9 +40,6 @@ OPS = (
      None, None),
     (_spec("relu2", _FFN), None, f"{_CUDA}.relu2"),
     (_spec("nemotron_h_moe_route", _FFN), None, f"{_CUDA_MOE}.nemotron_h_moe_route"),
-    (_spec("nemotron_h_moe_norm_route", _FFN,
-           unfused=f"{_FFN}:compose_nemotron_h_moe_norm_route"),
-     None, f"{_CUDA_MOE}.nemotron_h_moe_norm_route"),
     (_spec("nemotron_h_moe_experts", _FFN), None, f"{_CUDA_MOE}.nemotron_h_moe_experts"),
 )
 

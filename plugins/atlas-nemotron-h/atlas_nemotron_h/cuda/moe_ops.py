@@ -3,9 +3,7 @@ sigmoid router and the non-gated experts, registered by :mod:`atlas_nemotron_h.p
 
 The router is two kernels: its logits as a GEMV with a block per expert (several tokens per
 block), then a one-warp-per-token grouped top-k; one block doing both was latency bound (a
-third of a millisecond per layer at decode). ``nemotron_h_moe_norm_route`` (decode batches)
-folds the block's RMSNorm and residual add into the logits kernel: each block normalises its
-few rows itself (from L2) instead of waiting for a one-block-per-row ``rms_norm`` launch.
+third of a millisecond per layer at decode).
 
 Decode batches (fewer than :data:`GROUPED_MIN_TOKENS` tokens) run the experts as two GEMV
 kernels over each token's chosen experts and the shared expert if passed: up + squared ReLU
@@ -24,8 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from atlas_nemotron_h.ffn_reference import compose_nemotron_h_moe_norm_route
 
 #: Warps per block (NM_WARPS), tokens per router-logit block (NM_TOK) and the limits of
 #: nemotron_moe.cu.
@@ -52,61 +48,22 @@ class NemotronMoeCudaOps:
         """See :func:`atlas_nemotron_h.ffn_reference.nemotron_h_moe_route`."""
         t, hidden = x.shape
         e = router_weight.shape[0]
-        _check_route(e, n_group, top_k)
-        ctx = self.ctx
-        logits = ctx.out((t, e), np.float32)
+        if e > MAX_EXPERTS or n_group > MAX_GROUPS or e % n_group or not 0 < top_k <= e:
+            raise ValueError(f"nemotron_h_moe_route: at most {MAX_EXPERTS} experts in at most "
+                             f"{MAX_GROUPS} equal groups, 1 <= top_k <= experts on cuda (got "
+                             f"{e} experts, {n_group} groups, top_k {top_k})")
+        weights = self.ctx.out((t, top_k), np.float32)
+        ids = self.ctx.out((t, top_k), np.int32)
         if t:
+            ctx = self.ctx
+            w, bias = ctx.f32(router_weight), ctx.f32(correction_bias)
+            logits = ctx.out((t, e), np.float32)
             ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_logits"),
-                       (e, -(-t // ROUTER_TOKENS)), 32 * WARPS, logits, x,
-                       ctx.f32(router_weight), t, hidden, e, pdl=ctx.pdl)
-        return self._select(x.dtype, logits, correction_bias, top_k, n_group, topk_group,
-                            renormalize, routed_scaling_factor)
-
-    def nemotron_h_moe_norm_route(self, x: Any, residual: Any, norm_weight: Any, eps: float,
-                                  zero_centered: bool, router_weight: Any, correction_bias: Any,
-                                  top_k: int, n_group: int = 1, topk_group: int = 1,
-                                  renormalize: bool = True,
-                                  routed_scaling_factor: float = 1.0) -> tuple[Any, ...]:
-        """See :func:`atlas_nemotron_h.ffn_reference.nemotron_h_moe_norm_route`: the norm in
-        the logits kernel (every block normalises its rows; the first writes them and the
-        residual sum), then the top-k kernel. Rows not a multiple of 8 wide, unaligned operands
-        or a norm weight of another dtype take ``rms_norm`` then :meth:`nemotron_h_moe_route`."""
-        t, hidden = x.shape
-        e = router_weight.shape[0]
-        _check_route(e, n_group, top_k)
-        ctx = self.ctx
-        w = ctx.f32(router_weight)
-        operands = (x, residual, norm_weight, w)
-        if (hidden % 8 or str(norm_weight.dtype) != str(x.dtype)
-                or any(a is not None and a.ptr % 16 for a in operands)):
-            return compose_nemotron_h_moe_norm_route(
-                ctx.ops, x, residual, norm_weight, eps, zero_centered, router_weight,
-                correction_bias, top_k, n_group, topk_group, renormalize, routed_scaling_factor)
-        normed = ctx.out((t, hidden), x.dtype)
-        r_out = ctx.out((t, hidden), x.dtype) if residual is not None else x
-        logits = ctx.out((t, e), np.float32)
-        if t:
-            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_norm_logits"),
-                       (e, -(-t // ROUTER_TOKENS)), 32 * WARPS, logits, normed,
-                       r_out if residual is not None else None, x, residual, norm_weight, w, t,
-                       hidden, e, float(eps), int(zero_centered), pdl=ctx.pdl)
-        weights, ids = self._select(x.dtype, logits, correction_bias, top_k, n_group,
-                                    topk_group, renormalize, routed_scaling_factor)
-        return normed, r_out, weights, ids
-
-    def _select(self, dtype: Any, logits: Any, correction_bias: Any, top_k: int, n_group: int,
-                topk_group: int, renormalize: bool,
-                routed_scaling_factor: float) -> tuple[Any, Any]:
-        """The grouped top-k over float32 ``logits`` ``[t, E]`` (a warp per token), from the
-        module variant of the activations' ``dtype``."""
-        ctx = self.ctx
-        t, e = logits.shape
-        weights = ctx.out((t, top_k), np.float32)
-        ids = ctx.out((t, top_k), np.int32)
-        if t:
-            ctx.launch(ctx.kernel("nemotron_moe", dtype, "nemotron_h_moe_select"), t, 32,
-                       weights, ids, logits, ctx.f32(correction_bias), e, top_k, n_group,
-                       topk_group, int(renormalize), float(routed_scaling_factor), pdl=ctx.pdl)
+                       (e, -(-t // ROUTER_TOKENS)), 32 * WARPS, logits, x, w, t, hidden, e,
+                       pdl=ctx.pdl)
+            ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_select"), t, 32,
+                       weights, ids, logits, bias, e, top_k, n_group, topk_group,
+                       int(renormalize), float(routed_scaling_factor), pdl=ctx.pdl)
         return weights, ids
 
     def nemotron_h_moe_experts(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any,
@@ -173,12 +130,3 @@ class NemotronMoeCudaOps:
         ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_combine"),
                    (-(-width // 256), t), 256, out, rows, topk_weights, pos, width, top_k)
         return out
-
-
-def _check_route(experts: int, n_group: int, top_k: int) -> None:
-    """Refuse routing the kernels cannot do."""
-    if (experts > MAX_EXPERTS or n_group > MAX_GROUPS or experts % n_group
-            or not 0 < top_k <= experts):
-        raise ValueError(f"nemotron_h_moe_route: at most {MAX_EXPERTS} experts in at most "
-                         f"{MAX_GROUPS} equal groups, 1 <= top_k <= experts on cuda (got "
-                         f"{experts} experts, {n_group} groups, top_k {top_k})")

@@ -4,9 +4,7 @@
 // Decode is memory bound, so every GEMV here keeps several 16-byte loads per lane in flight
 // (NM_UNROLL / NM_DOWN_UNROLL chunks of 8 elements, issued before any is consumed) and spreads
 // its rows over many warps; the router's logits are one such GEMV (a block per expert), and
-// the top-k selection a one-warp kernel after it. At decode the block's RMSNorm (and residual
-// add) runs inside the logits kernel (nm_norm_logits_impl), whose first block writes the
-// normed rows the up kernel reads after its wait. The shared expert, when passed, runs as extra
+// the top-k selection a one-warp kernel after it. The shared expert, when passed, runs as extra
 // rows of the up kernel and extra K pieces of the split-K down kernel (no GEMVs, relu2 or add
 // of its own). Every kernel is PDL-safe: it reads what an earlier kernel wrote only after
 // pdl_wait() (the down kernel reads the routing before it: the up kernel between them triggers
@@ -81,24 +79,6 @@ __device__ __forceinline__ float nm_dot(const X* x, const W* w, int n, int lane)
   return nm_warp_sum(acc);
 }
 
-// The 8 elements of x (+ residual, the sum rounded to T as rms_norm rounds it) at `at`, as
-// float32.
-template <typename T>
-__device__ __forceinline__ void nm_norm_sum(float (&v)[8], const T* x, const T* residual,
-                                            long long at) {
-  Vec8<T> a;
-  a.load(x + at);
-  a.to_float(v);
-  if (residual) {
-    float b[8];
-    Vec8<T> bv;
-    bv.load(residual + at);
-    bv.to_float(b);
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = to_f32(from_f32<T>(v[i] + b[i]));
-  }
-}
-
 // Grid (E, ceil(num_tokens / NM_TOK)), block 32 * NM_WARPS: block e writes logits[t, e] =
 // x[t] . w[e] (float32) for its NM_TOK tokens, its threads splitting the row (read once for
 // the tokens). The first NM_UNROLL chunks per thread of the (static) router row, 4096 floats
@@ -157,116 +137,6 @@ __device__ void nm_logits_impl(float* logits, const T* x, const float* w, int nt
 #pragma unroll
       for (int m = 0; m < NM_TOK; m++)
         if (m < nt) acc[m] += to_f32(xb[(long long)m * hidden + c]) * wc;
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < NM_TOK; m++) {
-    float v = nm_warp_sum(acc[m]);
-    if (lane == 0) part[warp][m] = v;
-  }
-  __syncthreads();
-  if (tid < nt) {
-    float v = 0.f;
-#pragma unroll
-    for (int i = 0; i < NM_WARPS; i++) v += part[i][tid];
-    logits[(long long)(t0 + tid) * E + e] = v;
-  }
-}
-
-// Grid (E, ceil(num_tokens / NM_TOK)), block 32 * NM_WARPS: nm_logits_impl over the RMSNorm
-// of x + residual (residual null: of x), computed in every block so that no rms_norm kernel
-// runs before the router (hidden % 8 == 0, 16-byte aligned rows). A block sums its rows'
-// squares, then dots the router row with the normed rows, rebuilding them from x (and the
-// residual, both from L2) chunk by chunk. Each value is rounded as rms_norm stores it (the sum
-// to T, then v * inv * w to T, inv = rsqrtf(mean of squares + eps)); block (0, y) writes its
-// rows' sums (r_out, with a residual) and normed rows (h_out) for the experts' kernels, which
-// read them after their PDL wait. The router row and norm weight chunks are loaded before it.
-template <typename T>
-__device__ void nm_norm_logits_impl(float* logits, T* h_out, T* r_out, const T* x,
-                                    const T* residual, const T* nw, const float* w, int ntok,
-                                    int hidden, int E, float eps, int zc) {
-  __shared__ float part[NM_WARPS][NM_TOK];
-  __shared__ float s_inv[NM_TOK];
-  const int step = NM_WARPS * 256;
-  int e = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int t0 = blockIdx.y * NM_TOK, nt = min(NM_TOK, ntok - t0);
-  bool writer = e == 0;
-  const float* wr = w + (long long)e * hidden;
-  long long base = (long long)t0 * hidden;
-  Vec8<float> wv[NM_UNROLL];
-  Vec8<T> nv[NM_UNROLL];
-#pragma unroll
-  for (int u = 0; u < NM_UNROLL; u++) {
-    int c = tid * 8 + u * step;
-    if (c < hidden) { wv[u].load(wr + c); nv[u].load(nw + c); }
-  }
-  pdl_wait();
-  pdl_trigger();
-  float acc[NM_TOK];
-#pragma unroll
-  for (int m = 0; m < NM_TOK; m++) acc[m] = 0.f;
-  for (int c = tid * 8; c < hidden; c += step) {
-#pragma unroll
-    for (int m = 0; m < NM_TOK; m++) {
-      if (m < nt) {
-        float v[8];
-        nm_norm_sum<T>(v, x, residual, base + (long long)m * hidden + c);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[m] += v[i] * v[i];
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < NM_TOK; m++) {
-    float v = nm_warp_sum(acc[m]);
-    if (lane == 0) part[warp][m] = v;
-    acc[m] = 0.f;
-  }
-  __syncthreads();
-  if (tid < nt) {
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < NM_WARPS; i++) ss += part[i][tid];
-    s_inv[tid] = rsqrtf(ss / hidden + eps);
-  }
-  __syncthreads();
-  for (int c0 = tid * 8; c0 < hidden; c0 += NM_UNROLL * step) {
-    if (c0 != tid * 8) {
-#pragma unroll
-      for (int u = 0; u < NM_UNROLL; u++)
-        if (c0 + u * step < hidden) {
-          wv[u].load(wr + c0 + u * step);
-          nv[u].load(nw + c0 + u * step);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < NM_UNROLL; u++) {
-      int c = c0 + u * step;
-      if (c < hidden) {
-        float wf[8], nf[8];
-        wv[u].to_float(wf);
-        nv[u].to_float(nf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) nf[i] = zc ? nf[i] + 1.f : nf[i];
-#pragma unroll
-        for (int m = 0; m < NM_TOK; m++) {
-          if (m < nt) {
-            long long at = base + (long long)m * hidden + c;
-            float v[8];
-            nm_norm_sum<T>(v, x, residual, at);
-            Vec8<T> o;
-            if (writer && residual) { o.from_float(v); o.store(r_out + at); }
-            float inv = s_inv[m];
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = v[i] * inv * nf[i];
-            o.from_float(v);
-            if (writer) o.store(h_out + at);
-            o.to_float(v);
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc[m] += v[i] * wf[i];
-          }
-        }
-      }
     }
   }
 #pragma unroll
@@ -531,11 +401,6 @@ __device__ void nm_combine_impl(T* out, const T* rows, const float* weights, con
                                                        const float* w, int ntok, int hidden,  \
                                                        int E) {                               \
     nm_logits_impl<T>(logits, x, w, ntok, hidden, E);                                         \
-  }                                                                                           \
-  extern "C" __global__ void nemotron_h_moe_norm_logits_##S(                                  \
-      float* logits, T* h_out, T* r_out, const T* x, const T* res, const T* nw,               \
-      const float* w, int ntok, int hidden, int E, float eps, int zc) {                       \
-    nm_norm_logits_impl<T>(logits, h_out, r_out, x, res, nw, w, ntok, hidden, E, eps, zc);    \
   }                                                                                           \
   extern "C" __global__ void nemotron_h_moe_select_##S(                                       \
       float* wt, int* ids, const float* logits, const float* bias, int E, int k, int n_group, \
