@@ -18,7 +18,8 @@ Groups:
   :class:`StorageBackend`, and what they exchange (:class:`StepMetadata`, :class:`KVCacheSpec`,
   :class:`LatentCacheSpec`, :class:`SlidingWindowCacheSpec`, :class:`RecurrentStateSpec`,
   :class:`DeviceInfo`, :class:`Graph`, :class:`EagerGraph`, :class:`HostRead`,
-  :class:`DeviceEvent`).
+  :class:`DeviceEvent`, :class:`SpecVerifyRows`: the row layout of a graph-captured
+  speculative verify step).
 - Model building blocks: :class:`Module` with :class:`ParamSpec` / :class:`Source`,
   :class:`CausalLM`, :class:`DecoderOnlyLoader`, the built-in layers (:class:`DecoderLayer`,
   :class:`Attention`, :class:`GatedMLP`, :class:`SparseMoE`, :class:`MTPHead`), :func:`checkpoint_tensors`,
@@ -66,6 +67,7 @@ _EXPORTS = {
     "ModelWeightLoader": "atlas_core.interfaces:ModelWeightLoader",
     "RecurrentStateSpec": "atlas_core.interfaces:RecurrentStateSpec",
     "StepMetadata": "atlas_core.interfaces:StepMetadata",
+    "SpecVerifyRows": "atlas_core.interfaces.metadata:SpecVerifyRows",
     "pool_row_bytes": "atlas_core.ops.block_copy:pool_row_bytes",
     "StorageBackend": "atlas_core.interfaces:StorageBackend",
     "BlockDirectory": "atlas_core.storage.posix:BlockDirectory",

@@ -37,8 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from atlas_core.api import as_dtype, reference as core_ref, rope_cos_sin_cache
-from atlas_core.interfaces.metadata import SpecVerifyRows
+from atlas_core.api import SpecVerifyRows, as_dtype, reference as core_ref, rope_cos_sin_cache
 from atlas_core.testing.contracts_ops import make_rng, randn, rel_error
 
 from qwen35_cuda_probe import HAS_GPU
