@@ -62,6 +62,26 @@ __device__ void dec_combine(T* out, const float* part_acc, const float* part_ml,
   }
 }
 
+// After a split block wrote its partials: whether it is the last of the n_act split blocks of
+// its (token, head chunk) to finish, and so merges them (dec_combine). Resets the counter to
+// zero for the next launch or graph replay. Every thread of the block gets the same answer.
+// (attn_dec_impl below spells the same steps out with its profiling stamps between them; moving
+// it onto this helper changed the fused kernel's machine code, so it waits for a GPU check.)
+__device__ __forceinline__ bool dec_last_split(int* counters, int t, int n_act) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = counters + (long long)t * gridDim.y + blockIdx.y;
+    last = atomicAdd(c, 1) == n_act - 1;
+    if (last) atomicExch(c, 0);
+  }
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  return true;
+}
+
 // Score the newest key (shared memory, cache dtype) against the lane's query slices and
 // fold it and its value into the running softmax state; only `apply` lanes keep the result.
 template <typename C, int HB>

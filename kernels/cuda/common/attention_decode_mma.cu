@@ -28,7 +28,6 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
   T* sq = reinterpret_cast<T*>(dm_smem);  // [16][LD]
   T* ring = sq + 16 * LD;                 // [NST][K, V][BN][LD]
   __shared__ float sm_m[4][HB], sm_l[4][HB];
-  __shared__ int sm_last;
   pdl_trigger();
   pdl_wait();  // launched with PDL after rope, which writes the newest key: wait first
   int t = blockIdx.x, split = blockIdx.z;
@@ -173,17 +172,7 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
   long long th0 = (long long)t * H + h0;
   attn_group_write<T, 4, HB, D>(out, part_acc, part_ml, sm_acc, sm_m, sm_l, th0, split,
                                 a.num_splits, n_act == 1, a.kv_scale);
-  if (n_act == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* c = counters + (long long)t * gridDim.y + blockIdx.y;
-    sm_last = atomicAdd(c, 1) == n_act - 1;
-    if (sm_last) atomicExch(c, 0);
-  }
-  __syncthreads();
-  if (!sm_last) return;
-  __threadfence();
+  if (n_act == 1 || !dec_last_split(counters, t, n_act)) return;
   dec_combine<T, D, HB>(out, part_acc, part_ml, th0, a.num_splits, n_act, a.kv_scale);
 }
 
