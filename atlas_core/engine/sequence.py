@@ -32,7 +32,9 @@ class Sequence:
     :attr:`mm` is the request's multimodal payload (images), ``None`` for text: an object with
     ``positions(start, num)`` (1D rotary positions of tokens ``start..``),
     ``position_offset`` (position minus index after the prompt) and ``hash_tokens(start,
-    tokens)`` (ids for the prefix-cache hash, keyed by image content).
+    tokens)`` (ids for the prefix-cache hash, keyed by image content); optionally
+    ``for_step(start, num)``, the part a parallel step feeding tokens ``start..`` sends its
+    workers (so pixels travel only with the prefill chunks that read them).
     """
 
     def __init__(self, request_id: str, index: int, prompt_token_ids: list[int],

@@ -1,7 +1,8 @@
 """The step description the engine sends every worker: the scheduler's plan and the logits
 rows, with each sequence reduced to what a model runner reads (no request group, stop state or
 detokenizer; only the step's window of tokens unless its sampling reads the whole history; a
-request's images travel with it, and every rank encodes them itself), so every worker runs
+request's images travel only with the steps whose tokens read them — ``Sequence.mm.for_step``
+— and every rank encodes them itself, keeping nothing between steps), so every worker runs
 exactly the single-GPU :class:`ModelRunner` step.
 """
 
@@ -81,6 +82,9 @@ def _reduced(s: Any, cache: dict[int, Sequence], whole: bool) -> Sequence:
             light.group = None
         else:
             light = WindowSequence(seq, s.start, s.start + s.num_tokens)
+        for_step = getattr(seq.mm, "for_step", None)
+        if for_step is not None:
+            light.mm = for_step(s.start, s.num_tokens)
         cache[seq.seq_id] = light
     return cache[seq.seq_id]
 

@@ -35,12 +35,14 @@ class ProcessedImage:
     """One preprocessed image.
 
     Attributes:
-        pixel_values: ``[grid_t * grid_h * grid_w, channels * temporal * patch * patch]`` float32.
+        pixel_values: ``[grid_t * grid_h * grid_w, channels * temporal * patch * patch]`` float32
+            (``None`` in a parallel step's copy for a step that does not feed the image, see
+            :meth:`~atlas_qwen3vl.multimodal.MultiModalInput.for_step`).
         grid_thw: ``(grid_t, grid_h, grid_w)`` in patches.
         content_hash: SHA-256 hex digest of the pixels (the prefix-cache key of the image).
     """
 
-    pixel_values: np.ndarray
+    pixel_values: np.ndarray | None
     grid_thw: tuple[int, int, int]
     content_hash: str
 

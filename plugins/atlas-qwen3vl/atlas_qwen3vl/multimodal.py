@@ -4,12 +4,13 @@ The engine reads three things (``Sequence.mm``): :meth:`MultiModalInput.position
 rotary position of each token the model runner feeds), :attr:`~MultiModalInput.position_offset`
 (added to the index of every token after the prompt) and :meth:`~MultiModalInput.hash_tokens`
 (placeholder ids replaced by the image's content hash, so cached KV blocks are keyed by the
-image, not by its placeholder count). The model reads the rest.
+image, not by its placeholder count). The model reads the rest. A parallel engine sends each
+step's workers :meth:`~MultiModalInput.for_step` instead of the whole payload.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -86,6 +87,22 @@ class MultiModalInput:
             if lo < hi:
                 spans.append((i, lo - offset, lo, hi - lo))
         return spans
+
+    def for_step(self, start: int, num: int) -> "MultiModalInput":
+        """What a worker of a parallel run needs to feed tokens ``start .. start + num - 1``.
+
+        The payload travels with every step its sequence is in; without this, each decode step
+        would re-send every image's pixels. Images those tokens do not touch keep their grid and
+        hash but lose their pixels (``pixel_values`` ``None``: the model encodes only images of
+        the step's spans), so decode steps and text-only chunks carry none. An image split over
+        prefill chunks travels with each of them: the workers keep nothing between steps, so
+        nothing of a request outlives it there. ``encoded`` starts empty (a worker encodes
+        itself; device arrays are never shipped). ``self`` is left as it is.
+        """
+        needed = {i for i, _, _, _ in self.image_spans(start, num)}
+        images = [img if i in needed else replace(img, pixel_values=None)
+                  for i, img in enumerate(self.images)]
+        return replace(self, images=images, encoded=[None] * len(images))
 
     def hash_tokens(self, start: int, tokens: list[int]) -> list[int]:
         """``tokens`` (the ids at ``start ...``) with each image's placeholders replaced by
