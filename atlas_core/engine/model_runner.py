@@ -418,7 +418,16 @@ class ModelRunner:
         views = {name: self.device[name][:bucket + (name == "cu_seqlens_q")] for name in self.device}
         meta = self._metadata(views, bucket, bucket, bucket, 1, self.max_seq_len, True)
         params = {name: arr[:bucket] for name, arr in self.sampler.device.items()}
-        holder: dict = {}
+        return self.capture_step(views, meta, params)
+
+    def capture_step(self, views: dict, meta: Any, params: dict) -> tuple:
+        """``(graph, holder)`` of one forward + logits + sampling step over the given device
+        views, step metadata and sampler parameters; the holder gets ``hidden`` and ``tokens``.
+        A CUDA graph holds raw device addresses, not the arrays: every array the captured step
+        reads must outlive it, so the holder (kept as long as the graph) also keeps ``views``,
+        ``meta`` (with whatever it alone references, e.g. a verify step's index arrays: freed,
+        replays read reused memory, issue #27) and ``params``."""
+        holder: dict = {"views": views, "meta": meta, "params": params}
 
         def step():
             hidden = holder["hidden"] = self.model.forward(views["input_ids"], meta)

@@ -213,19 +213,5 @@ class VerifyGraphs:
         if r.state_pools:
             meta.spec_verify = self._layout(bucket)
         params = {name: arr[:t] for name, arr in r.sampler.device.items()}
-        holder: dict = {}
-
-        def step():
-            hidden = holder["hidden"] = r.model.forward(views["input_ids"], meta)
-            logits = r.model.compute_logits(hidden, views["logits_indices"])
-            holder["tokens"] = r.sampler.sample(logits, params)
-
-        graph = r.backend.capture(step)
-        # A CUDA graph holds raw device addresses, not the arrays: every array the captured
-        # step reads must outlive it. The layout's index arrays (rows, cu_seqlens, order) are
-        # referenced by ``meta`` alone, which would go with ``step`` on return; freed, their
-        # memory goes to later allocations and the replays read whatever lands there (issue
-        # #27, hybrid models on cuda: GDN positions gathered the wrong token rows, NaN logits).
-        # The holder lives as long as the graph.
-        holder["meta"], holder["views"], holder["params"] = meta, views, params
-        return graph, holder
+        # the holder keeps meta (and the layout's index arrays only it references) alive
+        return r.capture_step(views, meta, params)
