@@ -7,7 +7,11 @@ import numpy as np
 from atlas_core.api import float8_e4m3fn
 from atlas_core.api import compose_rope_cache_attention
 from atlas_cuda.array import DeviceArray
-from atlas_cuda.context import COUNTERS, OpContext
+from atlas_cuda.attention_plan import (
+    LONG_DECODE_CTX, MMA_DECODE_B1_MAX_CTX, MMA_DECODE_MIN_CTX, MMA_DECODE_STAGES,
+    batch_invariant_decode_plan, decode_plan, mma_decode_heads, mma_decode_plan, mma_decode_smem,
+    shared_decode_plan)
+from atlas_cuda.context import OpContext
 from atlas_cuda.kernels_loader import variant_of
 
 LOG2E = 1.4426950408889634
@@ -20,132 +24,6 @@ FLASH_HEAD_DIMS = (64, 80, 128)
 ROPE_DECODE_HEAD_DIMS = (64, 128)
 ROPE_DECODE_MAX_TOKENS = 8
 FLASH_BM = FLASH_BN = 64
-#: Most floats of split partials the last block of the decode kernel merges (caps the splits:
-#: 16 at head_dim 128 with 4 heads a block). 16384 before: H200 batch 1, fewer splits of more
-#: rounds each, qwen3-8b at 4,096 tokens of context 233.5 -> 238.5 tok/s, qwen3-30b-a3b at 512
-#: 394.7 -> 413.0, qwen3.5-35b-a3b 437.4 -> 439.3; at 128 tokens unchanged. Not measured beyond
-#: 4K of context, where fewer blocks may read the cache more slowly.
-COMBINE_FLOATS = 8192
-#: Resident decode-attention blocks per SM (128 threads, ~210 registers).
-BLOCKS_PER_SM = 2
-#: Most floats of split partials under the ``shared`` plan (long contexts: more splits of the
-#: blocks that hold every head of a KV head).
-COMBINE_FLOATS_SHARED = 32768
-#: Cache length (tokens a sequence, the block table's width) above which ``auto`` takes the
-#: shared plan. H200, batch 1 / 4 / 8 step ms, split -> shared (session 13): qwen3-8b at 32,768
-#: tokens 12.09 -> 6.50 / 26.70 -> 13.91 / -, at 8,192 6.11 -> 4.85 / 10.41 -> 7.28 / 15.99 ->
-#: 9.69; qwen3-30b-a3b at 8,192 4.95 -> 3.31 / - / 24.43 -> 15.98; at 512 tokens the split plan
-#: keeps batch 1 (8b 4.23 against 4.26, 30b 2.52 against 2.60, 0.6b 0.78 against 0.83 ms).
-LONG_DECODE_CTX = 4096
-#: Head dims of the tensor-core decode kernel (attention_decode_mma.cu) and the stages of its
-#: K/V ring (kept in step with the kernel's DecMma::NST): two blocks an SM up to 128, one at 256.
-MMA_DECODE_STAGES = {64: 4, 128: 3, 256: 2}
-#: Cache length (the block table's width) above which ``auto`` takes that kernel: H200,
-#: per op (scripts/attn_decode_bench.py), mma against the CUDA-core plans, qwen3-8b heads, us:
-#: batch 1 at 512 tokens 7.20 / 7.54, 1,024 7.76 / 10.98, 4,096 11.65 / 30.85; batch 8 at
-#: 1,024 15.75 / 52.22; batch 1 at 128 tokens the split plan keeps it (5.26 against 6.69).
-MMA_DECODE_MIN_CTX = 512
-#: One query token (batch 1): the CUDA-core kernel with its fused rope prologue keeps caches up
-#: to this long. H200, qwen3-8b step ms, auto (mma) against decode_plan=shared, one call: batch 1
-#: at 1,024 tokens 4.79 / 4.42, at 8,192 5.13 / 4.88; batch 8 at 1,024 5.82 / 5.89, at 8,192
-#: 8.04 / 9.73; at 32,768 the mma kernel is 27 us a layer faster per op (41.7 against 69.1 us).
-#: Where between 8k and 32k batch 1 crosses over is not measured: 16,384 is a guess.
-MMA_DECODE_B1_MAX_CTX = 16384
-#: Keys of one K/V tile of that kernel (16 a warp).
-MMA_DECODE_BN = 64
-#: Most partial floats (heads x head dim x splits) a block row of that kernel merges: more than
-#: the CUDA-core kernels' cap, so few KV heads still fill the GPU (qwen3.5-35b-a3b, 2 KV heads
-#: of 8 query heads at 256, batch 1: 64 splits instead of 16; H200 at 32,768 tokens the capped
-#: plan ran at 507 GB/s).
-COMBINE_FLOATS_MMA = 131072
-
-
-def mma_decode_heads(h: int, kh: int) -> int:
-    """Query heads a block of the tensor-core decode kernel takes (the rows of its 16-row mma
-    tile: the whole GQA group up to 16, else 16 at a time), or 0 where it does not apply
-    (one query head per KV head: nothing to share)."""
-    group = h // kh
-    hb = min(group, 16)
-    return hb if hb in (2, 4, 8, 16) and group % hb == 0 else 0
-
-
-def mma_decode_smem(d: int, itemsize: int) -> int:
-    """Dynamic shared memory of the tensor-core decode kernel: 16 query rows and the K/V ring,
-    rows padded by 8 elements (ldmatrix without bank conflicts)."""
-    return (16 + MMA_DECODE_STAGES[d] * 2 * MMA_DECODE_BN) * (d + 8) * itemsize
-
-
-def mma_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
-                    num_sms: int) -> tuple[int, int]:
-    """``(heads per block, splits)`` of the tensor-core decode kernel: a wave of blocks (two an
-    SM up to head dim 128, one at 256), each split at least one 64-key tile, the partials within
-    :data:`COMBINE_FLOATS_MMA`."""
-    hb = mma_decode_heads(h, kh)
-    target = (2 if d <= 128 else 1) * num_sms
-    base = t * kh * (h // kh // hb)
-    if base > COUNTERS:
-        return hb, 1
-    return hb, max(1, min(target // base, COMBINE_FLOATS_MMA // (hb * d),
-                          -(-max_ctx // MMA_DECODE_BN)))
-
-
-def shared_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
-                       num_sms: int) -> tuple[int, int]:
-    """``(heads per block, splits)`` that read each KV head's cache once: every query head of a
-    GQA group (up to 4) in one block, the context split across enough blocks for a wave."""
-    group, target = h // kh, BLOCKS_PER_SM * num_sms
-    per_round = {16: 256, 32: 128, 64: 64, 128: 32, 256: 16}[d]
-    hb = next(x for x in (4, 2, 1) if group % x == 0)
-    base = t * kh * (group // hb)
-    if base > COUNTERS:
-        return hb, 1
-    return hb, max(1, min(target // base, COMBINE_FLOATS_SHARED // (hb * d),
-                          -(-max_ctx // per_round)))
-
-
-def decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int, num_sms: int) -> tuple[int, int]:
-    """``(heads per block, splits)`` of split decode attention: one wave of blocks (two per SM),
-    each split at least one round of keys, the in-kernel combine's partials (splits x heads x d
-    floats) within ``COMBINE_FLOATS``. Fewer heads per block where that gains a quarter more
-    blocks, or as many blocks with fewer splits: a shorter merge beats sharing K/V loads among
-    a block's heads while the cache is small (H200 batch 1, one head and 8 splits against two
-    heads and 16: qwen3-30b-a3b 411.5 -> 415.6 tok/s at 512 tokens of context, 412.0 -> 417.0 at
-    128; qwen3-8b 238.8 -> 239.8 at 4,096; qwen3-0.6b 1,211.9 -> 1,254.2 at 1,024). Batches
-    that fill the wave with tokens keep four heads a block and one split."""
-    group, target = h // kh, BLOCKS_PER_SM * num_sms
-    per_round = {16: 256, 32: 128, 64: 64, 128: 32, 256: 16}[d]
-    best = (0, 1, 1)
-    for hb in (4, 2, 1):
-        if group % hb:
-            continue
-        base = t * kh * (group // hb)
-        splits = max(1, min(target // base, COMBINE_FLOATS // (hb * d),
-                            -(-max_ctx // per_round)))
-        if base > COUNTERS:
-            splits = 1
-        score = min(base * splits, target)
-        if score > 1.25 * best[0] or (score >= best[0] and splits < best[2]):
-            best = (score, hb, splits)
-    return best[1], best[2]
-
-
-def batch_invariant_decode_plan(h: int, kh: int) -> tuple[int, int]:
-    """``(heads per block, splits)`` of batch-invariant mode: the most heads of a GQA group a
-    block takes (up to 4, a function of the model) and ONE split, whatever the step.
-
-    Why one: the decode kernel cuts a row's ``len`` keys into spans of
-    ``ceil(len / num_splits)`` rounded up to a round of keys, and ``num_splits`` is the
-    launch's, shared by every row; so a row's online-softmax order, and its bits, depend on the
-    split count, which the other plans pick from the step's tokens, longest cache and SM count.
-    The count must therefore be a constant, and 1 is the only one every launch can take: more
-    splits need ``tokens x head blocks <= COUNTERS`` completion counters and ``tokens x heads x
-    splits x head_dim`` floats of partials, which a prefill chunk of a few hundred tokens
-    already exceeds. With one split each row is one block over its keys in order, the same
-    for a decode row and for the same position as a prefill row."""
-    group = h // kh
-    return next(x for x in (4, 2, 1) if group % x == 0), 1
-
-
 class AttentionOps:
     """Rotary embedding, KV-cache writes, decode (split) and prefill (flash) attention.
 

@@ -4,7 +4,7 @@ H200 (132 SMs), docs/benchmarks.md; and the kernel prefill attention picks, caus
 import numpy as np
 import pytest
 
-from atlas_cuda.ops_attention import BLOCKS_PER_SM, COMBINE_FLOATS, decode_plan
+from atlas_cuda.attention_plan import BLOCKS_PER_SM, COMBINE_FLOATS, decode_plan
 
 
 @pytest.mark.parametrize("t,h,kh,d,ctx,want", [
@@ -37,7 +37,7 @@ def test_decode_plan_limits(t, h, kh, d):
     (1, 14, 2, 64, 40960, (1, 18)),     # group 7: one head a block
 ])
 def test_shared_plan_reads_each_kv_head_once(t, h, kh, d, ctx, want):
-    from atlas_cuda.ops_attention import shared_decode_plan
+    from atlas_cuda.attention_plan import shared_decode_plan
     assert shared_decode_plan(t, h, kh, d, ctx, 132) == want
 
 
@@ -85,7 +85,7 @@ def test_prefill_attention_refuses_a_head_dim_no_kernel_has():
 @pytest.mark.parametrize("h,kh,want", [(32, 8, 4), (32, 4, 8), (16, 2, 8), (16, 8, 2),
                                        (64, 2, 16), (48, 1, 16), (16, 16, 0), (24, 8, 0)])
 def test_mma_decode_heads(h, kh, want):
-    from atlas_cuda.ops_attention import mma_decode_heads
+    from atlas_cuda.attention_plan import mma_decode_heads
     assert mma_decode_heads(h, kh) == want
 
 
@@ -96,12 +96,12 @@ def test_mma_decode_heads(h, kh, want):
     (1, 32, 8, 128, 100, (4, 2)),       # at least one 64-key tile a split
     (64, 32, 8, 128, 8192, (4, 1))])
 def test_mma_decode_plan(t, h, kh, d, ctx, want):
-    from atlas_cuda.ops_attention import mma_decode_plan
+    from atlas_cuda.attention_plan import mma_decode_plan
     assert mma_decode_plan(t, h, kh, d, ctx, 132) == want
 
 
 def test_mma_decode_smem_fits_two_blocks_an_sm_up_to_128():
-    from atlas_cuda.ops_attention import mma_decode_smem
+    from atlas_cuda.attention_plan import mma_decode_smem
     assert 2 * mma_decode_smem(128, 2) <= 227 << 10
     assert 2 * mma_decode_smem(64, 2) <= 227 << 10
     assert mma_decode_smem(256, 2) <= 227 << 10

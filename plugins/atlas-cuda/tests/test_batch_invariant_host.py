@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from atlas_core.api import as_dtype
-from atlas_cuda.ops_attention import AttentionOps, batch_invariant_decode_plan
+from atlas_cuda.attention_plan import batch_invariant_decode_plan
+from atlas_cuda.ops_attention import AttentionOps
 from atlas_cuda.ops_gemv import gemv_rows
 from atlas_cuda.policy import (BATCH_INVARIANT_FIELDS, KernelPolicy, resolve,
                                with_batch_invariance)

@@ -206,8 +206,13 @@ class MlaCudaOps:
                         np.int32(block_tables.shape[1]), np.int32(cache.shape[1]),
                         np.float32(scale * LOG2E), np.int32(splits), np.int32(stages),
                         shmem=shmem)
-        out = self.ctx.out((batch, heads, rank), q_lat.dtype)
-        combine = self.ctx.kernel("mla_attention", q_lat.dtype, "mla_decode_combine")
+        return self._combine(part_o, part_ml, batch, heads, rank, splits, q_lat.dtype)
+
+    def _combine(self, part_o: Any, part_ml: Any, batch: int, heads: int, rank: int,
+                 splits: int, dtype: Any) -> Any:
+        """Merge the split partials of either decode kernel into ``[batch, heads, rank]``."""
+        out = self.ctx.out((batch, heads, rank), dtype)
+        combine = self.ctx.kernel("mla_attention", dtype, "mla_decode_combine")
         self.ctx.launch(combine, (batch, heads), 128, out, part_o, part_ml, np.int32(heads),
                         np.int32(rank), np.int32(splits))
         return out
@@ -230,11 +235,7 @@ class MlaCudaOps:
                         np.int32(rank), np.int32(rope), np.int32(block_tables.shape[1]),
                         np.int32(cache.shape[1]), np.float32(scale), np.int32(splits),
                         shmem=shmem)
-        out = self.ctx.out((batch, heads, rank), q_lat.dtype)
-        combine = self.ctx.kernel("mla_attention", q_lat.dtype, "mla_decode_combine")
-        self.ctx.launch(combine, (batch, heads), 128, out, part_o, part_ml, np.int32(heads),
-                        np.int32(rank), np.int32(splits))
-        return out
+        return self._combine(part_o, part_ml, batch, heads, rank, splits, q_lat.dtype)
 
     def mla_gather_latent(self, cache: Any, block_tables: Any, seq_lens: Any,
                           num_ctx_tokens: int, kv_lora_rank: int) -> tuple[Any, Any]:
