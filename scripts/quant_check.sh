@@ -9,8 +9,14 @@
 #           context: qwen3-8b (bf16) beside qwen3-8b-fp8 and qwen3-8b-nvfp4.
 # skinny:   scripts/quant_skinny_bench.py: the decode kernels against NumPy, then qwen3-8b's
 #           projections 1-64 rows, skinny vs legacy kernels, % of the memory floor.
+# sweep:    scripts/quant_skinny_bench.py --sweep: every qskinny2 (MT, depth) per format and rows.
 # moebench: qwen3-30b-a3b-fp8 and qwen3.5-35b-a3b-nvfp4 at batch 1 (decode reads only the
 #           chosen experts; the prefill dequantizes every expert of a layer per chunk).
+# kvfp4:    the nvfp4 KV cache (--kv-cache-dtype nvfp4): its gpu tests (write-kernel bytes,
+#           decode / prefill against NumPy, tiny Qwen3 cuda vs numpy) and host tests, then the
+#           op contract's nvfp4 KV cases on cuda (~3 min with a cold NVRTC cache).
+# kvbench:  atlas bench qwen3-8b at 32k tokens of context, batch 1 and 4, bf16 KV beside nvfp4
+#           KV (KVBENCH_TIMEOUT per run, default 240 s; a device call of its own).
 # Expected run time on an H200 (NVRTC cache cold): install ~30 s, tests ~3 min (first builds of
 # quant_linear / quant_gemm / quant_moe.cu, 10-30 s each per dtype), bench ~5 min (three 8B
 # models, ~90 s each): ~9 min for the default steps, inside one 10-minute device command but
@@ -51,6 +57,11 @@ bench() {  # name timeout args...
   timeout -s ABRT "$limit" python3 -X faulthandler -m atlas_core bench "$@" \
     --json "$OUT/bench-$name.json" 2>&1 | tee "$OUT/bench-$name.log" | grep -v "^\[bench" | tail -20
 }
+if has sweep; then
+  stamp sweep
+  timeout -s ABRT "${SWEEP_TIMEOUT:-400}" python3 -X faulthandler scripts/quant_skinny_bench.py \
+    --sweep 2>&1 | tee "$OUT/sweep.log" | grep -E "^best|WRONG|FAILED|Error" | tail -40
+fi
 if has skinny; then
   stamp skinny
   timeout -s ABRT "${SKINNY_TIMEOUT:-240}" python3 -X faulthandler scripts/quant_skinny_bench.py \
@@ -67,5 +78,21 @@ if has moebench; then
     --prompt-len 512 --decode-tokens 32 --copy-mb 2048 --gpu-memory-utilization 0.85
   bench 35b-nvfp4 "${MOEBENCH_TIMEOUT:-150}" --model qwen3.5-35b-a3b-nvfp4 --concurrency 1 \
     --prompt-len 512 --decode-tokens 32 --copy-mb 2048 --gpu-memory-utilization 0.6
+fi
+if has kvfp4; then
+  stamp kvfp4
+  timeout -s INT "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
+    plugins/atlas-cuda/tests/test_kv_nvfp4_cuda.py plugins/atlas-cuda/tests/test_kv_nvfp4_host.py \
+    2>&1 | tee "$OUT/kvfp4-tests.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
+  timeout -s INT "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
+    plugins/atlas-cuda/tests/test_contract_cuda.py -k "cache_nvfp4 or attention_nvfp4" \
+    2>&1 | tee "$OUT/kvfp4-contract.log" | grep -E "passed|failed|error|FAILED|ERROR" | tail -40
+fi
+if has kvbench; then
+  for kv in bf16 nvfp4; do
+    bench "kv-$kv" "${KVBENCH_TIMEOUT:-240}" --model qwen3-8b \
+      --concurrency "${KV_CONCURRENCY:-1,4}" --prompt-len 32768 --decode-tokens "${DECODE_TOKENS:-64}" --copy-mb 2048 \
+      --kv-cache-dtype "$kv" --gpu-memory-utilization 0.85
+  done
 fi
 stamp done

@@ -75,12 +75,72 @@ def time_graph(be, fn, reps: int = 20) -> float:
     return be.elapsed_ms(a, b) / reps
 
 
+def sweep(rows: list[int], layers: int, depths: tuple[int, ...] = (3, 4, 6, 8)) -> None:
+    """Every (weight tiles a warp MT, ring depth D) of ``qskinny2_*`` (the build with
+    QSKINNY_SWEEP), and the register-ring ``qskinny_*`` ("v1"), per format and rows: checked
+    against NumPy on an odd shape, then timed on qwen3-8b's projections. Prints the best
+    configuration per (format, n-tiles): the values for ops_quant.SKINNY2_CONFIG."""
+    from atlas_cuda import ops_quant
+    be = CudaBackend(policy=KernelPolicy(quant_kernel="skinny", quant_weights=True))
+    rng = np.random.default_rng(1)
+    configs = [None] + [(mt, d) for mt in (1, 2) for d in depths]
+    base = dict(ops_quant.SKINNY2_CONFIG)
+    for fmt in FORMATS:
+        kfmt = "nvfp4" if fmt == "nvfp4" else "fp8"
+        ws = [[device_weight(be, fmt, *SHAPES[s], 1000 * li + i) for i, s in enumerate(SHAPES)]
+              for li in range(layers)]
+        floor_ms = sum(nbytes(w) for layer in ws for w in layer) / FLOOR_BPS * 1e3
+        q = quantize(rng.standard_normal((200, 1280)).astype(np.float32) * 0.03, fmt,
+                     dtype=bfloat16)
+        qd = upload(be, q)
+        for m in rows:
+            nt = next(t for t in (1, 2, 4, 8) if 8 * t >= m)
+            x = rng.standard_normal((m, 1280)).astype(bfloat16)
+            want = np.asarray(ref.linear(x, q), np.float32)
+            xs = {s: be.from_host(rng.standard_normal((m, SHAPES[s][1])).astype(bfloat16))
+                  for s in SHAPES}
+            best = None
+            for cfg in configs:
+                if cfg is None:
+                    ops_quant.SKINNY2_CONFIG.pop((kfmt, nt), None)
+                else:
+                    ops_quant.SKINNY2_CONFIG[(kfmt, nt)] = cfg
+                try:
+                    y = be.to_host(be.ops.linear(be.from_host(x), qd))
+                    err = float(np.abs(np.asarray(y, np.float32) - want).max()
+                                / (np.abs(want).max() + 1e-9))
+
+                    def fn(be=be):
+                        return [be.ops.linear(xs[s], w) for layer in ws
+                                for s, w in zip(SHAPES, layer)]
+                    us = time_graph(be, fn) * 1e3 / layers
+                except Exception as e:  # noqa: BLE001 - a config that cannot launch
+                    print(f"sweep {fmt:9s} rows {m:2d} {str(cfg):8s} FAILED {type(e).__name__}: {e}")
+                    continue
+                ok = err < 1e-2
+                pct = 100 * floor_ms * 1e3 / layers / us
+                print(f"sweep {fmt:9s} rows {m:2d} {'v1' if cfg is None else str(cfg):8s} "
+                      f"{us:8.1f} us {pct:5.1f}%  err {err:.1e}{'' if ok else ' WRONG'}")
+                if ok and cfg is not None and (best is None or us < best[0]):
+                    best = (us, cfg)
+            print(f"best {fmt} rows {m} n{nt}: {best}")
+            ops_quant.SKINNY2_CONFIG.clear()
+            ops_quant.SKINNY2_CONFIG.update(base)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--rows", default="1,2,4,8,16,32,64")
+    p.add_argument("--sweep", action="store_true",
+                   help="time every qskinny2 configuration (builds with QSKINNY_SWEEP)")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
+    if args.sweep:
+        from atlas_cuda.compiler import add_define
+        add_define("QSKINNY_SWEEP")
+        sweep(rows, args.layers)
+        return
     backends = {"skinny": CudaBackend(policy=KernelPolicy(quant_kernel="skinny",
                                                           quant_weights=True)),
                 "legacy": CudaBackend(policy=KernelPolicy(quant_kernel="legacy",

@@ -141,4 +141,73 @@ template <typename T> __device__ __forceinline__ u32 fp4_pair(u32 v, int i) {
   return ((u & 0x00070007u) << QPair<T>::SH4) | ((u & 0x00080008u) << 12);
 }
 
-// What a lane needs to turn one step's weight registers into MMAs.
+// ---- One skinny decode step (quant_skinny.cu; reusable by any kernel that keeps the weight as
+// the mma.sync m16n8k16 A operand): a lane (g = lane / 4, t = lane % 4) holds 32 codes of each
+// of its two weight rows (16 g-row and g+8-row of a 16-row tile) at K offset k0 + 32 t of a
+// 128-wide step; they become the A fragments a[st] of the step's 8 MMAs, st = 0..7, in the
+// decoders' K order, and qx_frag gives x (the B operand) the same order. ----
+
+// Where a lane's codes sit in a weight row's 128-wide step: 16-byte chunk v (FP8 0-1, NVFP4 0)
+// at byte 16 t + 64 v, so one load instruction of a warp reads whole 32-byte sectors (FP8 lanes
+// once held 32 contiguous bytes, and each of their two loads fetched half of every sector).
+__device__ __forceinline__ int qchunk_offset(int t, int v) { return 16 * t + 64 * v; }
+// The lane's 32 elements of x row `row` (zeros past M) for the step at K offset k0, in the
+// order of its codes: FP8 k0 + 16 t + [0, 16) then k0 + 64 + 16 t + [0, 16); NVFP4 (two codes
+// a byte) k0 + 32 t + [0, 32).
+template <typename T, int FMT>
+__device__ __forceinline__ void qx_load(uint4 (&xv)[4], const T* x, int row, int M, int K, int k0,
+                                        int t) {
+#pragma unroll
+  for (int c = 0; c < 4; c++) {
+    int k = FMT == 0 ? k0 + 16 * t + 64 * (c >> 1) + 8 * (c & 1) : k0 + 32 * t + 8 * c;
+    xv[c] = row < M ? *reinterpret_cast<const uint4*>(x + (long long)row * K + k)
+                    : make_uint4(0, 0, 0, 0);
+  }
+}
+// FP8: w[r] = the row's 32 codes (2 x 16 B); a = codes times 2^0 (the decoder's offset removed).
+template <typename T>
+__device__ __forceinline__ void qdecode_fp8(const uint4 (&w)[2][2], u32 (&a)[8][4]) {
+  using P = QPair<T>;
+  const u32 fix = P::pair(P::fp8_fix());
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      u32 v = word_of(w[r][j >> 2], j & 3);
+      a[j][r] = P::mul(fp8_pair<T, 0>(v), fix);
+      a[j][2 + r] = P::mul(fp8_pair<T, 1>(v), fix);
+    }
+}
+// NVFP4: w[r][0] = the row's 32 codes (16 B); sc[r] = its two e4m3 group scales (16 bits, the
+// first group low); a = e2m1 * group scale * 2^-8 (bf16) or 2^-7 (f16): QPair::fp4_out() and
+// the global scale multiply the result.
+template <typename T>
+__device__ __forceinline__ void qdecode_nvfp4(const uint4 (&w)[2][1], const u32 (&sc)[2],
+                                              u32 (&a)[8][4]) {
+  using P = QPair<T>;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    u32 h = e4m3x2_to_f16x2(sc[r]);
+    u32 m0 = P::scale_pair(h, 0), m1 = P::scale_pair(h, 1);
+#pragma unroll
+    for (int wi = 0; wi < 4; wi++) {
+      u32 v = word_of(w[r][0], wi), m = wi < 2 ? m0 : m1;
+      a[2 * wi][r] = P::mul(fp4_pair<T>(v, 0), m);
+      a[2 * wi][2 + r] = P::mul(fp4_pair<T>(v, 1), m);
+      a[2 * wi + 1][r] = P::mul(fp4_pair<T>(v, 2), m);
+      a[2 * wi + 1][2 + r] = P::mul(fp4_pair<T>(v, 3), m);
+    }
+  }
+}
+// The B fragment of mma st from the lane's 32 elements of one x row (xv, K order): FP8 pairs
+// codes 4 st + {0, 2} and 4 st + {1, 3} (x words 2 st, 2 st + 1); NVFP4 codes 8 wi + {p, p + 4}
+// and 8 wi + {p + 1, p + 5}, wi = st / 2, p = 2 (st % 2).
+template <int FMT>
+__device__ __forceinline__ void qx_frag(const uint4 (&xv)[4], int st, u32 (&b)[2]) {
+  int wlo = FMT == 0 ? 2 * st : 4 * (st >> 1) + (st & 1);
+  int whi = FMT == 0 ? 2 * st + 1 : wlo + 2;
+  u32 lo = word_of(xv[wlo >> 2], wlo & 3), hi = word_of(xv[whi >> 2], whi & 3);
+  b[0] = prmt(lo, hi, 0x5410);
+  b[1] = prmt(lo, hi, 0x7632);
+}
+

@@ -18,6 +18,9 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_common.cuh"
+#include "norm_rows.cuh"
+#include "quant_skinny.cuh"
+
 
 template <typename T, int FMT, int NT> struct QSkinnyLane {
   const T* x;
@@ -28,71 +31,44 @@ template <typename T, int FMT, int NT> struct QSkinnyLane {
   float inv_steps;       // FP8: scale block of step s = (s + 0.5) * inv_steps
   float acc[NT][4];
 
-  // The lane's 32 elements of x row 8 j + g at K offset k (zeros past M).
-  __device__ __forceinline__ void load_x(uint4 (&xv)[4], int j, int k) const {
-    int row = 8 * j + g;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-      xv[i] = row < M ? reinterpret_cast<const uint4*>(x + (long long)row * K + k)[i]
-                      : make_uint4(0, 0, 0, 0);
+  // The lane's 32 elements of x row 8 j + g for the step at K offset k0 (zeros past M).
+  __device__ __forceinline__ void load_x(uint4 (&xv)[4], int j, int k0) const {
+    qx_load<T, FMT>(xv, x, 8 * j + g, M, K, k0, t);
   }
 
   // Decode the 32 codes of both rows in buf (step s: K [128 s + 32 t, + 32)) and multiply
   // them with every n-tile of x.
   template <int V> __device__ __forceinline__ void step(const uint4 (&buf)[2][V], int s) {
-    using P = QPair<T>;
-    int k = s * 128 + 32 * t;
+    int k0 = s * 128, k = k0 + 32 * t;  // k: the lane's NVFP4 scale column x 16
     // x of n-tile j for this step: loaded one tile ahead (tile 0 before the decode), so its
     // latency hides behind the decode and the previous tile's MMAs.
     uint4 xv[2][4];
-    load_x(xv[0], 0, k);
+    load_x(xv[0], 0, k0);
     u32 a[8][4];
     float fs[2] = {1.f, 1.f};
-    if (FMT == 0) {
-      const u32 fix = P::pair(P::fp8_fix());
+    if constexpr (FMT == 0) {
       int blk = (int)(((float)s + 0.5f) * inv_steps);
 #pragma unroll
       for (int r = 0; r < 2; r++) fs[r] = srow[r][blk];
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-          u32 v = word_of(buf[r][j >> 2], j & 3);
-          a[j][r] = P::mul(fp8_pair<T, 0>(v), fix);
-          a[j][2 + r] = P::mul(fp8_pair<T, 1>(v), fix);
-        }
+      qdecode_fp8<T>(buf, a);
     } else {
+      u32 sc[2];
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        u32 sc2 = *reinterpret_cast<const unsigned short*>(
+      for (int r = 0; r < 2; r++)
+        sc[r] = *reinterpret_cast<const unsigned short*>(
             reinterpret_cast<const unsigned char*>(q.scale) + (long long)rows[r] * (K / 16) +
             k / 16);
-        u32 h = e4m3x2_to_f16x2(sc2);
-        u32 m0 = P::scale_pair(h, 0), m1 = P::scale_pair(h, 1);
-#pragma unroll
-        for (int wi = 0; wi < 4; wi++) {
-          u32 v = word_of(buf[r][0], wi), m = wi < 2 ? m0 : m1;
-          a[2 * wi][r] = P::mul(fp4_pair<T>(v, 0), m);
-          a[2 * wi][2 + r] = P::mul(fp4_pair<T>(v, 1), m);
-          a[2 * wi + 1][r] = P::mul(fp4_pair<T>(v, 2), m);
-          a[2 * wi + 1][2 + r] = P::mul(fp4_pair<T>(v, 3), m);
-        }
-      }
+      qdecode_nvfp4<T>(buf, sc, a);
     }
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-      if (j + 1 < NT) load_x(xv[(j + 1) & 1], j + 1, k);
-      const uint4(&xj)[4] = xv[j & 1];
+      if (j + 1 < NT) load_x(xv[(j + 1) & 1], j + 1, k0);
       float c[4] = {0.f, 0.f, 0.f, 0.f};
       float* d = FMT == 0 ? c : acc[j];
 #pragma unroll
       for (int st = 0; st < 8; st++) {
-        // FP8: codes 4 st + {0, 2} and 4 st + {1, 3} (x words 2 st, 2 st + 1); NVFP4: codes
-        // 8 wi + {p, p + 4} and 8 wi + {p + 1, p + 5}, wi = st / 2, p = 2 (st % 2).
-        int wlo = FMT == 0 ? 2 * st : 4 * (st >> 1) + (st & 1);
-        int whi = FMT == 0 ? 2 * st + 1 : wlo + 2;
-        u32 lo = word_of(xj[wlo >> 2], wlo & 3), hi = word_of(xj[whi >> 2], whi & 3);
-        u32 b[2] = {prmt(lo, hi, 0x5410), prmt(lo, hi, 0x7632)};
+        u32 b[2];
+        qx_frag<FMT>(xv[j & 1], st, b);
         mma16816<T>(d, a[st], b);
       }
       if (FMT == 0) {
@@ -107,10 +83,11 @@ template <typename T, int FMT, int NT> struct QSkinnyLane {
 
 // D steps of weight loads in flight a lane: a ring of D + 1 register buffers, the loop
 // unrolled over it so every buffer index is a constant.
-template <typename T, int FMT, int NT, int D>
+template <typename T, int FMT, int NT, int D, bool NORM = false>
 __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
                              const unsigned char* __restrict__ w, QScale q,
-                             const T* __restrict__ bias, int M, int N, int K, int S) {
+                             const T* __restrict__ bias, int M, int N, int K, int S,
+                             QNorm nq = QNorm{}) {
   using P = QPair<T>;
   constexpr int V = FMT == 0 ? 2 : 1;  // 16-byte loads of one row a step
   __shared__ float red[8][NT][4][32];
@@ -123,7 +100,7 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
   const unsigned char* wr[2];
   long long row_bytes = FMT == 0 ? K : K / 2;
 #pragma unroll
-  for (int r = 0; r < 2; r++) wr[r] = w + (long long)L.rows[r] * row_bytes + L.t * 16 * V;
+  for (int r = 0; r < 2; r++) wr[r] = w + (long long)L.rows[r] * row_bytes + qchunk_offset(L.t, 0);
   int steps = n0 < N ? K / 128 : 0;
   uint4 buf[D + 1][2][V];
 #pragma unroll
@@ -133,9 +110,17 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
       for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int v = 0; v < V; v++)
-          buf[u][r][v] = ld_stream(wr[r] + (long long)(part + u * S) * 64 * V + 16 * v);
+          buf[u][r][v] = ld_stream(wr[r] + (long long)(part + u * S) * 64 * V + 64 * v);
   pdl_trigger();
   pdl_wait();
+  if constexpr (NORM) {
+    extern __shared__ __align__(16) unsigned char qs_xs[];
+    T* xs = reinterpret_cast<T*>(qs_xs);
+    norm_rows_to_shared<T, 8>(xs, reinterpret_cast<T*>(nq.r_out), nullptr, x,
+                              reinterpret_cast<const T*>(nq.residual),
+                              reinterpret_cast<const T*>(nq.nw), nq.eps, nq.zc, M, K, 0);
+    L.x = xs;
+  }
 #pragma unroll
   for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -157,7 +142,7 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
 #pragma unroll
             for (int v = 0; v < V; v++)
               buf[(u + D) % (D + 1)][r][v] =
-                  ld_stream(wr[r] + (long long)ahead * 64 * V + 16 * v);
+                  ld_stream(wr[r] + (long long)ahead * 64 * V + 64 * v);
         L.step(buf[u], s);
         s += S;
       }
@@ -204,11 +189,28 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
     QScale q{scale, gscale, 1, 16, 0};                                                        \
     qskinny_impl<T, 1, NT, D>(y, x, w, q, bias, M, N, K, s);                                  \
   }
+#define QSKINNY_NORM_FP8(T, S, D)                                                             \
+  extern "C" __global__ void __launch_bounds__(256) qskinny_norm_fp8_##S##_n1_d##D(           \
+      T* y, const T* x, const unsigned char* w, const float* scale, const T* bias, int M,     \
+      int N, int K, int s, int bn, int bk, int s_row, QNORM_ARGS(T)) {                           \
+    QScale q{scale, nullptr, bn, bk, s_row};                                                  \
+    qskinny_impl<T, 0, 1, D, true>(y, x, w, q, bias, M, N, K, s,                              \
+                                   QNorm{r_out, residual, nw, eps, zc});                      \
+  }
+#define QSKINNY_NORM_FP4(T, S, D)                                                             \
+  extern "C" __global__ void __launch_bounds__(256) qskinny_norm_nvfp4_##S##_n1_d##D(         \
+      T* y, const T* x, const unsigned char* w, const unsigned char* scale,                   \
+      const float* gscale, const T* bias, int M, int N, int K, int s, QNORM_ARGS(T)) {          \
+    QScale q{scale, gscale, 1, 16, 0};                                                        \
+    qskinny_impl<T, 1, 1, D, true>(y, x, w, q, bias, M, N, K, s,                              \
+                                   QNorm{r_out, residual, nw, eps, zc});                      \
+  }
 // The depths ops_quant.SKINNY_DEPTH picks.
 #define QSKINNYS(T, S)                                                                        \
   QSKINNY_FP8(T, S, 1, 1) QSKINNY_FP8(T, S, 2, 1) QSKINNY_FP8(T, S, 4, 1)                     \
   QSKINNY_FP8(T, S, 8, 1) QSKINNY_FP4(T, S, 1, 3) QSKINNY_FP4(T, S, 2, 3)                     \
-  QSKINNY_FP4(T, S, 4, 1) QSKINNY_FP4(T, S, 8, 1)
+  QSKINNY_FP4(T, S, 4, 1) QSKINNY_FP4(T, S, 8, 1) QSKINNY_NORM_FP8(T, S, 1)                  \
+  QSKINNY_NORM_FP4(T, S, 3)
 #if ATLAS_MMA
 INSTANTIATE(QSKINNYS)
 #endif

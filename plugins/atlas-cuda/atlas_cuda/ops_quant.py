@@ -56,6 +56,24 @@ QSKINNY_MAX_M = 64
 #: row (more registers cost occupancy); NVFP4 (half the bytes a step) 72.1 / 70.6 / 57.7 at one
 #: row, 61.6 at 8 rows with 3, and 96.0 (1) / 96.9 (3) at 16.
 SKINNY_DEPTH = {("nvfp4", 1): 3, ("nvfp4", 2): 3}
+#: ``qskinny2_*`` (weights streamed through a per-lane shared-memory ring with cp.async) by
+#: (format, n-tiles): (weight tiles a warp MT, ring depth D). Set from the sweep of
+#: scripts/quant_skinny_bench.py --sweep (docs/benchmarks.md); an entry missing here keeps the
+#: register-ring ``qskinny_*``. The default build instantiates exactly these (QSKINNY2_DEFAULT
+#: in quant_skinny.cu must list the same).
+SKINNY2_CONFIG: dict[tuple[str, int], tuple[int, int]] = {
+    ("fp8", 1): (1, 3), ("fp8", 8): (2, 3),
+    ("nvfp4", 2): (2, 4), ("nvfp4", 4): (2, 4), ("nvfp4", 8): (2, 4)}
+#: Rows up to which rms_norm_linear over a quantized weight is one fused-norm skinny launch.
+#: Every block normalises all rows itself (x and residual from L2): H200, qwen3-8b-fp8 at 1,024
+#: tokens, batch 1 3.55 -> 3.26 ms with the fusion, but batch 8 4.18 -> 5.82 (64 KiB of rows
+#: read and held per block), so from 3 rows on rms_norm runs first.
+SKINNY_NORM_ROWS = 2
+#: Shared memory the fused-norm skinny kernels may take for the normed rows (M x K of x):
+#: 8 rows of K 6,144 in bf16.
+SKINNY_NORM_XS = 96 << 10
+#: Blocks a SM the K split of the skinny kernels aims the grid at (:func:`skinny_splits`).
+SKINNY_BLOCKS_PER_SM = 2
 #: Elements one 16-byte load of weight data holds, by format (FP8 formats: 16).
 ELEMS = {"nvfp4": 32}
 _GRID_CAP = 1 << 15
@@ -99,14 +117,24 @@ def gemv_splits(N: int, K: int, fmt: str, num_sms: int) -> int:
     return s
 
 
-def skinny_splits(N: int, K: int, num_sms: int) -> int:
-    """Warps S splitting K of one 16-row weight tile in ``qskinny_*``: doubled while the grid
-    (``N / 16 * S / 8`` blocks) has fewer than two blocks per SM and every warp keeps at least
-    two 128-element steps."""
-    tiles, s = -(-N // 16), 1
-    while s < 8 and -(-tiles * s // 8) < 2 * num_sms and K // (128 * s * 2) >= 2:
+def skinny_splits(N: int, K: int, num_sms: int, rows: int = 16) -> int:
+    """Warps S splitting K of one ``rows``-row weight tile in ``qskinny*``: doubled while the
+    grid (``N / rows * S / 8`` blocks) has fewer than :data:`SKINNY_BLOCKS_PER_SM` blocks per SM
+    and every warp keeps at least two 128-element steps."""
+    tiles, s = -(-N // rows), 1
+    while (s < 8 and -(-tiles * s // 8) < SKINNY_BLOCKS_PER_SM * num_sms
+           and K // (128 * s * 2) >= 2):
         s *= 2
     return s
+
+
+def skinny2_smem(fmt: str, nt: int, mt: int, depth: int, splits: int) -> int:
+    """Dynamic shared memory of one ``qskinny2_*`` block: 8 warps' rings (``depth`` steps of
+    ``2 MT`` weight rows, 32 B a row for FP8, 16 for NVFP4, per lane), or the K-split
+    reduction (8 warps x ``MT NT`` fragments of 4 floats per lane) if that is larger."""
+    v = 1 if fmt == "nvfp4" else 2
+    ring = 8 * depth * mt * 2 * v * 512
+    return max(ring, 8 * mt * nt * 512 if splits > 1 else 0)
 
 
 def skinny_servable(x: Any, w: QuantizedWeight) -> bool:
@@ -190,19 +218,38 @@ class QuantOps:
                        *extra, pdl=ctx.pdl)
 
     def skinny(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
-               bias: DeviceArray | None, M: int, N: int, K: int) -> None:
-        """One ``qskinny_*`` launch (``M`` at most :data:`QSKINNY_MAX_M`): 8 warps a block, each
-        16 weight rows and a 1/S share of K (:func:`skinny_splits`), ``8 * NT`` rows of x."""
+               bias: DeviceArray | None, M: int, N: int, K: int, norm: tuple = ()) -> None:
+        """One ``qskinny*`` launch (``M`` at most :data:`QSKINNY_MAX_M`): 8 warps a block, each
+        ``16 MT`` weight rows (``qskinny2_*``, :data:`SKINNY2_CONFIG`; else 16, ``qskinny_*``)
+        and a 1/S share of K (:func:`skinny_splits`), ``8 * NT`` rows of x. ``norm``: the
+        ``(r_out, residual, norm_weight, eps, zero_centered)`` of a fused RMSNorm prologue
+        (``*_norm_*`` kernels, at most 8 rows), x then being the rows before the norm."""
         ctx = self.ctx
         v = variant_of(x.dtype)
         fmt, scale, extra = kernel_operands(w)
         nt = next(t for t in (1, 2, 4, 8) if 8 * t >= M)
+        kind = "_norm" if norm else ""
+        xs_bytes = M * K * x.dtype.itemsize if norm else 0
+        cfg = SKINNY2_CONFIG.get((fmt, nt))
+        if cfg is not None:
+            mt, d = cfg
+            s = skinny_splits(N, K, ctx.num_sms, 16 * mt)
+            ring = skinny2_smem(fmt, nt, mt, d, 1)
+            smem = max(ring + xs_bytes, skinny2_smem(fmt, nt, mt, d, s))
+            most = max(ring + SKINNY_NORM_XS if norm else 0,
+                       skinny2_smem(fmt, nt, mt, d, 2))  # the most it ever asks
+            k = ctx.kernels.kernel("quant_skinny_ring", v,
+                                   f"qskinny2{kind}_{fmt}_{v}_n{nt}_m{mt}_d{d}", most)
+            ctx.launch(k, -(-(-(-N // (16 * mt))) * s // 8), 256, y, x, w.data, *scale, bias,
+                       M, N, K, s, *extra, *norm, shmem=smem, pdl=ctx.pdl)
+            return
         s = skinny_splits(N, K, ctx.num_sms)
         d = SKINNY_DEPTH.get((fmt, nt), 1)
-        k = ctx.kernels.kernel("quant_skinny", v, f"qskinny_{fmt}_{v}_n{nt}_d{d}")
+        k = ctx.kernels.kernel("quant_skinny", v, f"qskinny{kind}_{fmt}_{v}_n{nt}_d{d}",
+                               SKINNY_NORM_XS if norm else 0)
         tiles = -(-N // 16)
         ctx.launch(k, -(-tiles * s // 8), 256, y, x, w.data, *scale, bias, M, N, K, s,
-                   *extra, pdl=ctx.pdl)
+                   *extra, *norm, shmem=xs_bytes, pdl=ctx.pdl)
 
     def gemm(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
              bias: DeviceArray | None, M: int, N: int, K: int) -> None:
@@ -278,7 +325,31 @@ class QuantOps:
 
     def rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None,
                         zero_centered=False, activation=None):
-        """``rms_norm`` then the quantized projection (the unfused definition)."""
+        """``linear(rms_norm(x, norm_weight, eps, residual), weight, bias)`` (then the
+        activation's ``act_and_mul`` when given). 1-:data:`SKINNY_NORM_ROWS` rows the skinny
+        kernel takes: one launch
+        whose every block normalises the rows itself (the norm prologue of ``gemv_norm.cu``;
+        the standalone ``rms_norm`` of one row cost ~5 us a launch, two a layer); else the
+        unfused definition."""
+        K = x.shape[-1]
+        M = x.size // K if K else 0
+        if activation not in (None, "silu", "gelu_tanh", "gelu_pytorch_tanh"):
+            raise ValueError(f"rms_norm_linear: unsupported activation {activation!r}; "
+                             "use None, silu or gelu_tanh")
+        if (0 < M <= SKINNY_NORM_ROWS and self.ctx.policy.quant_kernel != "legacy"
+                and skinny_servable(x, weight) and norm_weight.dtype == x.dtype
+                and M * K * x.dtype.itemsize <= SKINNY_NORM_XS
+                and all(a is None or a.ptr % 16 == 0 for a in (x, residual, norm_weight))
+                and not weight.lead and weight.shape[-1] == K):
+            N = weight.shape[-2]
+            r = self.ctx.out(x.shape, x.dtype) if residual is not None else None
+            y = self.ctx.out((*x.shape[:-1], N), x.dtype)
+            self.skinny(y, x, weight, bias, M, N, K,
+                        norm=(r, residual, norm_weight, float(eps), int(zero_centered)))
+            if activation is not None:
+                ops = self.ctx.ops
+                y = ops.silu_and_mul(y) if activation == "silu" else ops.gelu_tanh_and_mul(y)
+            return y, (r if residual is not None else x)
         return compose_rms_norm_linear(self.ctx.ops, x, residual, norm_weight, eps, weight,
                                        bias, zero_centered, activation)
 

@@ -15,7 +15,8 @@ from atlas_core.api import E2M1_LUT, QuantizedWeight, dequantize, quantize
 from atlas_core.api import quant_layout as layout
 from atlas_cuda.ops import build_op_table
 from atlas_cuda.ops_moe import MoeOps
-from atlas_cuda.ops_quant import fp8_scale_args, gemv_splits, skinny_splits
+from atlas_cuda.ops_quant import (SKINNY2_CONFIG, SKINNY_DEPTH, fp8_scale_args, gemv_splits, skinny2_smem,
+                                  skinny_splits)
 from atlas_cuda.policy import KernelPolicy
 from atlas_cuda.quant_moe import QuantMoeOps
 
@@ -151,6 +152,24 @@ def test_fused_ops_with_quantized_weights_run_unfused_over_the_quantized_linear(
                      "silu_and_mul_bf16"]
 
 
+@pytest.mark.parametrize("m,fused", [(1, True), (2, True), (3, False), (9, False)])
+def test_the_skinny_kernel_takes_the_pre_norm_of_up_to_2_rows(m, fused):
+    """rms_norm_linear over a quantized weight (policy auto): one ``qskinny*_norm_*`` launch
+    for 1-2 rows (then the activation's act_and_mul), rms_norm then the projection after."""
+    ctx, table = _table("auto")
+    x, nw = Dev((m, 1024), bfloat16), Dev((1024,), bfloat16)
+    table.rms_norm_linear(x, Dev((m, 1024), bfloat16), nw, 1e-6, _weight("fp8_block", 256, 1024))
+    table.rms_norm_linear(x, None, nw, 1e-6, _weight("nvfp4", 512, 1024), activation="silu")
+    names = [launch[0] for launch in ctx.kernels.launches]
+    if fused:
+        assert len(names) == 3 and "_norm_fp8_" in names[0] and "_norm_nvfp4_" in names[1]
+        assert names[2] == "silu_and_mul_bf16"
+        assert ctx.kernels.launches[0][3][-5] is not None  # the summed residual's output
+    else:
+        assert names[0] == "rms_norm_bf16"
+        assert not any(n.startswith("qskinny") and "_norm_" in n for n in names)
+
+
 def test_decode_experts_read_only_the_chosen_rows_in_two_launches():
     ctx, table = _table()
     gu, down = _weight("nvfp4", 1536, 2048, (128,)), _weight("nvfp4", 2048, 768, (128,))
@@ -276,17 +295,36 @@ def test_policy_gemv_rows_moves_the_crossover_to_the_skinny_gemm(rows, m, want):
 
 @pytest.mark.parametrize("m,nt", [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (33, 8), (64, 8)])
 def test_decode_rows_take_one_skinny_launch_by_default(m, nt):
+    """1-64 rows: one skinny launch; ``qskinny2_*`` (MT, depth) where SKINNY2_CONFIG names
+    one, with a grid of ``16 MT``-row tiles times the K split over 8 warps, else the
+    register-ring ``qskinny_*`` of depth SKINNY_DEPTH."""
     ctx, table = _table("auto")
     table.linear(Dev((m, 4096), bfloat16), _weight("fp8_block", 4096, 4096))
     table.linear(Dev((m, 1024), bfloat16), _weight("nvfp4", 512, 1024))
-    (fp8, grid, _, args, pdl), (fp4, grid4, _, args4, _) = ctx.kernels.launches
-    s = skinny_splits(4096, 4096, 132)
-    assert fp8 == f"qskinny_fp8_bf16_n{nt}_d1" and pdl
-    assert grid == 4096 // 16 * s // 8
-    assert args[-7:] == (m, 4096, 4096, s, 128, 128, 32)
-    assert fp4 == f"qskinny_nvfp4_bf16_n{nt}_d{3 if nt <= 2 else 1}" and grid4 == -(-512 // 16 * skinny_splits(
-        512, 1024, 132) // 8)
-    assert args4[2] is not None and args4[-4:] == (m, 512, 1024, skinny_splits(512, 1024, 132))
+    launches = ctx.kernels.launches
+    assert len(launches) == 2 and launches[0][4]
+    for (name, grid, _, args, _), fmt, (n, k) in zip(launches, ("fp8", "nvfp4"),
+                                                     ((4096, 4096), (512, 1024))):
+        cfg = SKINNY2_CONFIG.get((fmt, nt))
+        if cfg is None:
+            s = skinny_splits(n, k, 132)
+            assert name == f"qskinny_{fmt}_bf16_n{nt}_d{SKINNY_DEPTH.get((fmt, nt), 1)}"
+            assert grid == -(-(n // 16) * s // 8)
+        else:
+            mt, d = cfg
+            s = skinny_splits(n, k, 132, 16 * mt)
+            assert name == f"qskinny2_{fmt}_bf16_n{nt}_m{mt}_d{d}"
+            assert grid == -(-(-(-n // (16 * mt))) * s // 8)
+        tail = (m, n, k, s, 128, 128, 32) if fmt == "fp8" else (m, n, k, s)
+        assert args[-len(tail):] == tail
+
+
+def test_skinny2_ring_and_reduction_fit_shared_memory():
+    """Every configured ring (and the K-split reduction reusing it) fits a Hopper block's
+    227 KiB of dynamic shared memory."""
+    for (fmt, nt), (mt, d) in SKINNY2_CONFIG.items():
+        assert skinny2_smem(fmt, nt, mt, d, 2) <= 227 << 10
+        assert skinny2_smem(fmt, nt, mt, d, 1) == 8 * d * mt * 2 * (1 if fmt == "nvfp4" else 2) * 512
 
 
 def test_shapes_the_skinny_kernel_cannot_take_fall_back():
@@ -334,7 +372,8 @@ def test_skinny_integer_decoders_carry_a_known_power_of_two(kind):
 def _skinny_fragments(fmt, w_rows, x_rows):
     """The A (weight, 16 x 16) and B (x, 16 x 8) tiles quant_skinny.cu hands mma.sync per
     substep for one 128-wide K step, built from the lanes' registers as the kernel fills them:
-    lane (g, t) owns codes [32 t, 32 t + 32) of rows g and g + 8; FP8 substep st pairs codes
+    lane (g, t) owns 32 codes of rows g and g + 8 (NVFP4 [32 t, 32 t + 32), FP8 16 at 16 t and
+    16 at 64 + 16 t); FP8 substep st pairs codes
     4 st + {0, 2} (fragment columns 2t, 2t + 1) and 4 st + {1, 3} (2t + 8, 2t + 9), NVFP4 substep
     st codes 8 (st // 2) + 2 (st % 2) + {0, 4} and + {1, 5}."""
     for st in range(8):
@@ -348,7 +387,8 @@ def _skinny_fragments(fmt, w_rows, x_rows):
                 lo, hi = [base, base + 4], [base + 1, base + 5]
             for cols, phys in (((2 * t, 2 * t + 1), lo), ((2 * t + 8, 2 * t + 9), hi)):
                 for c, p in zip(cols, phys):
-                    kk = 32 * t + p
+                    # FP8 chunk c = p // 16 at K 16 t + 64 c (quant_common.cuh qchunk_offset)
+                    kk = 32 * t + p if fmt == "nvfp4" else 16 * t + 64 * (p // 16) + p % 16
                     a[g, c], a[g + 8, c] = w_rows[g, kk], w_rows[g + 8, kk]
                     b[c, g] = x_rows[g, kk]
         yield a, b

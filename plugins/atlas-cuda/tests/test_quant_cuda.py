@@ -68,6 +68,28 @@ def test_rms_norm_linear_and_gated_mlp(cuda_backend, fmt, m):
     assert rel(be, g, ref.linear_act_and_mul(x, gu)) < TOL
 
 
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_tensor", "nvfp4"])
+@pytest.mark.parametrize("m,k,residual,zc,act", [(1, 4096, True, False, None),
+                                                 (2, 4096, False, True, "silu"),
+                                                 (8, 4096, False, True, "silu"),
+                                                 (3, 2048, True, False, "gelu_tanh"),
+                                                 (2, 12288, True, True, None)])
+def test_fused_norm_skinny_prologue(cuda_backend, fmt, m, k, residual, zc, act):
+    """1-2 rows: rms_norm_linear is one qskinny*_norm_* launch (more: rms_norm first) whose blocks normalise x
+    (+ residual) themselves; y, the summed residual (written by block 0 only) and the
+    gated activation after it match the reference, with and without a residual and for
+    zero-centred norm weights, at K up to 12,288 (several K splits)."""
+    be = cuda_backend
+    x = rng.standard_normal((m, k)).astype(bfloat16)
+    r = rng.standard_normal((m, k)).astype(bfloat16) if residual else None
+    nw = (1 + 0.1 * rng.standard_normal(k)).astype(bfloat16)
+    q = qweight(fmt, 512 if act else 384, k)
+    y, r_out = be.ops.rms_norm_linear(be.from_host(x), None if r is None else be.from_host(r),
+                                      be.from_host(nw), 1e-6, upload(be, q), None, zc, act)
+    want_y, want_r = ref.rms_norm_linear(x, r, nw, 1e-6, q, None, zc, act)
+    assert rel(be, y, want_y) < TOL and rel(be, r_out, want_r) < 1e-2
+
+
 @pytest.mark.parametrize("fmt", ["fp8_block", "fp8_channel", "nvfp4"])
 @pytest.mark.parametrize("t", [1, 4, 8, 12])
 def test_moe_experts(cuda_backend, fmt, t):
