@@ -29,7 +29,10 @@ Groups:
   references (``reference``, a module), the unfused compositions a backend falls back to
   (``compose_*``), the activations, quantized weights (:class:`QuantizedWeight`,
   :func:`quantize`, :func:`dequantize`, :func:`quant_layout`, :data:`QUANT_FORMATS`,
-  :data:`E2M1_LUT`, :func:`unpack_e2m1`, :func:`fp8_codes`), :func:`pool_row_bytes` (bytes of
+  :data:`E2M1_LUT`, :func:`unpack_e2m1`, :func:`fp8_codes`), the 4-bit KV cache rows
+  (:func:`quantize_kv_nvfp4`, :func:`dequantize_kv_nvfp4`, :func:`nvfp4_row_bytes`, and
+  :data:`NVFP4_PREFILL_SCRATCH`, the bytes the KV sizing keeps out of the pool for a backend's
+  prefill over an nvfp4 history), :func:`pool_row_bytes` (bytes of
   one block row of a pool, for ``gather_blocks`` / ``scatter_blocks``), :data:`bfloat16`,
   :data:`float8_e4m3fn`, :func:`as_dtype`, :func:`f32`.
 - Running a model: :class:`LLM`, :class:`SamplingParams`, :class:`EngineArgs`,
@@ -109,6 +112,10 @@ _EXPORTS = {
     "quant_layout": "atlas_core.ops.quant:layout",
     "fp8_codes": "atlas_core.ops.quant:fp8_codes",
     "unpack_e2m1": "atlas_core.ops.quant:unpack_e2m1",
+    "quantize_kv_nvfp4": "atlas_core.ops.kv_quant:quantize_kv_nvfp4",
+    "dequantize_kv_nvfp4": "atlas_core.ops.kv_quant:dequantize_kv_nvfp4",
+    "nvfp4_row_bytes": "atlas_core.ops.kv_quant:nvfp4_row_bytes",
+    "NVFP4_PREFILL_SCRATCH": "atlas_core.engine.kv_layers:NVFP4_PREFILL_SCRATCH",
     "ACTIVATIONS": "atlas_core.ops.norm:ACTIVATIONS",
     "as_dtype": "atlas_core.ops._dtypes:as_dtype",
     "f32": "atlas_core.ops._dtypes:f32",

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from atlas_core.engine import EngineArgs
+from atlas_core.engine.kv_layers import NVFP4_PREFILL_SCRATCH
 from atlas_core.engine.kv_sizing import kv_cache_dtype, plan_kv_cache
 from atlas_core.interfaces import DeviceInfo, KVCacheSpec, RecurrentStateSpec
 from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
@@ -12,6 +13,8 @@ GIB = 1 << 30
 
 
 class Backend:
+    kv_cache_dtypes = frozenset({"bf16", "fp8", "nvfp4"})
+
     def __init__(self, free, total, kind="cuda"):
         self.free, self.total, self.kind = free, total, kind
 
@@ -73,9 +76,14 @@ def test_explicit_num_kv_blocks():
 
 
 def test_fp8_halves_the_block():
-    kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(kv_cache_dtype="fp8",
-                                                                        num_kv_blocks=10))
+    kv = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(
+        kv_cache_dtype="fp8", num_kv_blocks=10, kv_high_precision_layers="none"))
     assert kv.dtype == float8_e4m3fn and kv.bytes_per_block == BLOCK // 2
+    # the default keeps the first and the last attention layer in bf16: 2 of 4 layers halved
+    auto = plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(kv_cache_dtype="fp8",
+                                                                          num_kv_blocks=10))
+    assert auto.bytes_per_block == BLOCK * 3 // 4
+    assert auto.dtype_summary == "fp8 (2 layers), bfloat16 (2 layers: 0, 3)"
     assert kv_cache_dtype("auto", np.float32) == np.float32
     assert kv_cache_dtype("bf16", np.float32) == bfloat16
 
@@ -141,3 +149,62 @@ def test_explicit_blocks_beyond_what_the_sequences_need_are_allowed_on_cpu():
     kv = plan_kv_cache(Backend(8 * GIB, 16 * GIB, kind="cpu"), Model(),
                        EngineArgs(num_kv_blocks=16, max_seq_len=64, max_num_seqs=2))
     assert kv.num_blocks == 16
+
+
+def test_nvfp4_rows_per_layer_and_the_high_precision_layers():
+    model = Model([KVCacheSpec(8, 128)] * 36)
+    bf16 = plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs())
+    none = plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs(
+        kv_cache_dtype="nvfp4", kv_high_precision_layers="none"))
+    # 72 bytes a (token, head) row instead of 256: 3.56x the blocks at the same memory
+    assert none.bytes_per_block * 256 == bf16.bytes_per_block * 72
+    # the pool holds 3.56x the tokens in the same bytes; nvfp4 keeps its prefill scratch
+    # (kv_layers.NVFP4_PREFILL_SCRATCH, 1 GiB) out of the pool as well
+    assert 3.4 < none.num_blocks / bf16.num_blocks < 3.6
+    assert (none.num_blocks * none.bytes_per_block + NVFP4_PREFILL_SCRATCH
+            == pytest.approx(bf16.num_blocks * bf16.bytes_per_block, rel=1e-3))
+    auto = plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs(kv_cache_dtype="nvfp4"))
+    assert auto.dtype_summary == "nvfp4 (34 layers), bfloat16 (2 layers: 0, 35)"
+    assert auto.layer_dtype(0) == bfloat16 and auto.layer_dtype(1) == np.uint8
+    assert auto.bytes_per_block == 16 * 2 * 8 * (34 * 72 + 2 * 256)
+    listed = plan_kv_cache(Backend(70 * GIB, 80 * GIB), model, EngineArgs(
+        kv_cache_dtype="nvfp4", kv_high_precision_layers="3,4,5,20"))
+    assert listed.dtype_summary == "nvfp4 (32 layers), bfloat16 (4 layers: 3-5, 20)"
+
+
+def test_nvfp4_errors_are_one_line():
+    for bad in ("first", "0,x", "-1", ""):
+        with pytest.raises(ValueError, match="kv_high_precision_layers must be auto, none"):
+            EngineArgs(kv_high_precision_layers=bad)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be auto, bf16, fp8 or nvfp4"):
+        EngineArgs(kv_cache_dtype="fp4")
+    with pytest.raises(ValueError, match=r"layer\(s\) 7, 9 are not attention layers .*0-3"):
+        plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model(), EngineArgs(
+            kv_cache_dtype="nvfp4", kv_high_precision_layers="1,7,9"))
+    with pytest.raises(ValueError, match="layer 1: head_dim 80 is not a multiple of 32"):
+        plan_kv_cache(Backend(70 * GIB, 80 * GIB), Model([KVCacheSpec(8, 64), KVCacheSpec(8, 80),
+                                                          KVCacheSpec(8, 64)]),
+                      EngineArgs(kv_cache_dtype="nvfp4", kv_high_precision_layers="none"))
+
+
+def test_nvfp4_needs_a_backend_that_reads_it():
+    class Fp8Only(Backend):
+        kv_cache_dtypes = frozenset({"bf16", "fp8"})
+    with pytest.raises(ValueError, match="backend does not read nvfp4 KV caches"):
+        plan_kv_cache(Fp8Only(70 * GIB, 80 * GIB), Model(), EngineArgs(kv_cache_dtype="nvfp4"))
+
+
+def test_latent_and_window_layers_keep_the_model_dtype_under_nvfp4():
+    from atlas_core.engine.kv_layers import layer_kv_dtypes
+    from atlas_core.interfaces.layer import LatentCacheSpec, SlidingWindowCacheSpec
+    specs = [LatentCacheSpec.of(512, 64), KVCacheSpec(8, 128),
+             SlidingWindowCacheSpec(8, 128, sliding_window=1024), None,
+             RecurrentStateSpec({"ssm": (4, 4)}), KVCacheSpec(8, 128), KVCacheSpec(8, 128)]
+    got = layer_kv_dtypes(specs, "nvfp4", bfloat16, "none")
+    assert got == [bfloat16, np.dtype(np.uint8), bfloat16, None, None, np.dtype(np.uint8),
+                   np.dtype(np.uint8)]
+    # auto: the first and last attention layer of the decoder; an MTP layer after it is not
+    auto = layer_kv_dtypes(specs, "nvfp4", bfloat16, "auto", num_layers=6)
+    assert auto[0] == bfloat16 and auto[5] == bfloat16 and auto[6] == np.uint8
+    # the model's own dtype: no layer differs, whatever the list says
+    assert layer_kv_dtypes(specs, "auto", bfloat16, "1")[1] == bfloat16

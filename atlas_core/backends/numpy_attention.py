@@ -10,6 +10,7 @@ import numpy as np
 
 from atlas_core.backends.numpy_convert import as_codes, to_f32
 from atlas_core.backends.numpy_kernels import paged_attention_kernel
+from atlas_core.ops.kv_quant import dequantize_kv_nvfp4, is_nvfp4_cache
 
 
 def _softmax_(scores: np.ndarray) -> np.ndarray:
@@ -89,6 +90,21 @@ def _paged_rows_numpy(q, k_cache, v_cache, block_tables, lens, cu, scale, kv_sca
     return out
 
 
+def _dequantized_blocks(k_cache, v_cache, block_tables, lens, cu):
+    """float32 copies of just the nvfp4 blocks this step reads, and the block tables renumbered
+    into them (the kernel then runs as over a float32 cache: same arithmetic per row)."""
+    block_size = k_cache.shape[1]
+    tables = np.asarray(block_tables, dtype=np.int64)
+    used = [tables[b, :-(-int(lens[b]) // block_size)] for b in range(len(cu) - 1)
+            if cu[b + 1] > cu[b] and lens[b] > 0]
+    ids = np.unique(np.concatenate(used)) if used else np.zeros(1, np.int64)
+    # entries past a sequence's blocks are never read: any in-range index will do
+    local = np.searchsorted(ids, tables).clip(0, len(ids) - 1).astype(np.int32)
+    pools = tuple(dequantize_kv_nvfp4(c[ids]) if is_nvfp4_cache(c) else to_f32(c[ids])
+                  for c in (k_cache, v_cache))
+    return pools[0], pools[1], local
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, kv_scale=1.0):
     """Same contract as :func:`atlas_core.ops.reference.paged_attention`.
 
@@ -98,6 +114,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, s
     cu = np.asarray(cu_seqlens_q, dtype=np.int64)
     lens = np.asarray(seq_lens, dtype=np.int64)
     qf = np.ascontiguousarray(to_f32(q))
+    if is_nvfp4_cache(k_cache) or is_nvfp4_cache(v_cache):
+        k_cache, v_cache, block_tables = _dequantized_blocks(k_cache, v_cache, block_tables, lens,
+                                                             cu)
     k_codes, v_codes = as_codes(k_cache), as_codes(v_cache)
     if paged_attention_kernel is None or k_cache.dtype != v_cache.dtype or (
             k_codes is None and k_cache.dtype != np.float32):

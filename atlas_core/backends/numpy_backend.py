@@ -56,6 +56,8 @@ class NumpyBackend(GpuBackend):
     name = "numpy"
     #: Every quantized weight format: the weight-reading ops dequantize (once, into the cache).
     quantized_weight_formats = frozenset(FORMATS)
+    #: KV pools of every ``--kv-cache-dtype``, nvfp4 included (dequantized per step).
+    kv_cache_dtypes = frozenset({"bf16", "fp8", "nvfp4"})
 
     def __init__(self, *, cache_weights: bool = True, op_registry: OpRegistry | None = None,
                  **options: Any) -> None:

@@ -86,6 +86,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--enable-expert-parallel", action="store_true",
                    help="with -tp: whole experts per GPU (MoE models; default: a slice of every "
                    "expert)")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "bf16", "fp8", "nvfp4"], default="auto",
+                   help="KV cache dtype (default auto: the model's dtype)")
+    p.add_argument("--kv-high-precision-layers", default="auto", metavar="auto|none|LIST",
+                   help="with fp8/nvfp4 KV: layers kept in the model dtype (default auto)")
     p.add_argument("--csv", metavar="FILE",
                    help="write one row per engine and cell as CSV to FILE ('-': stdout; "
                         "default: none)")
@@ -133,7 +137,9 @@ def _engine(args, path: str | None, config: dict):
                   max_prefill_tokens=prefill, enable_prefix_caching=False,
                   gpu_memory_utilization=args.gpu_memory_utilization,
                   async_scheduling=args.async_scheduling,
-                  batch_invariant=getattr(args, "batch_invariant", False))
+                  batch_invariant=getattr(args, "batch_invariant", False),
+                  kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+                  kv_high_precision_layers=getattr(args, "kv_high_precision_layers", "auto"))
     if args.tensor_parallel_size > 1:
         return LLMEngine.from_args(EngineArgs(
             **fields, max_seq_len=min(longest, model_max),

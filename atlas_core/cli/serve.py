@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from atlas_core import env
-from atlas_core.cli._arg_types import (add_model_arguments, non_negative_int, parse_json_object,
-                                        parse_name, parse_port, parse_seconds, parse_size)
+from atlas_core.cli._agent_args import add_agent_arguments, agent_kwargs
+from atlas_core.cli._arg_types import (add_model_arguments, parse_json_object, parse_name,
+                                       parse_port, parse_seconds, parse_size)
 from atlas_core.cli._parallel_args import add_parallel_arguments, is_worker_node, parallel_kwargs
 from atlas_core.cli._serve_policies import add_policy_arguments, policy_kwargs
 from atlas_core.cli._speculative import add_speculative_arguments, speculative_config
@@ -21,8 +22,6 @@ from atlas_core.cli._speculative import add_speculative_arguments, speculative_c
 DEMO_NAME = "atlas-demo"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8888
-#: vLLM's ``--reasoning-parser`` names -> Atlas's parser of the same format.
-VLLM_REASONING_PARSERS = {"qwen3": "think", "deepseek_r1": "think"}
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -64,8 +63,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "(default: the model's limit, capped by the KV cache)")
     e.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of device memory Atlas may use (default 0.9)")
-    e.add_argument("--kv-cache-dtype", choices=["auto", "bf16", "fp8"], default="auto",
-                   help="KV cache dtype (default auto: the model's dtype)")
+    e.add_argument("--kv-cache-dtype", choices=["auto", "bf16", "fp8", "nvfp4"], default="auto",
+                   help="KV cache dtype (default auto: the model's dtype; nvfp4: 4-bit, 3.5x bf16)")
+    e.add_argument("--kv-high-precision-layers", default="auto", metavar="auto|none|LIST",
+                   help="with fp8/nvfp4 KV: layers kept in the model dtype (default auto: the "
+                        "first and last attention layer; or none, or indices like 0,35)")
     e.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV cache of shared prompt prefixes (default on)")
     e.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
@@ -143,40 +145,6 @@ def add_kv_tier_arguments(p: argparse.ArgumentParser) -> None:
                    "(never), or the faster by measured disk and prefill rates (default auto)")
 
 
-def add_agent_arguments(p: argparse.ArgumentParser) -> None:
-    """Tool calling, reasoning and Responses API flags (see docs/tool-calling.md,
-    docs/reasoning.md)."""
-    from atlas_core.parsers import REASONING_PARSERS, TOOL_PARSERS
-    a = p.add_argument_group("tools and reasoning")
-    a.add_argument("--tool-call-parser", default="auto",
-                   choices=["auto", "none", *sorted(TOOL_PARSERS)],
-                   help="tool-call format of the model's output (default auto: from the chat "
-                   "template and model_type; none: leave calls in the content)")
-    a.add_argument("--reasoning-parser", default="auto", type=_reasoning_parser,
-                   choices=["auto", "none", *sorted(REASONING_PARSERS)],
-                   help="reasoning format (default auto: think when the chat template has "
-                   "<think> blocks; none: leave reasoning in the content; vLLM's "
-                   f"{' and '.join(VLLM_REASONING_PARSERS)} mean think)")
-    a.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help="accepted for vLLM compatibility: Atlas always parses tool calls "
-                   "(tool_choice auto) unless --tool-call-parser none")
-    a.add_argument("--default-thinking", choices=["on", "off"], default=None,
-                   help="enable_thinking for requests that do not choose (default: the chat "
-                   "template's own default)")
-    a.add_argument("--disable-thinking", action="store_true",
-                   help="render every prompt with enable_thinking false, whatever requests ask")
-    a.add_argument("--reasoning-budget", type=non_negative_int, default=None, metavar="TOKENS",
-                   help="default most tokens of a think block, then it is closed and the "
-                   "answer follows (default: no limit; requests may set their own)")
-    a.add_argument("--max-stored-responses", type=non_negative_int, default=1000, metavar="N",
-                   help="Responses API results kept in memory for previous_response_id "
-                   "(least recently used dropped first; default 1000, 0 stores none)")
-
-
-def _reasoning_parser(text: str) -> str:
-    return VLLM_REASONING_PARSERS.get(text, text)
-
-
 def served_names(args) -> list[str]:
     if args.served_model_name:
         return args.served_model_name
@@ -198,6 +166,7 @@ def engine_args(args):
             max_num_seqs=args.max_num_seqs, max_batch_size=args.max_batch_size,
             max_prefill_tokens=args.max_prefill_tokens, max_seq_len=args.max_seq_len,
             gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
+            kv_high_precision_layers=args.kv_high_precision_layers,
             block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
             enable_prefix_caching=args.enable_prefix_caching, cache_dir=args.cache_dir,
             served_model_name=served_names(args)[0], max_waiting=args.max_waiting,
@@ -267,14 +236,7 @@ def server_config(args):
                         allowed_origins=args.allowed_origin,
                         allowed_hosts=default_allowed_hosts(listen_address(args)[0],
                                                             args.allowed_host),
-                        access_log=args.access_log,
-                        tool_call_parser=_parser_name(args.tool_call_parser),
-                        reasoning_parser=_parser_name(args.reasoning_parser),
-                        default_thinking=(None if args.default_thinking is None
-                                          else args.default_thinking == "on"),
-                        disable_thinking=args.disable_thinking,
-                        reasoning_budget=args.reasoning_budget,
-                        max_stored_responses=args.max_stored_responses,
+                        access_log=args.access_log, **agent_kwargs(args),
                         strict_max_tokens=args.strict_max_tokens,
                         allowed_media_domains=args.allowed_media_domains,
                         max_images_per_request=args.max_images_per_request)
@@ -302,10 +264,6 @@ def chat_template_override(value: str | None) -> str | None:
         raise UserError(f"--chat-template: {exc}") from None
 
 
-def _parser_name(value: str) -> str | None:
-    return None if value == "none" else value
-
-
 def describe(engine, names: list[str]) -> str:
     """One line with the model, backend and the sizing the engine chose."""
     kv = engine.kv_config
@@ -313,7 +271,7 @@ def describe(engine, names: list[str]) -> str:
     mib = kv.num_blocks * kv.bytes_per_block / 2 ** 20
     return (f"model ready: {names[0]} | backend {backend} | KV cache {kv.num_blocks} blocks x "
             f"{kv.block_size} tokens ({kv.num_blocks * kv.block_size} tokens, {mib:.1f} MiB, "
-            f"{kv.dtype}) | max seq len {kv.max_seq_len} | max num seqs "
+            f"{kv.dtype_summary}) | max seq len {kv.max_seq_len} | max num seqs "
             f"{engine.args.max_num_seqs}")
 
 

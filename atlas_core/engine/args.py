@@ -19,7 +19,12 @@ class EngineArgs:
         max_prefill_tokens: prompt tokens computed per step (longer prompts are chunked).
         max_seq_len: longest prompt + output (default: the model's limit, capped by the KV cache).
         gpu_memory_utilization: fraction of device memory Atlas may use in total.
-        kv_cache_dtype: ``auto`` (the model's dtype), ``bf16`` or ``fp8`` (float8_e4m3fn).
+        kv_cache_dtype: ``auto`` (the model's dtype), ``bf16``, ``fp8`` (float8_e4m3fn) or
+            ``nvfp4`` (16-value groups of e2m1 with e4m3 scales, :mod:`atlas_core.ops.kv_quant`).
+        kv_high_precision_layers: layers whose KV stays in the model dtype when
+            ``kv_cache_dtype`` is fp8 or nvfp4: ``auto`` (the first and the last attention
+            layer), ``none``, or a comma list of layer indices (``"0,35"``); see
+            :mod:`atlas_core.engine.kv_layers`.
         block_size: tokens per KV block.
         num_kv_blocks: KV blocks to allocate (overrides the memory-based sizing; tests).
         enable_prefix_caching: reuse KV blocks of identical prompt prefixes.
@@ -82,6 +87,7 @@ class EngineArgs:
     max_seq_len: int | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
+    kv_high_precision_layers: str = "auto"
     block_size: int = 16
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
@@ -132,8 +138,11 @@ class EngineArgs:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization!r}")
-        if self.kv_cache_dtype not in ("auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "float8_e4m3fn"):
-            raise ValueError(f"kv_cache_dtype must be auto, bf16 or fp8, got {self.kv_cache_dtype!r}")
+        from atlas_core.engine.kv_layers import KV_CACHE_DTYPES, parse_high_precision_layers
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be auto, bf16, fp8 or nvfp4, got "
+                             f"{self.kv_cache_dtype!r}")
+        parse_high_precision_layers(self.kv_high_precision_layers)
         for name in ("max_identical_tool_calls", "max_tool_calls"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: off), got {getattr(self, name)!r}")

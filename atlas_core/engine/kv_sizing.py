@@ -13,9 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.engine.kv_layers import (NVFP4_PREFILL_SCRATCH, describe_layer_dtypes, dtype_flag,
+                                        kv_bytes_per_token, kv_cache_dtype, layer_kv_dtypes)
 from atlas_core.engine.window_blocks import WindowPool, is_windowed, plan_window_pool
 from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
-from atlas_core.ops._dtypes import as_dtype, bfloat16, float8_e4m3fn
+from atlas_core.ops._dtypes import as_dtype
+
+__all__ = ["KVCacheConfig", "bytes_per_block", "kv_bytes_per_token", "kv_cache_dtype",
+           "kv_specs", "plan_kv_cache", "state_bytes_per_slot", "system_reserve"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +47,9 @@ class KVCacheConfig:
     Attributes:
         num_blocks: blocks per layer pool.
         block_size: tokens per block.
-        dtype: storage dtype of K and V.
-        bytes_per_block: bytes one block takes across every layer (K and V).
+        dtype: storage dtype ``--kv-cache-dtype`` asked for (``uint8``: nvfp4 rows).
+        bytes_per_block: bytes one block takes across every layer (K and V, each layer in its
+            own dtype).
         max_seq_len: longest prompt + output the engine accepts.
         num_state_slots: recurrent-state slots for running sequences (0: no recurrent layers).
         num_state_snapshots: recurrent-state rows for prefix snapshots.
@@ -52,6 +58,9 @@ class KVCacheConfig:
             verification (per-position state candidates, :mod:`atlas_core.engine.spec`).
         window_pool: the sliding-window layers' own pool (:mod:`atlas_core.engine.window_blocks`;
             ``bytes_per_block`` then counts the other layers only), or None.
+        layer_dtypes: each layer's KV storage dtype (None: no paged cache), as
+            :func:`~atlas_core.engine.kv_layers.layer_kv_dtypes` chose with
+            ``--kv-high-precision-layers``; empty: every layer in :attr:`dtype`.
     """
 
     num_blocks: int
@@ -64,22 +73,23 @@ class KVCacheConfig:
     state_bytes_per_slot: int = 0
     num_spec_state_rows: int = 0
     window_pool: WindowPool | None = None
+    layer_dtypes: tuple = ()
+
+    def layer_dtype(self, layer: int) -> np.dtype:
+        """Storage dtype of layer ``layer``'s KV pools."""
+        found = self.layer_dtypes[layer] if layer < len(self.layer_dtypes) else None
+        return np.dtype(found) if found is not None else self.dtype
+
+    @property
+    def dtype_summary(self) -> str:
+        """The KV dtype per layer group, e.g. ``nvfp4 (34 layers), bfloat16 (2 layers: 0, 35)``."""
+        return (describe_layer_dtypes(list(self.layer_dtypes)) if self.layer_dtypes
+                else dtype_flag(self.dtype))
 
     @property
     def num_state_rows(self) -> int:
         """Rows of every recurrent-state pool: live slots, snapshots, then speculation rows."""
         return self.num_state_slots + self.num_state_snapshots + self.num_spec_state_rows
-
-
-def kv_cache_dtype(name: str, model_dtype: Any) -> np.dtype:
-    """``auto`` -> the model's dtype; ``bf16`` -> bfloat16; ``fp8`` -> float8_e4m3fn storage."""
-    if name == "auto":
-        return as_dtype(model_dtype)
-    if name in ("bf16", "bfloat16"):
-        return bfloat16
-    if name in ("fp8", "fp8_e4m3", "float8_e4m3fn"):
-        return float8_e4m3fn
-    raise ValueError(f"kv_cache_dtype must be auto, bf16 or fp8, got {name!r}")
 
 
 def kv_specs(model: Any) -> list[KVCacheSpec | RecurrentStateSpec | None]:
@@ -92,14 +102,22 @@ def kv_specs(model: Any) -> list[KVCacheSpec | RecurrentStateSpec | None]:
     return specs
 
 
-def bytes_per_block(specs: list, block_size: int, dtype: np.dtype) -> int:
+def bytes_per_block(specs: list, block_size: int, dtype: Any) -> int:
+    """Bytes of one block across ``specs`` (``dtype``: one dtype or one per spec)."""
     return max(1, kv_bytes_per_token(specs, dtype) * block_size)
 
 
-def kv_bytes_per_token(specs: list, dtype: np.dtype) -> int:
-    """Paged-cache bytes one token takes across every layer (K and V, or an MLA latent)."""
-    return sum(s.num_pools * s.num_kv_heads * s.head_dim for s in specs
-               if isinstance(s, KVCacheSpec)) * np.dtype(dtype).itemsize
+def _layer_dtypes(backend: Any, model: Any, args: Any, specs: list) -> list:
+    """Each layer's KV dtype, refused up front when the backend cannot read one of them."""
+    dtypes = layer_kv_dtypes(specs, args.kv_cache_dtype, model.dtype,
+                             getattr(args, "kv_high_precision_layers", "auto"),
+                             getattr(model, "num_layers", None))
+    supported = getattr(backend, "kv_cache_dtypes", frozenset({"bf16", "fp8"}))
+    if "nvfp4" in {dtype_flag(d) for d in dtypes if d is not None} and "nvfp4" not in supported:
+        raise ValueError(f"--kv-cache-dtype nvfp4: the {getattr(backend, 'name', 'chosen')} "
+                         f"backend does not read nvfp4 KV caches (it takes: "
+                         f"{', '.join(sorted(supported))})")
+    return dtypes
 
 
 def state_bytes_per_slot(specs: list) -> int:
@@ -125,8 +143,9 @@ def _activation_reserve(model: Any, args: Any) -> int:
     vocab = int(getattr(model, "vocab_size", 0) or 0)
     specs = model.kv_cache_specs() if hasattr(model, "kv_cache_specs") else []
     layer_work = max((getattr(s, "prefill_bytes_per_token", 0) for s in specs if s), default=0)
+    scratch = NVFP4_PREFILL_SCRATCH if getattr(args, "kv_cache_dtype", "") == "nvfp4" else 0
     return (num_tokens * (hidden * 4 * 16 + layer_work) + args.max_batch_size * vocab * 4 * 4
-            + 64 * _MIB)
+            + 64 * _MIB + scratch)
 
 
 def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
@@ -138,8 +157,9 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     """
     dtype = kv_cache_dtype(args.kv_cache_dtype, model.dtype)
     specs = kv_specs(model)
+    dtypes = _layer_dtypes(backend, model, args, specs)
     bs = args.block_size
-    bpb = bytes_per_block(specs, bs, dtype)
+    bpb = bytes_per_block(specs, bs, dtypes)
     slots, snapshots, slot_bytes = _state_rows(specs, args)
     spec = getattr(args, "speculative_config", None)
     spec_rows = spec.state_rows if spec is not None and slot_bytes else 0
@@ -155,9 +175,10 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
     if backend.device_info().kind == "cpu":
         budget = min(budget, CPU_KV_LIMIT_BYTES)
     budget = _take_state_bytes(budget, slots, snapshots + spec_rows, slot_bytes)
-    window = plan_window_pool(specs, args, bs, dtype, want, budget)
+    window = plan_window_pool(specs, args, bs, dtypes, want, budget)
     if window is not None:
-        bpb = bytes_per_block([s for s in specs if not is_windowed(s)], bs, dtype)
+        full = [i for i, s in enumerate(specs) if not is_windowed(s)]
+        bpb = bytes_per_block([specs[i] for i in full], bs, [dtypes[i] for i in full])
         budget -= window.num_blocks * window.bytes_per_block
     mem_blocks = max(0, budget // bpb)  # what memory allows; an explicit size is checked on this
     if backend.device_info().kind == "cpu" or not any(isinstance(s, KVCacheSpec) for s in specs):
@@ -184,9 +205,11 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
             f"MiB with gpu_memory_utilization={args.gpu_memory_utilization}; use {util_for(16)} "
             "or a smaller model")
     max_seq_len = _max_seq_len(args, model_max, num_blocks, bs, bpb, util_for)
-    log.info("KV cache: %d blocks of %d tokens (%s, %.1f MiB, %d bytes per token), "
-             "max_seq_len %d", num_blocks, bs, np.dtype(dtype).name, num_blocks * bpb / _MIB,
-             bpb // bs, max_seq_len)
+    config = KVCacheConfig(num_blocks, bs, np.dtype(dtype), bpb, max_seq_len, slots, snapshots,
+                           slot_bytes, spec_rows, window_pool=window, layer_dtypes=tuple(dtypes))
+    log.info("KV cache: %d blocks of %d tokens (%.1f MiB, %d bytes per token), max_seq_len %d",
+             num_blocks, bs, num_blocks * bpb / _MIB, bpb // bs, max_seq_len)
+    log.info("kv cache: %s", config.dtype_summary)
     if unified:
         log.info("unified memory: sized from /proc/meminfo MemAvailable (%.1f GiB free before the "
                  "KV cache), %.1f GiB kept for the system", free / _GIB,
@@ -198,8 +221,7 @@ def plan_kv_cache(backend: Any, model: Any, args: Any) -> KVCacheConfig:
         log.info("sliding-window KV pool: %d blocks (%.1f MiB) for a window of %d tokens",
                  window.num_blocks, window.num_blocks * window.bytes_per_block / _MIB,
                  window.window)
-    return KVCacheConfig(num_blocks, bs, np.dtype(dtype), bpb, max_seq_len, slots, snapshots,
-                         slot_bytes, spec_rows, window_pool=window)
+    return config
 
 
 def _take_state_bytes(budget: int, slots: int, snapshots: int, slot_bytes: int) -> int:

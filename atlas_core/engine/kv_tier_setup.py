@@ -110,7 +110,9 @@ def create_kv_tiers(args: Any, model: Any, runner: Any, scheduler: Any) -> KVTie
         extra = {"window": kv.window_pool.window,
                  "window_layout": [list(p.shape[1:]) for p in window_pools]}
     root = check_offload_dir(args.kv_offload_dir) if args.kv_offload_dir else None
-    name, identity = kv_namespace(model, args.model, kv.dtype, kv.block_size,
+    # the per-layer dtypes (--kv-high-precision-layers) change what a block's bytes mean
+    kv_dtype = kv.dtype_summary if len(set(kv.layer_dtypes) - {None}) > 1 else kv.dtype
+    name, identity = kv_namespace(model, args.model, kv_dtype, kv.block_size,
                                   [tuple(p.shape[1:]) for p in io.pools], extra)
     max_staged = 4 * -(-kv.max_seq_len // kv.block_size)
     states = scheduler.state_cache

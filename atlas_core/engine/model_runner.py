@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_core.engine.kv_layers import pool_width
 from atlas_core.engine.kv_sizing import KVCacheConfig, kv_specs
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sampler import LogitsRow, Sampler
@@ -144,7 +145,7 @@ class ModelRunner:
 
     def _allocate_kv(self) -> list:
         caches = []
-        for spec in kv_specs(self.model):
+        for layer, spec in enumerate(kv_specs(self.model)):
             if isinstance(spec, RecurrentStateSpec):
                 if not self.kv.num_state_slots:
                     raise ValueError("recurrent-state layers need state slots; plan the KV cache "
@@ -158,9 +159,11 @@ class ModelRunner:
                 blocks = self.kv.num_blocks
                 if self.kv.window_pool is not None and is_windowed(spec):
                     blocks = self.kv.window_pool.num_blocks
-                shape = (blocks, self.kv.block_size, spec.num_kv_heads, spec.head_dim)
+                # each layer in its own dtype (--kv-high-precision-layers); nvfp4: packed rows
+                dtype = self.kv.layer_dtype(layer)
+                shape = (blocks, self.kv.block_size, spec.num_kv_heads, pool_width(spec, dtype))
                 # Zeroed: kernels may read whole blocks past a sequence's end (masked, but NaN * 0).
-                caches.append(tuple(self.backend.zeros(shape, self.kv.dtype)
+                caches.append(tuple(self.backend.zeros(shape, dtype)
                                     for _ in range(spec.num_pools)))
             else:
                 caches.append(None)

@@ -30,9 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
 from atlas_core.engine.block_manager import BlockManager
+from atlas_core.engine.kv_layers import kv_bytes_per_token
 from atlas_core.engine.sequence import Sequence
 from atlas_core.interfaces.layer import KVCacheSpec, SlidingWindowCacheSpec
 
@@ -63,6 +62,7 @@ class WindowPool:
 def plan_window_pool(specs: list, args: Any, block_size: int, dtype: Any, max_seq_len: int,
                      budget: int) -> WindowPool | None:
     """The window pool ``specs`` call for, or None (no windowed layer, or only windowed layers).
+    ``dtype``: the KV storage dtype, or one per entry of ``specs``.
 
     Blocks: enough for every running sequence's window plus three (partial blocks at both ends,
     one decode token planned ahead), capped at a whole ``max_seq_len`` sequence, plus one step's
@@ -78,8 +78,9 @@ def plan_window_pool(specs: list, args: Any, block_size: int, dtype: Any, max_se
     per_seq = min(-(-(window - 1) // block_size) + 3, -(-max_seq_len // block_size) + 1)
     step = -(-(args.max_prefill_tokens + (args.max_batch_size or args.max_num_seqs))
              // block_size)
-    per_token = sum(s.num_pools * s.num_kv_heads * s.head_dim for s in windowed)
-    block_bytes = max(1, per_token * block_size * np.dtype(dtype).itemsize)
+    dtypes = ([d for s, d in zip(specs, dtype) if is_windowed(s)]
+              if isinstance(dtype, (list, tuple)) else dtype)
+    block_bytes = max(1, kv_bytes_per_token(windowed, dtypes) * block_size)
     share = max(0, budget) // 2 // block_bytes
     if share < per_seq + step:
         raise ValueError(

@@ -99,6 +99,10 @@ class GpuBackend(ABC):
     #: Optional. Quantized weight formats (:data:`atlas_core.ops.quant.FORMATS`) this backend
     #: keeps on the device and computes with; the loader dequantizes any other at load.
     quantized_weight_formats: frozenset = frozenset()
+    #: Optional. ``--kv-cache-dtype`` values whose pools this backend's cache and attention ops
+    #: take, besides the model's own dtype: ``fp8`` (float8_e4m3fn) and ``nvfp4`` (``uint8``
+    #: packed rows, :mod:`atlas_core.ops.kv_quant`). The engine refuses the others up front.
+    kv_cache_dtypes: frozenset = frozenset({"bf16", "fp8"})
 
     @abstractmethod
     def device_info(self) -> DeviceInfo:

@@ -4,6 +4,11 @@ paged attention.
 KV pools are laid out ``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``t`` of a
 sequence lives in block ``block_table[t // block_size]`` at offset ``t % block_size``, i.e. slot
 ``block * block_size + offset``. GQA: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+
+Every op taking ``k_cache`` / ``v_cache`` also takes NVFP4 pools: a ``uint8`` cache IS
+nvfp4-packed, ``[num_blocks, block_size, num_kv_heads, head_dim / 2 + head_dim / 16]``, written
+and read by the exact rule of :mod:`atlas_core.ops.kv_quant` (``head_dim`` comes from the
+other operands; ``kv_scale`` still divides on write and multiplies on read, 1.0 in the engine).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import sys
 import numpy as np
 
 from atlas_core.ops._dtypes import f32
+from atlas_core.ops.kv_quant import dequantize_kv_nvfp4, is_nvfp4_cache, quantize_kv_nvfp4
 from atlas_core.ops.norm import rms_norm
 from atlas_core.ops.rotary import rotary_embedding
 
@@ -24,7 +30,9 @@ def reshape_and_cache(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache
     Args:
         k, v: ``[num_tokens, num_kv_heads, head_dim]``.
         k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (any storage dtype,
-            fp8 included: values are stored as ``x / kv_scale``).
+            fp8 included: values are stored as ``x / kv_scale``), or ``uint8`` nvfp4 pools
+            ``[..., head_dim / 2 + head_dim / 16]``: each row is
+            :func:`~atlas_core.ops.kv_quant.quantize_kv_nvfp4` of ``x / kv_scale``.
         slot_mapping: ``[num_tokens]`` int32 slot per token; ``-1`` skips the token.
     """
     num_blocks, block_size = k_cache.shape[:2]
@@ -33,8 +41,10 @@ def reshape_and_cache(k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache
     slots = slots[keep]
     flat_k = k_cache.reshape(num_blocks * block_size, *k_cache.shape[2:])
     flat_v = v_cache.reshape(num_blocks * block_size, *v_cache.shape[2:])
-    flat_k[slots] = (f32(k[keep]) / kv_scale).astype(k_cache.dtype)
-    flat_v[slots] = (f32(v[keep]) / kv_scale).astype(v_cache.dtype)
+    for flat, x, cache in ((flat_k, k, k_cache), (flat_v, v, v_cache)):
+        values = f32(x[keep]) / np.float32(kv_scale)
+        flat[slots] = (quantize_kv_nvfp4(values) if is_nvfp4_cache(cache)
+                       else values.astype(cache.dtype))
 
 
 def causal_softmax(scores: np.ndarray, q_pos: np.ndarray) -> np.ndarray:
@@ -92,11 +102,13 @@ def prefill_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_seqlens: n
 
 
 def gather_kv(cache: np.ndarray, block_table: np.ndarray, length: int, kv_scale: float = 1.0) -> np.ndarray:
-    """The first ``length`` cached tokens of one sequence as ``[length, num_kv_heads, head_dim]`` float32."""
+    """The first ``length`` cached tokens of one sequence as ``[length, num_kv_heads, head_dim]``
+    float32 (an nvfp4 cache dequantized)."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
     blocks = cache[np.asarray(block_table[:num_blocks], dtype=np.int64)]
-    return f32(blocks.reshape(-1, *cache.shape[2:])[:length]) * kv_scale
+    rows = blocks.reshape(-1, *cache.shape[2:])[:length]
+    return (dequantize_kv_nvfp4(rows) if is_nvfp4_cache(cache) else f32(rows)) * kv_scale
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, block_tables: np.ndarray,
@@ -110,7 +122,8 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, blo
 
     Args:
         q: ``[num_tokens, num_heads, head_dim]`` packed by sequence.
-        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, or ``uint8``
+            nvfp4 pools (read dequantized, see the module docstring).
         block_tables: ``[num_seqs, max_blocks_per_seq]`` int32 (unused entries arbitrary).
         seq_lens: ``[num_seqs]`` int32 context length including this step's tokens.
         cu_seqlens_q: ``[num_seqs + 1]`` int32 prefix sums of query counts.

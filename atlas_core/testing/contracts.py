@@ -27,6 +27,7 @@ from atlas_core.ops._dtypes import bfloat16, float8_e4m3fn
 from atlas_core.testing.contracts_attention import AttentionContract
 from atlas_core.testing.contracts_cases import GeneratedOpContract, backend_registry
 from atlas_core.testing.contracts_guided import GuidedContract
+from atlas_core.testing.contracts_kv_nvfp4 import KVNvfp4Contract
 from atlas_core.testing.contracts_kv_transfer import KVTransferContract
 from atlas_core.testing.contracts_ops import OpContract
 from atlas_core.testing.contracts_sampling import SamplingContract
@@ -43,8 +44,8 @@ def _create(kind: str, name: str | None, options: dict[str, Any]) -> Any:
     return Registry().create(kind, name, **options)
 
 
-class GpuBackendContract(OpContract, AttentionContract, SamplingContract, GuidedContract,
-                         KVTransferContract, GeneratedOpContract):
+class GpuBackendContract(OpContract, AttentionContract, KVNvfp4Contract, SamplingContract,
+                         GuidedContract, KVTransferContract, GeneratedOpContract):
     """Every op and the memory API of a GpuBackend. Set ``backend_name`` or override
     :meth:`make_backend`; ``backend_options`` are passed to the factory."""
 

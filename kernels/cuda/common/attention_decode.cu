@@ -2,7 +2,8 @@
 // kernels are in attention_decode.cuh).
 #include "attention_decode.cuh"
 
-// attn_dec[_fp8]_<dtype>_d<D>_h<HB>: _fp8 reads a float8_e4m3fn paged cache (head dims 64-256).
+// attn_dec[_fp8|_nvfp4]_<dtype>_d<D>_h<HB>: _fp8 reads a float8_e4m3fn paged cache (head dims
+// 64-256), _nvfp4 packed nvfp4 rows (kv_nvfp4.cuh; head dims 64-256, multiples of 32).
 #define DEC_ONE(T, S, D, HB, C, CS)                                                           \
   extern "C" __global__ void __launch_bounds__(128) attn_dec##CS##_##S##_d##D##_h##HB(     \
       T* out, float* pa, float* pm, int* cnt, const T* q, C* k, C* v,                         \
@@ -16,5 +17,7 @@
 #define DEC(T, S)                                                                             \
   DEC_HB(T, S, 16, T, ) DEC_HB(T, S, 32, T, ) DEC_HB(T, S, 64, T, )                           \
   DEC_HB(T, S, 128, T, ) DEC_HB(T, S, 256, T, )                                               \
-  DEC_HB(T, S, 64, fp8, _fp8) DEC_HB(T, S, 128, fp8, _fp8) DEC_HB(T, S, 256, fp8, _fp8)
+  DEC_HB(T, S, 64, fp8, _fp8) DEC_HB(T, S, 128, fp8, _fp8) DEC_HB(T, S, 256, fp8, _fp8)     \
+  DEC_HB(T, S, 64, nvfp4, _nvfp4) DEC_HB(T, S, 128, nvfp4, _nvfp4)                           \
+  DEC_HB(T, S, 256, nvfp4, _nvfp4)
 INSTANTIATE(DEC)

@@ -8,6 +8,7 @@
 // resets its counter to zero.
 #pragma once
 #include "attention_common.cuh"
+#include "kv_nvfp4.cuh"
 #include "rope_common.cuh"
 
 // Cache row of key j (or -1 past the span end).
@@ -217,6 +218,7 @@ __device__ void dec_rope_prologue(T* sm_q, C* sm_kv, float* scratch, const T* qk
 // rotates its own query heads, the last split's blocks also the newest key/value (kept in
 // shared memory and scored from there instead of the cache), and one of them writes them.
 // BIDIR (attention_bidir.cu, dense K/V only): every query sees all keys of its sequence.
+// C = nvfp4 (plain decode only): packed rows of kv_row_bytes(D) bytes, dequantized in registers.
 template <typename T, typename C, int D, int HB, bool FUSED, bool BIDIR = false>
 __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* counters,
                               const T* q, C* kb, C* vb, const int* block_tables,
@@ -254,11 +256,11 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   }
   int base_row = block_tables ? 0 : cu_q[b];
   long long row[U], nrow[U];
-  Vec8<C> kv[U] = {}, vv[U] = {};
+  typename KVVec<C>::type kv[U] = {}, vv[U] = {};
 #pragma unroll
   for (int u = 0; u < U; u++) {
     row[u] = dec_row(bt_row, base_row, start + u * NG + g, end, a.block_size, KH, kh);
-    if (row[u] >= 0) { kv[u].load(kb + row[u] * D + dl * 8); vv[u].load(vb + row[u] * D + dl * 8); }
+    if (row[u] >= 0) { kv_load<C, D>(kv[u], kb, row[u], dl); kv_load<C, D>(vv[u], vb, row[u], dl); }
   }
 #pragma unroll
   for (int u = 0; u < U; u++)
@@ -290,12 +292,15 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     m[hh] = NEG_INF; l[hh] = 0.f;
   }
   for (int base = start; base < end; base += R) {
-    Vec8<C> kn[U] = {}, vn[U] = {};
+    typename KVVec<C>::type kn[U] = {}, vn[U] = {};
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       valid[u] = row[u] >= 0;
-      if (nrow[u] >= 0) { kn[u].load(kb + nrow[u] * D + dl * 8); vn[u].load(vb + nrow[u] * D + dl * 8); }
+      if (nrow[u] >= 0) {
+        kv_load<C, D>(kn[u], kb, nrow[u], dl);
+        kv_load<C, D>(vn[u], vb, nrow[u], dl);
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -339,7 +344,10 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
     for (int u = 0; u < U; u++) { kv[u] = kn[u]; vv[u] = vn[u]; }
   }
   profile_stamp(3);
-  if (kv_new) dec_fold_new<C, HB>(kv_new + dl * 8, kv_new + D + dl * 8, qf, m, l, acc, g == 0, LPK);
+  if constexpr (FUSED) {
+    if (kv_new)
+      dec_fold_new<C, HB>(kv_new + dl * 8, kv_new + D + dl * 8, qf, m, l, acc, g == 0, LPK);
+  }
   attn_group_store<NG, HB, D>(sm_acc, sm_m, sm_l, g, dl, acc, m, l);
   long long th0 = (long long)t * H + h0;
   attn_group_write<T, NG, HB, D>(out, part_acc, part_ml, sm_acc, sm_m, sm_l, th0, split,

@@ -6,6 +6,7 @@ import numpy as np
 
 from atlas_core.api import float8_e4m3fn
 from atlas_core.api import compose_rope_cache_attention
+from atlas_cuda import ops_kv_nvfp4 as nvfp4
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.attention_plan import (
     LONG_DECODE_CTX, MMA_DECODE_B1_MAX_CTX, MMA_DECODE_MIN_CTX, MMA_DECODE_STAGES,
@@ -17,6 +18,8 @@ from atlas_cuda.kernels_loader import variant_of
 LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128, 256)
 FP8_HEAD_DIMS = (64, 128, 256)
+#: Head dims of the split decode kernel over nvfp4 rows (``attn_dec_nvfp4_*``).
+NVFP4_HEAD_DIMS = (64, 128, 256)
 #: Head dims of the tensor-core kernel (80: vision towers' 72 padded to a multiple of 16).
 FLASH_HEAD_DIMS = (64, 80, 128)
 #: Head dims of the fused rope + decode attention kernel (at 256 its per-block prologue cost
@@ -33,6 +36,7 @@ class AttentionOps:
 
     def __init__(self, ctx: OpContext) -> None:
         self.ctx = ctx
+        self._nvfp4_scratch = nvfp4.GatherScratch()
 
     def _rope(self, q_out, k_out, v_out, q, k, v, strides, positions, cos_sin_cache, slots,
               q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale) -> None:
@@ -66,14 +70,16 @@ class AttentionOps:
         return q_out, k_out
 
     def _check_cache(self, name: str, k: DeviceArray, k_cache: DeviceArray) -> None:
-        if k_cache.dtype not in (k.dtype, float8_e4m3fn):
+        if k_cache.dtype not in (k.dtype, float8_e4m3fn, nvfp4.NVFP4):
             raise TypeError(f"{name}: the cuda backend stores the KV cache in the activation dtype "
-                            f"({k.dtype}) or float8_e4m3fn, not {k_cache.dtype}")
+                            f"({k.dtype}), float8_e4m3fn or uint8 (nvfp4), not {k_cache.dtype}")
 
     def reshape_and_cache(self, k: DeviceArray, v: DeviceArray, k_cache: DeviceArray,
                           v_cache: DeviceArray, slot_mapping: DeviceArray,
                           kv_scale: float = 1.0) -> None:
         self._check_cache("reshape_and_cache", k, k_cache)
+        if nvfp4.is_nvfp4(k_cache):
+            return nvfp4.write(self.ctx, k, v, k_cache, v_cache, slot_mapping, kv_scale)
         t = k.shape[0]
         if t:
             name = "reshape_and_cache" + _cache_suffix(k_cache, k)
@@ -94,9 +100,16 @@ class AttentionOps:
         k = DeviceArray(qkv.ptr + num_heads * head_dim * item, (t,), qkv.dtype, qkv.owner)
         v = DeviceArray(k.ptr + num_kv_heads * head_dim * item, (t,), qkv.dtype, qkv.owner)
         row = (num_heads + 2 * num_kv_heads) * head_dim
+        heads = (num_heads, num_kv_heads, head_dim)
+        if nvfp4.is_nvfp4(k_cache):  # rope into dense rows (no slots: every token), then pack
+            dense = (t, num_kv_heads, head_dim)
+            k_rows, v_rows = self.ctx.out(dense, qkv.dtype), self.ctx.out(dense, qkv.dtype)
+            self._rope(q_out, k_rows, v_rows, qkv, k, v, (row, row, row), positions,
+                       cos_sin_cache, None, q_norm, k_norm, heads, eps, rotary_dim, is_neox, 1.0)
+            nvfp4.write(self.ctx, k_rows, v_rows, k_cache, v_cache, slot_mapping, kv_scale)
+            return q_out
         self._rope(q_out, k_cache, v_cache, qkv, k, v, (row, row, row), positions, cos_sin_cache,
-                   slot_mapping, q_norm, k_norm, (num_heads, num_kv_heads, head_dim), eps,
-                   rotary_dim, is_neox, kv_scale)
+                   slot_mapping, q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale)
         return q_out
 
     def rope_cache_attention(self, qkv: DeviceArray, positions: DeviceArray,
@@ -120,7 +133,7 @@ class AttentionOps:
         # Long caches take the tensor-core decode kernel, which has no rope prologue.
         mma = self._use_mma_decode(qkv, k_cache, num_heads, num_kv_heads, head_dim,
                                    block_tables.shape[1] * k_cache.shape[1], t)
-        if mma or self.ctx.policy.batch_invariant or not (
+        if mma or self.ctx.policy.batch_invariant or nvfp4.is_nvfp4(k_cache) or not (
                 0 < t <= ROPE_DECODE_MAX_TOKENS and t == seq_lens.shape[0]
                 and head_dim in ROPE_DECODE_HEAD_DIMS):
             return compose_rope_cache_attention(
@@ -151,6 +164,14 @@ class AttentionOps:
     def _attention(self, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs, num_kv_heads,
                    block_size, max_ctx, scale, kv_scale, causal=True) -> DeviceArray:
         t, h, d = q.shape
+        if nvfp4.is_nvfp4(k) and block_tables is not None and self._use_flash(q, q, num_seqs):
+            # prefill over an nvfp4 history: the flash kernel on a dense copy of its blocks
+            need = nvfp4.gather_bytes(num_seqs, block_tables.shape[1], block_size, num_kv_heads,
+                                      d, q.dtype) + 4 * block_tables.size
+            scratch = self._nvfp4_scratch.get(self.ctx, need)
+            if scratch is not None:
+                k, v, block_tables = nvfp4.gather(self.ctx, scratch, k, v, block_tables,
+                                                  seq_lens, d, q.dtype)
         flash = self._use_flash(q, k, num_seqs)
         if d not in HEAD_DIMS and not flash:
             raise ValueError(f"attention: head_dim {d} unsupported on cuda (use one of "
@@ -169,9 +190,14 @@ class AttentionOps:
             return out
         var = variant_of(q.dtype)
         fp8 = _cache_suffix(k, q)
-        if fp8 and d not in FP8_HEAD_DIMS:
+        if fp8 == "_fp8" and d not in FP8_HEAD_DIMS:
             raise ValueError(f"attention: a float8_e4m3fn KV cache needs head_dim in "
                              f"{FP8_HEAD_DIMS} on cuda (got {d})")
+        if fp8 == "_nvfp4":
+            nvfp4.check_row("attention", k, d)
+            if d not in NVFP4_HEAD_DIMS:
+                raise ValueError(f"attention: an nvfp4 KV cache needs head_dim in "
+                                 f"{NVFP4_HEAD_DIMS} on cuda (got {d})")
         max_blocks = block_tables.shape[1] if block_tables is not None else 0
         args = (q, k, v, block_tables, seq_lens, cu_seqlens, h, num_kv_heads, block_size,
                 max_blocks, num_seqs)
@@ -285,6 +311,9 @@ class AttentionOps:
 
 
 def _cache_suffix(cache: DeviceArray | None, act: DeviceArray) -> str:
-    """``"_fp8"`` for a float8_e4m3fn KV cache (kernel name suffix), else ``""``."""
+    """``"_fp8"`` for a float8_e4m3fn KV cache, ``"_nvfp4"`` for packed nvfp4 rows (kernel name
+    suffixes), else ``""``."""
+    if nvfp4.is_nvfp4(cache):
+        return "_nvfp4"
     return "_fp8" if cache is not None and cache.dtype == float8_e4m3fn and act.dtype != cache.dtype else ""
 

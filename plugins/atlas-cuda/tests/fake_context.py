@@ -63,6 +63,12 @@ class FakeBackend:
     def zeros(self, shape, dtype):
         return np.zeros(shape, dtype)
 
+    def empty(self, shape, dtype):
+        """A persistent buffer: its size and a null pointer (views of it are planned only)."""
+        a = FakeArray(shape, dtype)
+        a.ptr, a.nbytes = 0, int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return a
+
 
 def fake_context(policy: KernelPolicy | None = None, backend=None) -> OpContext:
     """An :class:`OpContext` whose launches land in ``ctx.kernels.launches``."""
