@@ -57,9 +57,10 @@ KNOBS = (
          "(measured per target) or 1-8; more rows take the tensor-core path (cuBLASLt / mma, "
          "the quantized skinny GEMM)"),
     Knob("quant_kernel", "ATLAS_CUDA_QUANT_KERNEL", ("auto", "skinny", "legacy"),
-         "quantized linears of 1-64 rows: auto/skinny (tensor-core skinny GEMM, weights decoded "
-         "with integer ops) or legacy (f32 GEMV up to gemv_rows rows, then the older skinny "
-         "GEMM)"),
+         "quantized linears of 1-64 rows and decode MoE experts: auto/skinny (tensor-core "
+         "skinny GEMM and quant_moe_mma.cu, weights decoded with integer ops) or legacy (f32 "
+         "GEMV up to gemv_rows rows, then the older skinny GEMM; quant_moe.cu's "
+         "warp-per-column experts)"),
     Knob("gdn_fused", "ATLAS_CUDA_GDN_FUSED", None,
          "gated_delta_rule_decode as two fused kernels (0: the four separate ops)"),
     Knob("gdn_prefill", "ATLAS_CUDA_GDN_PREFILL", ("auto", "chunked", "sequential"),
