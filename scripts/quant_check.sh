@@ -12,6 +12,9 @@
 # sweep:    scripts/quant_skinny_bench.py --sweep: every qskinny2 (MT, depth) per format and rows.
 # moebench: qwen3-30b-a3b-fp8 and qwen3.5-35b-a3b-nvfp4 at batch 1 (decode reads only the
 #           chosen experts; the prefill dequantizes every expert of a layer per chunk).
+# moe:      the tensor-core decode MoE experts: their gpu tests, then qwen3.5-35b-a3b-nvfp4 and
+#           qwen3-30b-a3b-fp8 at batch 1 and 8 (1,024 tokens), default kernels against
+#           ATLAS_CUDA_QUANT_KERNEL=legacy (~8 min with a cold NVRTC cache).
 # kvfp4:    the nvfp4 KV cache (--kv-cache-dtype nvfp4): its gpu tests (write-kernel bytes,
 #           decode / prefill against NumPy, tiny Qwen3 cuda vs numpy) and host tests, then the
 #           op contract's nvfp4 KV cases on cuda (~3 min with a cold NVRTC cache).
@@ -78,6 +81,21 @@ if has moebench; then
     --prompt-len 512 --decode-tokens 32 --copy-mb 2048 --gpu-memory-utilization 0.85
   bench 35b-nvfp4 "${MOEBENCH_TIMEOUT:-150}" --model qwen3.5-35b-a3b-nvfp4 --concurrency 1 \
     --prompt-len 512 --decode-tokens 32 --copy-mb 2048 --gpu-memory-utilization 0.6
+fi
+if has moe; then  # the tensor-core MoE experts (quant_moe_mma.cu): tests, then auto vs legacy
+  stamp moe
+  timeout -s INT "${TEST_TIMEOUT:-110}" python3 -m pytest -q -p no:cacheprovider -x \
+    plugins/atlas-cuda/tests/test_quant_moe_mma_cuda.py plugins/atlas-cuda/tests/test_quant_moe_host.py \
+    "plugins/atlas-cuda/tests/test_quant_cuda.py::test_moe_experts" \
+    "plugins/atlas-cuda/tests/test_quant_cuda.py::test_moe_block_with_a_quantized_shared_expert" \
+    2>&1 | tee "$OUT/moe-tests.log" | grep -E "passed|failed|error|FAILED|ERROR|assert" | tail -30
+  for model in qwen3.5-35b-a3b-nvfp4 qwen3-30b-a3b-fp8; do
+    for policy in auto legacy; do  # legacy: the older MoE kernels and the older dense linears
+      ATLAS_CUDA_QUANT_KERNEL=$policy bench "moe-$model-$policy" "${MOEBENCH_TIMEOUT:-100}" \
+        --model "$model" --batch 1,8 --context 1024 --decode-tokens 24 --copy-mb 1024 \
+        --gpu-memory-utilization 0.6
+    done
+  done
 fi
 if has kvfp4; then
   stamp kvfp4
