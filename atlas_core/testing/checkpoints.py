@@ -9,7 +9,8 @@ template. HF transformers loads the same directory, which is what the logit-pari
 For HF parity the other way round, :func:`save_hf_checkpoint` has transformers itself build and
 save the tiny model (random weights from :func:`randomize_hf_weights`, the same tokenizer);
 :func:`hf_float64_model` and :func:`hf_logits` give the reference logits. These import torch and
-transformers when called, never when this module is imported.
+transformers when called, never when this module is imported. :func:`rewrite_checkpoint` writes
+a model directory again with other tensors (another exporter's layout of the same weights).
 """
 
 from __future__ import annotations
@@ -62,7 +63,13 @@ def random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
     return rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1], dtype=np.float32)
 
 
-def _write_weights(path: Path, tensors: dict[str, np.ndarray], shards: int) -> None:
+#: The files besides the weights that :func:`rewrite_checkpoint` carries over.
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def write_weights(path: Path, tensors: dict[str, np.ndarray], shards: int = 1) -> None:
+    """``tensors`` as ``model.safetensors`` in ``path``, or as ``shards`` files plus the index HF
+    writes for sharded checkpoints."""
     if shards <= 1:
         write_safetensors(path / "model.safetensors", tensors, {"format": "pt"})
         return
@@ -110,7 +117,7 @@ def write_tiny_checkpoint(architecture: str, path: str | os.PathLike, *, dtype: 
     rng = np.random.default_rng(seed)
     np_dtype = as_dtype(dtype)
     tensors = {n: random_tensor(n, s, rng).astype(np_dtype) for n, s in shapes.items()}
-    _write_weights(path, tensors, shards)
+    write_weights(path, tensors, shards)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     generation = {"bos_token_id": ids["<|endoftext|>"], "eos_token_id": eos,
                   "pad_token_id": ids["<|endoftext|>"], "do_sample": False}
@@ -118,11 +125,38 @@ def write_tiny_checkpoint(architecture: str, path: str | os.PathLike, *, dtype: 
     return path
 
 
-def randomize_hf_weights(model: Any, seed: int) -> None:
+def rewrite_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
+                       tensors: dict[str, np.ndarray]) -> Path:
+    """The model directory ``src`` with other weights: ``tensors`` as ``out/model.safetensors``,
+    and the :data:`MODEL_FILES` of ``src`` that exist copied unchanged (a family's tests write
+    the layouts other exporters use this way).
+
+    Returns:
+        ``out`` as a :class:`~pathlib.Path`.
+    """
+    src, out = Path(src), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_weights(out, tensors)
+    for name in MODEL_FILES:
+        if (src / name).is_file():
+            (out / name).write_bytes((src / name).read_bytes())
+    return out
+
+
+def randomize_hf_weights(model: Any, seed: int,
+                         special: Callable[[str, Any, Any, Any], Any] | None = None) -> None:
     """Give an HF torch model weights that keep activations O(1) and make routing matter:
     fan-in scaled matrices, norms near 1, ``e_score_correction_bias`` of the size of the sigmoid
     score spread, unit noise for embeddings and vectors. Integer tensors and the rotary
-    embedding's buffers keep their values."""
+    embedding's buffers keep their values.
+
+    Args:
+        model: the torch model, changed in place.
+        seed: seed of the one generator every tensor's noise is drawn from, in module order.
+        special: ``(name, tensor, noise, generator)`` giving a family's value for the tensors
+            its architecture names differently or needs in another range, None for the rest
+            (which get the values above).
+    """
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -131,15 +165,20 @@ def randomize_hf_weights(model: Any, seed: int) -> None:
             if not tensor.is_floating_point() or "rotary_emb" in name:
                 continue
             noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                value = 1.0 + 0.1 * noise
-            elif name.endswith("e_score_correction_bias"):
-                value = 0.2 * noise
-            elif name.endswith("embed_tokens.weight") or tensor.dim() < 2:
-                value = noise
-            else:
-                value = noise / tensor.shape[-1] ** 0.5
+            value = special(name, tensor, noise, gen) if special is not None else None
+            if value is None:
+                value = _hf_weight_value(name, tensor, noise)
             tensor.copy_(value.to(tensor.dtype))
+
+
+def _hf_weight_value(name: str, tensor: Any, noise: Any) -> Any:
+    if name.endswith("norm.weight"):
+        return 1.0 + 0.1 * noise
+    if name.endswith("e_score_correction_bias"):
+        return 0.2 * noise
+    if name.endswith("embed_tokens.weight") or tensor.dim() < 2:
+        return noise
+    return noise / tensor.shape[-1] ** 0.5
 
 
 def save_hf_checkpoint(path: str | os.PathLike, architecture: str, *, seed: int = 0,

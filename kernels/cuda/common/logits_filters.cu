@@ -15,26 +15,24 @@ __device__ __forceinline__ void copy_row(float* out, const float* x, int V) {
   for (int i = threadIdx.x; i < V; i += blockDim.x) out[i] = x[i];
 }
 
-// Sum / max over the block in every thread; `scratch` holds >= 32 elements.
-__device__ double block_sum_d(double v, double* scratch) {
+// `op` over the block, in every thread: each warp's lanes, then the warps' results (`scratch`
+// holds >= 32 elements; `identity` stands in for the warps a short block lacks).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, T identity, T* scratch, Op op) {
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < nwarps ? scratch[lane] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = lane < nwarps ? scratch[lane] : identity;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+__device__ double block_sum_d(double v, double* scratch) {
+  return block_reduce(v, 0.0, scratch, [](double a, double b) { return a + b; });
+}
 __device__ int block_max_i(int v, int* scratch) {
-  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < nwarps ? scratch[lane] : -1;
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+  return block_reduce(v, -1, scratch, [](int a, int b) { return max(a, b); });
 }
 
 // ---- top-n-sigma: keep logit >= max - n * std over the row's finite logits -------------------

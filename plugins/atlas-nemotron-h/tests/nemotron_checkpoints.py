@@ -18,26 +18,25 @@ TEMPLATES = {"nano3": real_models_dir() / "nemotron" / "NVIDIA-Nemotron-3-Nano-3
 
 
 def randomize(model: Any, seed: int) -> None:
-    """Weights that keep activations O(1) and make every part matter: fan-in scaled matrices,
-    norms near 1, decay rates ``exp(A_log)`` in 0.5..4, time-step biases around 0 (softplus
-    ~0.7, far above ``time_step_min``), routing biases of the size of the score spread."""
+    """Weights that keep activations O(1) and make every part matter: the shared rules of
+    :func:`~atlas_core.testing.checkpoints.randomize_hf_weights`, with decay rates
+    ``exp(A_log)`` in 0.5..4, time-step biases around 0 (softplus ~0.7, far above
+    ``time_step_min``) and routing biases of the size of the score spread."""
+    checkpoints.randomize_hf_weights(model, seed, special=_nemotron_value)
+
+
+def _nemotron_value(name: str, tensor: Any, noise: Any, gen: Any) -> Any:
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32)
-            if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
-                value = 1.0 + 0.1 * noise
-            elif name.endswith("A_log"):
-                value = torch.log(0.5 + 3.5 * torch.rand(tensor.shape, generator=gen))
-            elif name.endswith(("dt_bias", "e_score_correction_bias")):
-                value = 0.3 * noise
-            elif name.endswith("embeddings.weight") or tensor.dim() < 2:
-                value = noise
-            else:
-                value = noise / tensor.shape[-1] ** 0.5
-            tensor.copy_(value.to(tensor.dtype))
+    if name.endswith("norm_f.weight"):
+        return 1.0 + 0.1 * noise
+    if name.endswith("A_log"):
+        return torch.log(0.5 + 3.5 * torch.rand(tensor.shape, generator=gen))
+    if name.endswith(("dt_bias", "e_score_correction_bias")):
+        return 0.3 * noise
+    if name.endswith("embeddings.weight"):
+        return noise
+    return None
 
 
 def save_hf_checkpoint(path: Path, *, seed: int = 0, dtype: str = "float32", registry=None,
@@ -59,7 +58,7 @@ def save_model_prefixed(src: Path, out: Path) -> Path:
     """The checkpoint at ``src`` as HF transformers 5 saves it: the body under ``model.``
     instead of ``backbone.`` and every MoE's experts stacked (``experts.up_proj``
     ``[num_experts, inner, hidden]``); config and tokenizer copied."""
-    from atlas_core.api import Checkpoint, write_safetensors
+    from atlas_core.api import Checkpoint
 
     ckpt = Checkpoint.open(src)
     tensors, experts = {}, {}
@@ -72,9 +71,4 @@ def save_model_prefixed(src: Path, out: Path) -> Path:
         tensors[renamed] = np.array(ckpt.get(name))
     for (prefix, proj), rows in experts.items():
         tensors[f"{prefix}.{proj}"] = np.stack([rows[e] for e in sorted(rows)])
-    out.mkdir(parents=True, exist_ok=True)
-    write_safetensors(out / "model.safetensors", tensors, {"format": "pt"})
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        if (src / name).is_file():
-            (out / name).write_bytes((src / name).read_bytes())
-    return out
+    return checkpoints.rewrite_checkpoint(src, out, tensors)
