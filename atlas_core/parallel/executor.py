@@ -198,11 +198,28 @@ class ParallelExecutor:
         if self._on_failure is not None:
             self._on_failure(WorkerLostError(reason))
 
+    @property
+    def kv(self) -> Any:
+        """The KV pool every worker allocated (``ModelRunner.kv``)."""
+        return self.kv_config
+
     def copy_state_rows(self, copies: list[tuple[int, int]]) -> None:
-        """Recurrent-state copies happen in the workers, as part of each step's description."""
+        """Copy recurrent-state rows ``src -> dst`` on every worker (a speculative step's
+        rollback after a rejection; each rank copies its own heads' rows) before the next
+        step; nothing to wait for."""
         if copies:
-            raise WorkerLostError("recurrent-state copies outside a step are not supported "
-                                  "with --tensor-parallel-size > 1")
+            self._send("copy", list(copies))
+
+    def mtp_proposer(self, block_manager: Any, max_drafts: int) -> Any:
+        """The front's MTP proposer: the head runs on the workers
+        (:class:`~atlas_core.parallel.spec.RemoteMTPProposer`)."""
+        from atlas_core.parallel.spec import RemoteMTPProposer
+        return RemoteMTPProposer(self, block_manager, max_drafts)
+
+    def observe(self, work: list) -> dict:
+        """Run the MTP head on every worker over ``work`` (see :mod:`atlas_core.parallel.spec`);
+        rank 0's drafts, ``seq_id -> (length, drafts)``."""
+        return self.result(self._send("observe", work))
 
     def execute(self, sched: Any, rows_of: dict) -> list[StepResult]:
         """Run one step on every worker; rank 0's sampled tokens (as ``ModelRunner.execute``)."""

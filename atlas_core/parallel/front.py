@@ -21,6 +21,12 @@ class FrontModel:
         self.max_position_embeddings = facts["max_position_embeddings"]
         self.tie_word_embeddings = facts["tie_word_embeddings"]
         self.mm_processor = facts.get("mm_processor")
+        self.mtp, self.mtp_enabled = None, bool(facts.get("mtp_enabled"))
+
+    def enable_mtp(self) -> bool:
+        """Whether the workers loaded an MTP head and gave it a KV pool (they do both before
+        planning their KV cache when the engine's speculative method is ``mtp``)."""
+        return self.mtp_enabled
 
 
 class FrontBackend:

@@ -33,9 +33,6 @@ def check_parallel_args(args: Any) -> None:
     if args.kv_host_gb or args.kv_offload_dir:
         raise ValueError("--kv-host-gb / --kv-offload-dir are not supported with "
                          "--tensor-parallel-size > 1 yet; drop them or serve on one GPU")
-    if args.speculative_config is not None:
-        raise ValueError("speculative decoding is not supported with --tensor-parallel-size > 1 "
-                         "yet; drop --speculative-config or serve on one GPU")
     if args.distributed_executor_backend == "ray":
         try:
             import ray  # noqa: F401
@@ -46,8 +43,9 @@ def check_parallel_args(args: Any) -> None:
 
 def resolve_and_check(args: Any, parallel: ParallelConfig) -> Any:
     """``args`` naming the model's local directory (downloaded once, here, not by every
-    worker), after checking that its config splits over ``parallel`` (fails before any worker
-    starts, naming the field that does not divide)."""
+    worker), after checking that its config splits over ``parallel`` and that it has the MTP
+    head ``mtp`` speculation drafts with (fails before any worker starts, naming the field
+    that does not divide or the missing head)."""
     from atlas_core.engine.loading import model_path_or_demo
     from atlas_core.model.loader import architecture, create_loader, read_config
     from atlas_core.parallel.sharding import ShardPlan
@@ -60,6 +58,13 @@ def resolve_and_check(args: Any, parallel: ParallelConfig) -> Any:
     loader.validate_config(config)
     resolved = loader.resolve_config(config) if hasattr(loader, "resolve_config") else config
     ShardPlan.from_config(resolved, 0, parallel.world_size, parallel.enable_expert_parallel)
+    spec = args.speculative_config
+    if spec is not None and spec.method == "mtp":
+        from atlas_core.engine.spec.setup import no_mtp_head
+        from atlas_core.weights.checkpoint import Checkpoint
+        has_head = getattr(loader, "has_mtp_head", None)
+        if has_head is None or not has_head(config, Checkpoint.open(path)):
+            raise no_mtp_head(config)
     return replace(args, model=str(path))
 
 

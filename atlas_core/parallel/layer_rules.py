@@ -88,6 +88,18 @@ class VocabRule(LayerRule):
                 if name in module.specs for group in module.specs[name].sources for s in group}
 
 
+class MTPRule(LayerRule):
+    """A multi-token-prediction head (``mtp.*``): its decoder block is split by that block's
+    own rules (attention heads, MLP or MoE, like the body's); ``fc`` and the norms are held
+    whole (``fc`` maps the whole ``[embedding; hidden]`` to the whole hidden state the block
+    reads on every rank; splitting it would only add a gather), and the embedding it shares
+    with the model is this rank's vocabulary shard, so its lookup is all-reduced as the
+    body's."""
+
+    def wrap(self, module: Any, base: Any, comm: Any, plan: ShardPlan) -> Any:
+        return VocabParallelOps(base, comm, plan, module.embed_tokens(), None)
+
+
 class AttentionRule(LayerRule):
     """Query heads / N (gated attention's per-head gate rows with them), KV heads / N or
     replicated when fewer than ranks; ``o_proj`` row-parallel."""
@@ -252,6 +264,7 @@ RULES: dict[str, LayerRule] = {
     "GatedMLP": GatedMLPRule(), "SparseMoE": MoERule(), "GatedDeltaNet": GatedDeltaNetRule(),
     "Mamba2Mixer": Mamba2Rule(), "ReLU2MLP": ReLU2MLPRule(), "NemotronHMoE": NemotronMoERule(),
     "MLAttention": MLARule(), "DeepseekMoE": DeepseekMoERule(), "VisionTower": WholeRule(),
+    "MTPHead": MTPRule(),
 }
 
 

@@ -64,7 +64,12 @@ def load_shard(loader: Any, config: dict[str, Any], checkpoint: Any, backend: An
     if expert_parallel and not plan.num_experts:
         raise ShardingError("--enable-expert-parallel needs a mixture-of-experts model "
                             "(config.json has no num_experts)")
-    model = loader.build(plan.local_config(resolved))
+    local = plan.local_config(resolved)
+    model = loader.build(local)
+    if hasattr(loader, "has_mtp_head") and loader.has_mtp_head(config, checkpoint):
+        # as the single-GPU load: the head rides along whenever the checkpoint has one, built
+        # from the same narrower config, so its block is split by the body's rules
+        model.mtp = model.add("mtp", loader.build_mtp(local, model))
     check_supported(model)
     reshard_specs(model, plan)
     ckpt = ShardedCheckpoint(checkpoint, plan, checkpoint_cuts(model, plan),

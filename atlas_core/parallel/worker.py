@@ -6,7 +6,8 @@ Protocol over its :class:`~atlas_core.parallel.store.Channel` to the engine: the
 KV pool any rank can hold); then ``("step", id, StepDescription)`` -> rank 0 answers
 ``("result", id, [(token_id, logprob), ...])``; ``("launch", id, StepDescription, chained)``
 queues a decode step (async scheduling) whose result follows the next launch or a
-``("flush",)``; ``("shutdown",)`` ends it. Any failure is sent as
+``("flush",)``; ``("copy", id, rows)`` and ``("observe", id, seqs)`` serve speculative
+decoding (:mod:`atlas_core.parallel.spec`); ``("shutdown",)`` ends it. Any failure is sent as
 ``("error", rank, message)`` before the worker exits non-zero. A step that does not finish
 within the timeout (a peer died inside a collective) aborts the communicator and exits.
 """
@@ -100,7 +101,8 @@ def model_facts(model: Any, config: dict) -> dict[str, Any]:
             "hidden_size": model.hidden_size, "num_layers": model.num_layers,
             "dtype": model.dtype, "max_position_embeddings": model.max_position_embeddings,
             "tie_word_embeddings": model.tie_word_embeddings,
-            "mm_processor": getattr(model, "mm_processor", None)}
+            "mm_processor": getattr(model, "mm_processor", None),
+            "mtp_enabled": bool(getattr(model, "mtp_enabled", False))}
 
 
 def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model: Any,
@@ -108,7 +110,9 @@ def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model:
     """Size the KV cache, agree on it with the engine, then run steps until shutdown."""
     from atlas_core.engine.kv_sizing import plan_kv_cache
     from atlas_core.engine.model_runner import ModelRunner
+    from atlas_core.parallel.spec import WorkerSpeculation
     args = spec.args
+    speculation = WorkerSpeculation(args.speculative_config, model)
     chan.send(("ready", spec.rank, plan_kv_cache(backend, model, args),
                {"device": backend.device_info(), "backend": getattr(backend, "name", "?"),
                 "supports_graphs": bool(backend.supports_graphs),
@@ -119,7 +123,8 @@ def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model:
     if (Path(model.path) / "tokenizer.json").is_file():
         from atlas_core.tokenizer import Tokenizer
         runner.sampler.encode = Tokenizer.from_dir(model.path).encode  # DRY breaker strings
-    steps = _Steps(spec.rank, chan, runner)
+    speculation.bind(runner)
+    steps = _Steps(spec.rank, chan, runner, speculation)
     watchdog = _Watchdog(spec.rank, comm, spec.parallel.timeout_s)
     while True:
         message = chan.recv()
@@ -159,10 +164,12 @@ class _Watchdog:
 class _Steps:
     """Runs the engine's messages on a ModelRunner: ``step`` (run now, rank 0 reports),
     ``launch`` (queue a decode step, chained on the previous launch when asked, then report
-    the one before it: its tokens are ready by then) and ``flush`` (report what is queued)."""
+    the one before it: its tokens are ready by then), ``flush`` (report what is queued), and
+    for speculative decoding ``copy`` (recurrent-state rows, no answer) and ``observe`` (run
+    the MTP head, rank 0 reports the drafts); see :mod:`atlas_core.parallel.spec`."""
 
-    def __init__(self, rank: int, chan: Channel, runner: Any) -> None:
-        self.rank, self.chan, self.runner = rank, chan, runner
+    def __init__(self, rank: int, chan: Channel, runner: Any, speculation: Any) -> None:
+        self.rank, self.chan, self.runner, self.speculation = rank, chan, runner, speculation
         self.queued: list[tuple[int, Any]] = []
         self.last: Any = None
 
@@ -180,6 +187,11 @@ class _Steps:
             self.last = self.runner.launch_decode(desc.sched, rows, self.last if chained else None)
             self.queued.append((step_id, self.last))
             self.report(len(self.queued) - 1)
+        elif kind == "copy":
+            self.runner.copy_state_rows(message[2])
+        elif kind == "observe":
+            self.report(len(self.queued))
+            self.send(message[1], self.speculation.observe(message[2]))
         else:
             raise ValueError(f"unknown message {kind!r} from the engine")
 

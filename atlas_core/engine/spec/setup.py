@@ -19,10 +19,16 @@ def prepare_model(model: Any, config: SpeculativeConfig | None) -> None:
         return
     enable = getattr(model, "enable_mtp", None)
     if enable is None or not enable():
-        arch = ((getattr(model, "config", None) or {}).get("architectures") or ["this model"])[0]
-        raise ValueError(f"speculative method 'mtp' needs a checkpoint with an MTP head "
-                         f"(mtp.* tensors) that Atlas loads; {arch} has none here. Use "
-                         '{"method": "ngram"} instead')
+        raise no_mtp_head(getattr(model, "config", None))
+
+
+def no_mtp_head(config: dict | None) -> ValueError:
+    """The error for ``mtp`` speculation on a model (of config.json ``config``) without a
+    head Atlas loads."""
+    arch = ((config or {}).get("architectures") or ["this model"])[0]
+    return ValueError(f"speculative method 'mtp' needs a checkpoint with an MTP head "
+                      f"(mtp.* tensors) that Atlas loads; {arch} has none here. Use "
+                      '{"method": "ngram"} instead')
 
 
 def create_speculator(config: SpeculativeConfig | None, model: Any, runner: Any,
@@ -34,23 +40,22 @@ def create_speculator(config: SpeculativeConfig | None, model: Any, runner: Any,
         config: the engine's ``speculative_config``.
         model: the loaded CausalLM (:func:`prepare_model` ran for it).
         runner: the engine's :class:`~atlas_core.engine.model_runner.ModelRunner` (its
-            backend, KV plan, state-row copies and the last step's hidden states).
+            backend, KV plan, state-row copies and the last step's hidden states), or a
+            tensor-parallel executor, whose ``mtp_proposer`` drafts on its workers
+            (:mod:`atlas_core.parallel.spec`).
         block_manager: the engine's KV blocks.
         max_seq_len: the engine's context limit.
         is_blocked: ``seq ->`` the token ids masked for ``seq`` this step (``min_tokens``).
         num_unforced: ``seq ->`` tokens taken as sampled before the engine forces others
             (thinking budgets; ``None``: no limit).
-
-    Raises:
-        ValueError: a runner without one device's step state (tensor-parallel executors).
     """
     if config is None:
         return None
-    if not hasattr(runner, "last_hidden"):
-        raise ValueError("speculative decoding runs on a single device for now; drop "
-                         "--speculative-config or --tensor-parallel-size")
     proposer = None
-    if config.method == "mtp":
+    remote = getattr(runner, "mtp_proposer", None)
+    if config.method == "mtp" and remote is not None:
+        proposer = remote(block_manager, config.num_speculative_tokens)
+    elif config.method == "mtp":
         proposer = MTPProposer(model, model.mtp, runner.backend, block_manager,
                                config.num_speculative_tokens, lambda: runner.last_hidden)
     if config.verify_graphs and hasattr(runner, "enable_verify_graphs"):
