@@ -45,6 +45,11 @@ class SpeculativeConfig:
             other tokens than plain decoding from the first verify step on, and a verify step
             cost 2.9-3.8x a plain one; correct on the CPU backends. The eager verify path is
             the default until the graph path passes on a GPU.
+        draft_graphs: ``mtp``: replay the MTP head's draft rounds (forward, logits, argmax over
+            one new position per sequence: every chained draft, and the first after a plain
+            decode step) from graphs, one per batch bucket (engine/spec/draft_graphs.py);
+            other rounds stay eager. Off by default, like ``verify_graphs``, until timed and
+            checked on a GPU; no effect with tensor parallelism (the workers draft eagerly).
     """
 
     method: str = "ngram"
@@ -55,6 +60,7 @@ class SpeculativeConfig:
     draft_token_cost: float = 0.05
     max_context_len: int | None = None
     verify_graphs: bool = False
+    draft_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

@@ -10,7 +10,9 @@ After every engine step the proposer runs the head over the positions the step c
 whose next token is now known (prompt chunks, and a verified step's accepted positions), which
 fills the head's KV and, at a sequence's last position, gives the first draft; further drafts
 chain the head on its own output hidden state and draft. Drafts are the head's argmax (one-hot
-drafts keep verification exact, see :mod:`atlas_core.engine.spec.speculator`).
+drafts keep verification exact, see :mod:`atlas_core.engine.spec.speculator`). With
+``draft_graphs`` the rounds of one new position per sequence (every chained draft, and the
+first after a plain decode step) replay from graphs (:mod:`atlas_core.engine.spec.draft_graphs`).
 
 The head (``CausalLM.mtp``, usually core's :class:`~atlas_core.model.layers.mtp.MTPHead`)
 gives ``forward(input_ids, hidden, meta) -> hidden`` (final-normed, ``[num_tokens,
@@ -37,13 +39,16 @@ class MTPProposer:
         block_manager: the engine's KV blocks (chained drafts need slots ahead).
         max_drafts: the configured ``num_speculative_tokens``.
         last_hidden: ``() ->`` the final hidden states of the step just run (the runner's).
+        graphs: a :class:`~atlas_core.engine.spec.draft_graphs.DraftGraphs` replaying the
+            rounds it fits, or ``None`` (every round eager).
     """
 
     def __init__(self, model: Any, head: Any, backend: Any, block_manager: Any, max_drafts: int,
-                 last_hidden: Callable[[], Any]) -> None:
+                 last_hidden: Callable[[], Any], graphs: Any = None) -> None:
         self.model, self.head, self.backend = model, head, backend
         self.block_manager, self.max_drafts = block_manager, max_drafts
         self.last_hidden = last_hidden
+        self.graphs = graphs
         self.drafts: dict[int, tuple[int, list[int]]] = {}
 
     def propose(self, seq, num_tokens: int) -> list[int]:
@@ -71,6 +76,12 @@ class MTPProposer:
             return
         be = self.backend
         ids = [seq.token_id_at(p + 1) for seq, start, m in runs for p in range(start, start + m)]
+        if (self.graphs is not None and self.graphs.fits(runs)
+                and all(start + 1 == len(seq) - 1 for seq, start, _ in runs)):
+            # a plain decode step: the head's first round is a draft round like the chained ones
+            out, tokens = self.graphs.step(runs, ids, hidden, rows)
+            self._chain([seq for seq, _, _ in runs], [start for _, start, _ in runs], out, tokens)
+            return
         out = self.head.forward(self._ids(ids), be.ops.embedding(self._ids(rows), hidden),
                                 self._meta(runs))
         ends = np.cumsum([m for _, _, m in runs]) - 1
@@ -80,14 +91,17 @@ class MTPProposer:
             last = be.ops.embedding(self._ids([int(ends[i]) for i, _, _ in wanting]), out)
             self._chain([seq for _, seq, _ in wanting], [p for _, _, p in wanting], last)
 
-    def _chain(self, seqs: list, positions: list[int], hidden: Any) -> None:
-        # hidden[r]: the head's output at positions[active[r]]; each round drafts one token.
+    def _chain(self, seqs: list, positions: list[int], hidden: Any,
+               tokens: np.ndarray | None = None) -> None:
+        # hidden[r]: the head's output at positions[r]; tokens: its argmax (None: not yet
+        # computed). Each round drafts one token for the sequences still active.
         be = self.backend
+        if tokens is None:
+            logits = self.model.compute_logits(hidden, self._ids(range(len(seqs))))
+            tokens = be.to_host(be.ops.argmax(logits))
         drafts: list[list[int]] = [[] for _ in seqs]
         active = list(range(len(seqs)))
         for step in range(self.max_drafts):
-            logits = self.model.compute_logits(hidden, self._ids(range(len(active))))
-            tokens = be.to_host(be.ops.argmax(logits))
             for r, i in enumerate(active):
                 drafts[i].append(int(tokens[r]))
             nxt = [r for r, i in enumerate(active)
@@ -96,10 +110,20 @@ class MTPProposer:
                 break
             active = [active[r] for r in nxt]
             runs = [(seqs[i], positions[i] + 1 + step, 1) for i in active]
-            hidden = self.head.forward(self._ids([drafts[i][-1] for i in active]),
-                                       be.ops.embedding(self._ids(nxt), hidden), self._meta(runs))
+            hidden, tokens = self._round(runs, [drafts[i][-1] for i in active], hidden, nxt)
         for seq, d in zip(seqs, drafts):
             self.drafts[seq.seq_id] = (len(seq), d)
+
+    def _round(self, runs: list, ids: list[int], hidden: Any, rows: list[int]):
+        """One chained draft round: ``(head output, host argmax drafts)`` of ``runs`` (one
+        position each) from rows ``rows`` of ``hidden``, replayed when the graphs fit."""
+        if self.graphs is not None and self.graphs.fits(runs):
+            return self.graphs.step(runs, ids, hidden, rows)
+        be = self.backend
+        out = self.head.forward(self._ids(ids), be.ops.embedding(self._ids(rows), hidden),
+                                self._meta(runs))
+        logits = self.model.compute_logits(out, self._ids(range(len(runs))))
+        return out, be.to_host(be.ops.argmax(logits))
 
     def _room(self, seq, position: int) -> bool:
         # A KV slot for the head at ``position`` (the verify step will need it anyway).

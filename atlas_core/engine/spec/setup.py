@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from atlas_core.engine.spec.config import SpeculativeConfig
+from atlas_core.engine.spec.draft_graphs import DraftGraphs
 from atlas_core.engine.spec.mtp import MTPProposer
 from atlas_core.engine.spec.speculator import Speculator
 
@@ -56,8 +57,13 @@ def create_speculator(config: SpeculativeConfig | None, model: Any, runner: Any,
     if config.method == "mtp" and remote is not None:
         proposer = remote(block_manager, config.num_speculative_tokens)
     elif config.method == "mtp":
+        graphs = None
+        if config.draft_graphs and getattr(runner, "use_graphs", False):
+            graphs = DraftGraphs(model, model.mtp, runner.backend, block_manager.block_size,
+                                 runner.buckets, runner.max_blocks_per_seq, runner.max_seq_len)
         proposer = MTPProposer(model, model.mtp, runner.backend, block_manager,
-                               config.num_speculative_tokens, lambda: runner.last_hidden)
+                               config.num_speculative_tokens, lambda: runner.last_hidden,
+                               graphs=graphs)
     if config.verify_graphs and hasattr(runner, "enable_verify_graphs"):
         runner.enable_verify_graphs(config.num_speculative_tokens + 1,
                                     config.disable_by_batch_size)

@@ -10,11 +10,11 @@ import shutil
 
 import numpy as np
 import pytest
-from mtp_cases import add_mtp_head
 from safetensors.numpy import load_file
 
 from atlas_core.api import EngineArgs, LLMEngine, SamplingParams
 from atlas_core.testing.fake_model import run_to_completion
+from atlas_core.testing.mtp_heads import add_mtp_head
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,5 +1,6 @@
-"""Tiny hybrid checkpoints with a random MTP head (HF transformers writes none): the head's
-tensors, named and shaped as the loader declares them, go to a second safetensors file."""
+"""Tiny hybrid checkpoints with a random MTP head, for the speculative-decoding tests of core and
+the plugins (HF transformers writes none): the head's tensors, named and shaped as the loader
+declares them, go to a second safetensors file."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
-from atlas_core.api import Module, checkpoint_tensors
+from atlas_core.api import Module, checkpoint_tensors, write_safetensors
 
 #: The config field that declares the head, per architecture.
 MTP_FIELD = {"Qwen3NextForCausalLM": "num_nextn_predict_layers"}
@@ -33,5 +33,5 @@ def add_mtp_head(path: Path, arch: str, loader, seed: int = 0) -> dict[str, np.n
             tensors[name] = rng.normal(0, 0.5, shape).astype(np.float32)
         else:
             tensors[name] = rng.normal(0, 0.08, shape).astype(np.float32)
-    save_file(tensors, str(path / "mtp.safetensors"), {"format": "pt"})
+    write_safetensors(path / "mtp.safetensors", tensors)
     return tensors
