@@ -7,15 +7,15 @@ then reads unchanged (its recurrent state rolled back on every rank)."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
 import pytest
 
-from atlas_core.api import Module, SamplingParams, checkpoint_tensors, write_safetensors
+from atlas_core.api import SamplingParams
 from atlas_core.plugins import Registry
-from atlas_core.testing.checkpoints import random_tensor, write_tiny_checkpoint
+from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.mtp_heads import add_mtp_head
 from atlas_core.testing.parallel import finished_tokens, make_engine
 
 pytestmark = pytest.mark.timeout(180)
@@ -39,15 +39,7 @@ def _with_head(arch: str, path):
     if arch not in registry.names("weight_loaders"):
         pytest.skip(f"no loader for {arch}: pip install --no-deps -e plugins/atlas-qwen35")
     write_tiny_checkpoint(arch, path, registry=registry)
-    config = json.loads((path / "config.json").read_text())
-    config["mtp_num_hidden_layers"] = 1
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    loader = registry.create("weight_loaders", arch, registry=registry)
-    root = Module()
-    root.add("mtp", loader.build_mtp(loader.resolve_config(config), None))
-    rng = np.random.default_rng(11)
-    tensors = {n: random_tensor(n, s, rng) for n, s in checkpoint_tensors(root).items()}
-    write_safetensors(path / "mtp.safetensors", tensors, {"format": "pt"})
+    add_mtp_head(path, arch, registry.create("weight_loaders", arch, registry=registry), seed=11)
     return path
 
 
