@@ -5,7 +5,7 @@ import pytest
 
 from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
 from atlas_core.testing.fake_model import run_to_completion
-from atlas_core.engine.model_runner import batch_buckets
+from atlas_core.engine.decode_graphs import batch_buckets
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 
 pytestmark = pytest.mark.timeout(120)

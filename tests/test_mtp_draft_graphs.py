@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 
-import numpy as np
 import pytest
 
 from atlas_core.api import EngineArgs, LLMEngine, Registry, SamplingParams
@@ -18,12 +17,11 @@ from atlas_core.engine.spec.draft_graphs import DraftGraphs
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
 from atlas_core.testing.frozen_graphs import FrozenGraphBackend, GraphReadsFreedArray
 from atlas_core.testing.mtp_heads import add_mtp_head
+from atlas_core.testing.mtp_script import MTP_SPEC, run_requests
 
 pytestmark = pytest.mark.timeout(300)
 
 ARCH = "Qwen3_5ForCausalLM"
-SPEC = {"method": "mtp", "num_speculative_tokens": 3, "draft_token_cost": 0.0,
-        "disable_by_batch_size": 4}
 #: (arrival step, prompt length, max_tokens): batches grow past 2 and 4 sequences, then shrink
 #: and refill as sequences finish and later ones join.
 REQUESTS = [(0, 7, 9), (0, 12, 5), (1, 3, 14), (2, 17, 7), (2, 5, 11), (6, 9, 8), (9, 4, 6)]
@@ -43,44 +41,16 @@ def mtp_path(tmp_path_factory):
 def make_engine(path, backend, draft_graphs: bool):
     args = EngineArgs(model=str(path), num_kv_blocks=96, max_num_seqs=4, block_size=8,
                       async_scheduling=False,
-                      speculative_config={**SPEC, "draft_graphs": draft_graphs})
+                      speculative_config={**MTP_SPEC, "draft_graphs": draft_graphs})
     return LLMEngine.from_args(args, backend=backend)
-
-
-def run(engine):
-    """Step ``engine`` through REQUESTS; returns (drafts after every step, final tokens)."""
-    proposer = engine.speculator.proposer
-    log: list[dict] = []
-    observe = proposer.observe
-
-    def recording(layout):
-        observe(layout)
-        rid = {seq.seq_id: seq.request_id for seq, _, _ in layout}
-        log.append({rid[k]: (n, list(d)) for k, (n, d) in proposer.drafts.items()})
-
-    proposer.observe = recording
-    rng = np.random.default_rng(3)
-    pending = [(at, f"r{i}", rng.integers(0, 370, n).tolist(), SamplingParams(
-        temperature=0, max_tokens=m, ignore_eos=True)) for i, (at, n, m) in enumerate(REQUESTS)]
-    final, step = {}, 0
-    while pending or engine.has_unfinished_requests():
-        for at, rid, prompt, params in pending:
-            if at <= step:
-                engine.add_request(rid, prompt, params)
-        pending = [p for p in pending if p[0] > step]
-        for out in engine.step():
-            if out.finished:
-                final[out.request_id] = out.outputs[0].token_ids
-        step += 1
-    return log, final
 
 
 @pytest.mark.parametrize("backend", [FrozenGraphBackend, MockGpuBackend])
 def test_draft_graphs_give_the_eager_drafts(mtp_path, backend):
     eager = make_engine(mtp_path, backend(), draft_graphs=False)
-    want_log, want = run(eager)
+    want_log, want = run_requests(eager, REQUESTS, seed=3)
     engine = make_engine(mtp_path, backend(), draft_graphs=True)
-    log, got = run(engine)
+    log, got = run_requests(engine, REQUESTS, seed=3)
     assert got == want and len(got) == len(REQUESTS)
     assert log == want_log
     graphs = engine.speculator.proposer.graphs
@@ -105,8 +75,8 @@ def test_plain_decode_steps_replay_the_first_round(mtp_path):
     before = proposer.graphs.num_replays
     layout = [(seq, len(seq) - 2, 1) for seq in seqs]  # as if each had just decoded one token
     proposer.observe(layout)
-    assert proposer.graphs.num_replays - before == SPEC["num_speculative_tokens"]
-    assert all(len(proposer.drafts[s.seq_id][1]) == SPEC["num_speculative_tokens"]
+    assert proposer.graphs.num_replays - before == MTP_SPEC["num_speculative_tokens"]
+    assert all(len(proposer.drafts[s.seq_id][1]) == MTP_SPEC["num_speculative_tokens"]
                for s in seqs)
 
 
@@ -145,5 +115,5 @@ def test_a_freed_capture_array_is_caught(mtp_path, monkeypatch):
 def test_no_graphs_without_backend_support(mtp_path):
     """On a backend without graphs the flag changes nothing: every round stays eager."""
     args = EngineArgs(model=str(mtp_path), backend="numpy", num_kv_blocks=64, max_num_seqs=4,
-                      block_size=8, speculative_config={**SPEC, "draft_graphs": True})
+                      block_size=8, speculative_config={**MTP_SPEC, "draft_graphs": True})
     assert LLMEngine.from_args(args).speculator.proposer.graphs is None

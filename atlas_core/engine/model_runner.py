@@ -3,13 +3,15 @@
 Inputs go through static device buffers sized at start-up (``copy_from_host`` into views), so a
 step allocates no metadata. Decode-only steps on a backend with ``supports_graphs`` replay a
 graph captured once per batch-size bucket (1, 2, 4, … up to ``max_batch_size``); padding rows
-write to slot -1 and attend over a dummy block table. Speculative verify steps (``K + 1`` query
-rows a sequence) replay graphs of their own, see :mod:`atlas_core.engine.verify_graphs`. Exactly one device->host transfer happens
-per step when no logprobs are asked: the sampled token ids.
+write to slot -1 and attend over a dummy block table (:mod:`atlas_core.engine.decode_graphs`).
+Speculative verify steps (``K + 1`` query rows a sequence) replay graphs of their own, see
+:mod:`atlas_core.engine.verify_graphs`. Exactly one device->host transfer happens per step when
+no logprobs are asked: the sampled token ids.
 
 Recurrent layers (hybrid models) get pools ``name -> [num_state_rows, *shape]`` (live slots,
-then prefix snapshots); ``state_indices`` carries each sequence's slot (``-1`` on padding rows),
-and the scheduler's snapshot restores / saves are row copies around the forward.
+then prefix snapshots; allocated with the KV pools, :mod:`atlas_core.engine.kv_alloc`);
+``state_indices`` carries each sequence's slot (``-1`` on padding rows), and the scheduler's
+snapshot restores / saves are row copies around the forward.
 """
 
 from __future__ import annotations
@@ -19,17 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.engine.kv_layers import pool_width
-from atlas_core.engine.kv_sizing import KVCacheConfig, kv_specs
+from atlas_core.engine.decode_graphs import DecodeGraphsMixin
+from atlas_core.engine.kv_alloc import allocate_kv_caches
+from atlas_core.engine.kv_sizing import KVCacheConfig
 from atlas_core.engine.outputs import TokenLogprob
 from atlas_core.engine.sampler import LogitsRow, Sampler
 from atlas_core.engine.scheduler import SchedulerOutput
 from atlas_core.engine.verify_graphs import VerifyGraphs
-from atlas_core.engine.window_blocks import is_windowed
 from atlas_core.interfaces.gpu_backend import HostRead
-from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
 from atlas_core.interfaces.metadata import StepMetadata
-from atlas_core.ops._dtypes import as_dtype
 
 _I32_FIELDS = ("input_ids", "positions", "slot_mapping", "cu_seqlens_q", "seq_lens",
                "logits_indices", "state_indices")
@@ -63,16 +63,7 @@ class PendingStep:
         return [StepResult(r, int(ids[i]), None) for i, r in enumerate(self.rows)]
 
 
-def batch_buckets(max_batch_size: int) -> list[int]:
-    """Decode graph sizes: powers of two below ``max_batch_size``, then ``max_batch_size``."""
-    sizes, b = [], 1
-    while b < max_batch_size:
-        sizes.append(b)
-        b *= 2
-    return sizes + [max_batch_size]
-
-
-class ModelRunner:
+class ModelRunner(DecodeGraphsMixin):
     """Owns the KV pools and the step buffers of one model on one backend.
 
     Args:
@@ -92,8 +83,7 @@ class ModelRunner:
         self.max_seq_len = max_seq_len
         self.max_tokens = max_prefill_tokens + max_batch_size
         self.max_blocks_per_seq = -(-max_seq_len // kv.block_size)
-        self.state_pools: list = []
-        self.kv_caches = self._allocate_kv()
+        self.kv_caches, self.state_pools = allocate_kv_caches(model, backend, kv)
         model.bind_kv_caches(self.kv_caches)
         rows = self.max_tokens
         self.host = {name: np.zeros(rows + 1, np.int32) for name in _I32_FIELDS}
@@ -106,10 +96,7 @@ class ModelRunner:
         self._arange = np.arange(rows + 1, dtype=np.int32)
         self._table_owner: list[tuple | None] = [None] * max_batch_size
         self.sampler = Sampler(backend, rows, model.vocab_size)
-        self.use_graphs = use_graphs and backend.supports_graphs
-        self.buckets = batch_buckets(max_batch_size)
-        self.graphs: dict[int, tuple] = {}
-        self.num_graph_replays = 0
+        self._init_decode_graphs(use_graphs, max_batch_size)
         self.num_verify_replays = 0
         self.num_chained_steps = 0
         self.verify: VerifyGraphs | None = None
@@ -142,32 +129,6 @@ class ModelRunner:
         which owns the device stream); see :func:`atlas_core.engine.health.warm_graph_buckets`."""
         if self.verify is not None:
             self.verify.pending_warm_up = True
-
-    def _allocate_kv(self) -> list:
-        caches = []
-        for layer, spec in enumerate(kv_specs(self.model)):
-            if isinstance(spec, RecurrentStateSpec):
-                if not self.kv.num_state_slots:
-                    raise ValueError("recurrent-state layers need state slots; plan the KV cache "
-                                     "with kv_sizing.plan_kv_cache")
-                pools = {name: self.backend.zeros((self.kv.num_state_rows, *shape),
-                                                  as_dtype(spec.dtype))
-                         for name, shape in spec.shapes.items()}
-                self.state_pools.extend(pools.values())
-                caches.append(pools)
-            elif isinstance(spec, KVCacheSpec):
-                blocks = self.kv.num_blocks
-                if self.kv.window_pool is not None and is_windowed(spec):
-                    blocks = self.kv.window_pool.num_blocks
-                # each layer in its own dtype (--kv-high-precision-layers); nvfp4: packed rows
-                dtype = self.kv.layer_dtype(layer)
-                shape = (blocks, self.kv.block_size, spec.num_kv_heads, pool_width(spec, dtype))
-                # Zeroed: kernels may read whole blocks past a sequence's end (masked, but NaN * 0).
-                caches.append(tuple(self.backend.zeros(shape, dtype)
-                                    for _ in range(spec.num_pools)))
-            else:
-                caches.append(None)
-        return caches
 
     def copy_state_rows(self, copies: list[tuple[int, int]]) -> None:
         """Copy recurrent-state rows ``src -> dst`` in every pool (snapshot restore / save)."""
@@ -386,55 +347,3 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden, views["logits_indices"])
         params = self.sampler.upload_params(rows, num_rows)
         return self.sampler.process(logits, rows, params), logits
-
-    def _run_decode_graph(self, sched: SchedulerOutput, rows: list[LogitsRow]):
-        batch = len(sched.scheduled)
-        bucket = next(b for b in self.buckets if b >= batch)
-        rows_of = {s.seq.seq_id: [r] for s, r in zip(sched.scheduled, rows)}
-        self._ensure_graph(bucket)
-        self._fill(sched, rows_of, bucket)
-        copies: list = []
-        self._upload(bucket, bucket, bucket, copies)
-        self.sampler.upload_params(rows, bucket, copies=copies)
-        self.backend.copy_many(copies)
-        return self._replay(bucket)[:batch]
-
-    def _ensure_graph(self, bucket: int) -> None:
-        # Captured over all-padding inputs: a backend may run the step while capturing (cuda
-        # does, to size the graph's workspace), and padding rows write no KV and no recurrent
-        # state, which would otherwise advance twice on that step.
-        if bucket not in self.graphs:
-            self._fill_decode(SchedulerOutput(), bucket)
-            self._upload(bucket, bucket, bucket)
-            self.sampler.upload_params([], bucket)
-            self.graphs[bucket] = self._capture(bucket)
-
-    def _replay(self, bucket: int):
-        # Backends without real graphs hand back an EagerGraph: the same code path, run eagerly.
-        graph, holder = self.graphs[bucket]
-        graph.replay()
-        self.num_graph_replays += 1
-        self.last_hidden = holder["hidden"]
-        return holder["tokens"]
-
-    def _capture(self, bucket: int) -> tuple:
-        views = {name: self.device[name][:bucket + (name == "cu_seqlens_q")] for name in self.device}
-        meta = self._metadata(views, bucket, bucket, bucket, 1, self.max_seq_len, True)
-        params = {name: arr[:bucket] for name, arr in self.sampler.device.items()}
-        return self.capture_step(views, meta, params)
-
-    def capture_step(self, views: dict, meta: Any, params: dict) -> tuple:
-        """``(graph, holder)`` of one forward + logits + sampling step over the given device
-        views, step metadata and sampler parameters; the holder gets ``hidden`` and ``tokens``.
-        A CUDA graph holds raw device addresses, not the arrays: every array the captured step
-        reads must outlive it, so the holder (kept as long as the graph) also keeps ``views``,
-        ``meta`` (with whatever it alone references, e.g. a verify step's index arrays: freed,
-        replays read reused memory, issue #27) and ``params``."""
-        holder: dict = {"views": views, "meta": meta, "params": params}
-
-        def step():
-            hidden = holder["hidden"] = self.model.forward(views["input_ids"], meta)
-            logits = self.model.compute_logits(hidden, views["logits_indices"])
-            holder["tokens"] = self.sampler.sample(logits, params)
-
-        return self.backend.capture(step), holder

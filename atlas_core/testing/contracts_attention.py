@@ -6,6 +6,8 @@ match the reference, every other slot must still be NaN.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 
@@ -21,6 +23,50 @@ HEAD_LAYOUTS = [(4, 4, 64), (4, 2, 128), (8, 2, 64), (8, 1, 128)]
 SEQ_LENS = [1, 16, 17, 40]
 #: Dtypes of the head dims only tensor-core kernels take (80).
 HALF_DTYPES = ("bfloat16", "float16")
+#: ``layout -> (seq_lens, query rows a sequence)`` of the paged-attention cases.
+PAGED_LAYOUTS = {
+    "decode": (SEQ_LENS, [1] * len(SEQ_LENS)),
+    # prefix-cached chunks, a first chunk, a sequence with no query this step
+    "chunked_prefill": ([17, 9, 40, 33, 5], [1, 0, 16, 17, 5]),
+    # several splits of a split-KV decode kernel
+    "long": ([700, 2100, 65], [1, 1, 1]),
+}
+#: ``layout -> (seq_lens, query rows a sequence)`` of the fused rope + cache + attention cases;
+#: the last decode row is CUDA-graph padding (:func:`paged_case`'s ``pad_last``).
+ROPE_CACHE_LAYOUTS = {
+    "decode": ([1, 16, 17, 40, 3], [1] * 5),
+    "chunked_prefill": ([17, 9, 40, 5], [1, 0, 16, 5]),
+}
+
+
+class PagedCase(NamedTuple):
+    """The step metadata of a paged-attention case (int32 host arrays)."""
+
+    seq_lens: np.ndarray
+    num_blocks: int
+    block_tables: np.ndarray
+    cu_seqlens_q: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+
+
+def paged_case(rng, seq_lens: list[int], num_q: list[int], spare_blocks: int,
+               pad_last: bool = False) -> PagedCase:
+    """Shuffled block tables for ``seq_lens`` in a pool ``spare_blocks`` larger than they need,
+    and the positions and cache slots of each sequence's last ``num_q`` tokens; with
+    ``pad_last`` the last row is padding (slot ``-1``). Shared by the dense and the nvfp4 cache
+    contracts, so both cover the same layouts (only the block tables draw from ``rng``)."""
+    num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + spare_blocks
+    tables = make_block_tables(rng, seq_lens, num_blocks)
+    positions = np.concatenate([np.arange(n - q, n) for n, q in zip(seq_lens, num_q)])
+    seq_of = np.repeat(np.arange(len(seq_lens)), num_q)
+    slots = (tables[seq_of, positions // BLOCK_SIZE] * BLOCK_SIZE
+             + positions % BLOCK_SIZE).astype(np.int32)
+    if pad_last:
+        slots[-1] = -1
+    cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
+    return PagedCase(np.array(seq_lens, np.int32), num_blocks, tables, cu,
+                     positions.astype(np.int32), slots)
 
 
 class AttentionContract:
@@ -94,18 +140,12 @@ class AttentionContract:
                              head_dim, layout):
         rng = make_rng("paged_attention", dtype, cache_dtype, num_heads, num_kv_heads, head_dim,
                        layout)
-        if layout == "decode":
-            seq_lens, num_q = SEQ_LENS, [1] * len(SEQ_LENS)
-        else:  # prefix-cached chunks, a first chunk, a sequence with no query this step
-            seq_lens, num_q = [17, 9, 40, 33, 5], [1, 0, 16, 17, 5]
-        num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 3
-        tables = make_block_tables(rng, seq_lens, num_blocks)
-        cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
-        cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
-        q = randn(rng, (int(cu[-1]), num_heads, head_dim), dtype)
+        case = paged_case(rng, *PAGED_LAYOUTS[layout], spare_blocks=3)
+        cache_shape = (case.num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+        q = randn(rng, (int(case.cu_seqlens_q[-1]), num_heads, head_dim), dtype)
         check_op(backend, "paged_attention", q, randn(rng, cache_shape, cache_dtype),
-                 randn(rng, cache_shape, cache_dtype), tables, np.array(seq_lens, np.int32), cu,
-                 head_dim ** -0.5, kv_scale)
+                 randn(rng, cache_shape, cache_dtype), case.block_tables, case.seq_lens,
+                 case.cu_seqlens_q, head_dim ** -0.5, kv_scale)
 
     def test_paged_attention_matches_prefill(self, backend):
         """Attention over a freshly cached prompt equals prefill attention over the same tokens."""
@@ -163,32 +203,22 @@ class AttentionContract:
     def test_rope_cache_attention(self, backend, dtype, cache_dtype, kv_scale, num_heads,
                                   num_kv_heads, head_dim, rotary_dim, norms, layout):
         rng = make_rng("rope_cache_attention", dtype, cache_dtype, num_heads, layout)
-        if layout == "decode":  # the last row is CUDA-graph padding: no cache write
-            seq_lens, num_q = [1, 16, 17, 40, 3], [1] * 5
-        else:
-            seq_lens, num_q = [17, 9, 40, 5], [1, 0, 16, 5]
-        num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 2
-        tables = make_block_tables(rng, seq_lens, num_blocks)
-        positions = np.concatenate([np.arange(n - q, n) for n, q in zip(seq_lens, num_q)])
-        seq_of = np.repeat(np.arange(len(seq_lens)), num_q)
-        slots = (tables[seq_of, positions // BLOCK_SIZE] * BLOCK_SIZE
-                 + positions % BLOCK_SIZE).astype(np.int32)
-        if layout == "decode":
-            slots[-1] = -1
-        cache_shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+        case = paged_case(rng, *ROPE_CACHE_LAYOUTS[layout], spare_blocks=2,
+                          pad_last=layout == "decode")
+        cache_shape = (case.num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
         k_cache = randn(rng, cache_shape, cache_dtype)
         v_cache = randn(rng, cache_shape, cache_dtype)
         width = (num_heads + 2 * num_kv_heads) * head_dim
-        qkv = randn(rng, (len(positions), width), dtype, 2.0)
+        qkv = randn(rng, (len(case.positions), width), dtype, 2.0)
         table = rope_cos_sin_cache(rotary_dim or head_dim, 64, {"rope_type": "default",
                                                                 "rope_theta": 1e4})
-        cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
         kwargs = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                       rotary_dim=rotary_dim, is_neox=bool(norms), eps=1e-6,
                       q_norm=randn(rng, (head_dim,), dtype, 0.3) + 1 if norms else None,
                       k_norm=randn(rng, (head_dim,), dtype, 0.3) + 1 if norms else None)
-        args = (qkv, positions.astype(np.int32), table)
-        tail = (slots, tables, np.array(seq_lens, np.int32), cu, head_dim ** -0.5, kv_scale)
+        args = (qkv, case.positions, table)
+        tail = (case.slot_mapping, case.block_tables, case.seq_lens, case.cu_seqlens_q,
+                head_dim ** -0.5, kv_scale)
         dk, dv = backend.from_host(k_cache), backend.from_host(v_cache)
         got = backend.ops.rope_cache_attention(
             *(to_device(backend, a) for a in args), dk, dv, *(to_device(backend, a) for a in tail),

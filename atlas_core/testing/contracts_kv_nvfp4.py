@@ -14,8 +14,9 @@ import pytest
 from atlas_core.ops import reference as ref
 from atlas_core.ops.kv_quant import nvfp4_row_bytes, quantize_kv_nvfp4
 from atlas_core.ops.rotary import rope_cos_sin_cache
-from atlas_core.testing.contracts_ops import (BLOCK_SIZE, TOLERANCES, assert_close,
-                                              make_block_tables, make_rng, randn, to_device)
+from atlas_core.testing.contracts_attention import PAGED_LAYOUTS, ROPE_CACHE_LAYOUTS, paged_case
+from atlas_core.testing.contracts_ops import (BLOCK_SIZE, TOLERANCES, assert_close, make_rng,
+                                              randn, to_device)
 
 #: (num_heads, num_kv_heads, head_dim) of the nvfp4 cases: GQA 1, 4, 8; head dims 64, 128, 256.
 NVFP4_LAYOUTS = [(4, 4, 64), (8, 2, 128), (8, 1, 256)]
@@ -74,19 +75,11 @@ class KVNvfp4Contract:
                                    layout):
         backend = nvfp4_backend
         rng = make_rng("paged_attention_nvfp4", dtype, num_heads, head_dim, layout)
-        if layout == "decode":
-            seq_lens, num_q = [1, 16, 17, 40], [1] * 4
-        elif layout == "chunked_prefill":
-            seq_lens, num_q = [17, 9, 40, 33, 5], [1, 0, 16, 17, 5]
-        else:  # several splits of a split-KV decode kernel
-            seq_lens, num_q = [700, 2100, 65], [1, 1, 1]
-        num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 3
-        tables = make_block_tables(rng, seq_lens, num_blocks)
-        cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
-        q = randn(rng, (int(cu[-1]), num_heads, head_dim), dtype)
-        k_cache = nvfp4_cache(rng, num_blocks, num_kv_heads, head_dim, 2.0)
-        v_cache = nvfp4_cache(rng, num_blocks, num_kv_heads, head_dim)
-        args = (tables, np.array(seq_lens, np.int32), cu, head_dim ** -0.5)
+        case = paged_case(rng, *PAGED_LAYOUTS[layout], spare_blocks=3)
+        q = randn(rng, (int(case.cu_seqlens_q[-1]), num_heads, head_dim), dtype)
+        k_cache = nvfp4_cache(rng, case.num_blocks, num_kv_heads, head_dim, 2.0)
+        v_cache = nvfp4_cache(rng, case.num_blocks, num_kv_heads, head_dim)
+        args = (case.block_tables, case.seq_lens, case.cu_seqlens_q, head_dim ** -0.5)
         got = backend.ops.paged_attention(backend.from_host(q), backend.from_host(k_cache),
                                           backend.from_host(v_cache),
                                           *(to_device(backend, a) for a in args))
@@ -99,29 +92,19 @@ class KVNvfp4Contract:
         backend = nvfp4_backend
         num_heads, num_kv_heads, head_dim = 8, 2, 128
         rng = make_rng("rope_cache_attention_nvfp4", dtype, layout)
-        if layout == "decode":  # the last row is CUDA-graph padding: no cache write
-            seq_lens, num_q = [1, 16, 17, 40, 3], [1] * 5
-        else:
-            seq_lens, num_q = [17, 9, 40, 5], [1, 0, 16, 5]
-        num_blocks = sum(-(-n // BLOCK_SIZE) for n in seq_lens) + 2
-        tables = make_block_tables(rng, seq_lens, num_blocks)
-        positions = np.concatenate([np.arange(n - q, n) for n, q in zip(seq_lens, num_q)])
-        seq_of = np.repeat(np.arange(len(seq_lens)), num_q)
-        slots = (tables[seq_of, positions // BLOCK_SIZE] * BLOCK_SIZE
-                 + positions % BLOCK_SIZE).astype(np.int32)
-        if layout == "decode":
-            slots[-1] = -1
+        case = paged_case(rng, *ROPE_CACHE_LAYOUTS[layout], spare_blocks=2,
+                          pad_last=layout == "decode")
+        num_blocks, slots = case.num_blocks, case.slot_mapping
         k_cache = nvfp4_cache(rng, num_blocks, num_kv_heads, head_dim)
         v_cache = nvfp4_cache(rng, num_blocks, num_kv_heads, head_dim)
         width = (num_heads + 2 * num_kv_heads) * head_dim
-        qkv = randn(rng, (len(positions), width), dtype, 2.0)
+        qkv = randn(rng, (len(case.positions), width), dtype, 2.0)
         table = rope_cos_sin_cache(head_dim, 64, {"rope_type": "default", "rope_theta": 1e4})
-        cu = np.concatenate([[0], np.cumsum(num_q)]).astype(np.int32)
         kwargs = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                       is_neox=True, eps=1e-6, q_norm=randn(rng, (head_dim,), dtype, 0.3) + 1,
                       k_norm=randn(rng, (head_dim,), dtype, 0.3) + 1)
-        args = (qkv, positions.astype(np.int32), table)
-        tail = (slots, tables, np.array(seq_lens, np.int32), cu, head_dim ** -0.5)
+        args = (qkv, case.positions, table)
+        tail = (slots, case.block_tables, case.seq_lens, case.cu_seqlens_q, head_dim ** -0.5)
         dk, dv = backend.from_host(k_cache), backend.from_host(v_cache)
         got = backend.ops.rope_cache_attention(
             *(to_device(backend, a) for a in args), dk, dv, *(to_device(backend, a) for a in tail),

@@ -19,14 +19,13 @@ import gc
 import numpy as np
 import pytest
 from atlas_core.testing.mtp_heads import add_mtp_head
+from atlas_core.testing.mtp_script import MTP_SPEC, run_requests
 from qwen35_cuda_probe import HAS_GPU
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HAS_GPU, reason="no CUDA device"),
               pytest.mark.timeout(900)]
 
 ARCH = "Qwen3_5ForCausalLM"
-SPEC = {"method": "mtp", "num_speculative_tokens": 3, "draft_token_cost": 0.0,
-        "disable_by_batch_size": 4}
 REQUESTS = [(0, 13, 12), (0, 30, 6), (1, 5, 18), (2, 47, 9), (2, 9, 14), (7, 21, 10),
             (11, 4, 8)]
 #: Relative L2 error allowed per head-output row between graph and eager in the default mode.
@@ -55,23 +54,13 @@ def _engine(be, path, invariant, draft_graphs):
     return LLMEngine.from_args(EngineArgs(
         model=str(path), backend="cuda", max_num_seqs=4, block_size=16, num_kv_blocks=256,
         enable_prefix_caching=False, async_scheduling=False, gpu_memory_utilization=0.5,
-        speculative_config={**SPEC, "draft_graphs": draft_graphs}), backend=be)
+        speculative_config={**MTP_SPEC, "draft_graphs": draft_graphs}), backend=be)
 
 
 def _run(engine, dual_stats=None):
     """Step through REQUESTS; (drafts after every step by request, final tokens). With
     ``dual_stats``, every graph round is also run eagerly first and compared."""
-    from atlas_core.api import SamplingParams
     proposer, be = engine.speculator.proposer, engine.backend
-    log: list[dict] = []
-    observe = proposer.observe
-
-    def recording(layout):
-        observe(layout)
-        rid = {seq.seq_id: seq.request_id for seq, _, _ in layout}
-        log.append({rid[k]: (n, list(d)) for k, (n, d) in proposer.drafts.items()})
-
-    proposer.observe = recording
     graphs = proposer.graphs
     if dual_stats is not None:
         replay = graphs.step
@@ -92,20 +81,7 @@ def _run(engine, dual_stats=None):
             return out_g, tok_g
 
         graphs.step = dual
-    rng = np.random.default_rng(9)
-    pending = [(at, f"r{i}", rng.integers(0, 370, n).tolist(), SamplingParams(
-        temperature=0, max_tokens=m, ignore_eos=True)) for i, (at, n, m) in enumerate(REQUESTS)]
-    final, step = {}, 0
-    while pending or engine.has_unfinished_requests():
-        for at, rid, prompt, params in pending:
-            if at <= step:
-                engine.add_request(rid, prompt, params)
-        pending = [p for p in pending if p[0] > step]
-        for out in engine.step():
-            if out.finished:
-                final[out.request_id] = out.outputs[0].token_ids
-        step += 1
-    return log, final
+    return run_requests(engine, REQUESTS, seed=9)
 
 
 @pytest.mark.parametrize("invariant", [True, False])
