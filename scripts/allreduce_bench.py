@@ -27,24 +27,28 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
     comm = registry.create("comm_backends", "nccl", rank=rank, world_size=args.n, backend=backend,
                            store=StoreClient("127.0.0.1", port, 120), timeout=120)
     rows = {}
-    for batch in (1, 8, 32):
-        x = backend.from_host(np.ones((batch, args.hidden), bfloat16))
+
+    def timed(reduce, x):
         for _ in range(5):
-            comm.all_reduce(x)
+            reduce(x)
         backend.synchronize()
         start = time.perf_counter()
         for _ in range(50):
-            comm.all_reduce(x)
+            reduce(x)
         backend.synchronize()
         eager = (time.perf_counter() - start) / 50
-        graph = backend.capture(lambda: [comm.all_reduce(x) for _ in range(10)])
+        graph = backend.capture(lambda: [reduce(x) for _ in range(10)])
         graph.replay()
         backend.synchronize()
         start = time.perf_counter()
         for _ in range(20):
             graph.replay()
         backend.synchronize()
-        rows[batch] = (eager, (time.perf_counter() - start) / 200)
+        return eager, (time.perf_counter() - start) / 200
+
+    for batch in (1, 8, 32, 128):
+        x = backend.from_host(np.ones((batch, args.hidden), bfloat16))
+        rows[batch] = (*timed(comm.nccl_all_reduce, x), *timed(comm.all_reduce, x))
     big = backend.from_host(np.ones(128 << 20 >> 1, bfloat16))
     comm.all_reduce(big)
     backend.synchronize()
@@ -54,7 +58,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
     backend.synchronize()
     seconds = (time.perf_counter() - start) / 10
     busbw = big.nbytes * 2 * (args.n - 1) / args.n / seconds / 1e9
-    out.put((rank, rows, busbw))
+    out.put((rank, rows, busbw, comm._p2p is not None))
     comm.close()
 
 
@@ -73,15 +77,19 @@ def main() -> None:
     procs = [ctx.Process(target=_rank, args=(r, args, store.port, out)) for r in range(args.n)]
     for proc in procs:
         proc.start()
-    results = dict((r, (rows, bw)) for r, rows, bw in (out.get(timeout=300) for _ in procs))
+    results = {r: rest for r, *rest in (out.get(timeout=300) for _ in procs)}
     for proc in procs:
         proc.join(30)
-    rows, busbw = results[0]
+    rows, busbw, p2p = results[0]
     per_step = 2 * args.layers + 1
-    print(f"{args.n} GPUs, bf16, hidden {args.hidden}")
-    for batch, (eager, graph) in rows.items():
-        print(f"batch {batch:>2}: all-reduce {eager * 1e6:6.1f} us eager, {graph * 1e6:6.1f} us in a "
-              f"graph; {per_step} per step: {per_step * graph * 1e3:.2f} ms")
+    print(f"{args.n} GPUs, bf16, hidden {args.hidden}; peer-memory all-reduce "
+          f"{'on' if p2p else 'OFF (NCCL only)'}")
+    print("batch | KB | NCCL eager us | NCCL graph us | atlas eager us | atlas graph us | "
+          f"{per_step} per step (NCCL / atlas, graph) ms")
+    for batch, (ne, ng, ae, ag) in rows.items():
+        print(f"{batch:>5} | {batch * args.hidden * 2 >> 10:>4} | {ne * 1e6:6.1f} | {ng * 1e6:6.1f} | "
+              f"{ae * 1e6:6.1f} | {ag * 1e6:6.1f} | {per_step * ng * 1e3:.2f} / "
+              f"{per_step * ag * 1e3:.2f}")
     print(f"256 MiB all-reduce: bus bandwidth {busbw:.0f} GB/s ({100 * busbw / args.link_gbs:.0f}% "
           f"of {args.link_gbs:.0f} GB/s)")
 

@@ -72,6 +72,10 @@ class NcclComm(CommBackend):
                         for name, member in DATATYPES.items() if hasattr(types, member)}
         self._ops = {name: int(getattr(ops, member)) for name, member in REDUCE_OPS.items()}
         self._comm = self._init(store)
+        self._p2p = None
+        if world_size > 1:
+            from atlas_nccl.p2p import P2pAllReduce
+            self._p2p = P2pAllReduce.create(self, store)
 
     def _init(self, store: Any) -> Any:
         nccl = self._nccl
@@ -129,7 +133,16 @@ class NcclComm(CommBackend):
         return inner if inner is not None and not isinstance(inner, int) else int(self._comm.ptr)
 
     def all_reduce(self, array: Any, op: str = "sum") -> Any:
-        """Reduce ``array`` across ranks in place; returns it."""
+        """Reduce ``array`` across ranks in place; returns it. Small sums between GPUs of one
+        host take the peer-memory kernel (:mod:`atlas_nccl.p2p`), the rest NCCL."""
+        if self.world_size > 1 and array.size:
+            if self._p2p is not None and self._p2p.takes(array, op):
+                return self._p2p.all_reduce(array)
+            self.nccl_all_reduce(array, op)
+        return array
+
+    def nccl_all_reduce(self, array: Any, op: str = "sum") -> Any:
+        """:meth:`all_reduce` through NCCL always."""
         if self.world_size > 1 and array.size:
             self._b.all_reduce(array.ptr, array.ptr, array.size, self._dtype(array),
                                self._op(op), self._handle, self.backend.stream)
@@ -193,6 +206,9 @@ class NcclComm(CommBackend):
             comm.abort()
 
     def close(self) -> None:
+        p2p, self._p2p = getattr(self, "_p2p", None), None
+        if p2p is not None:
+            p2p.close()
         comm, self._comm = self._comm, None
         if comm is not None:
             try:

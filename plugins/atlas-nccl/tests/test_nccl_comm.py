@@ -1,6 +1,7 @@
 """The nccl CommBackend against a fake nccl4py (the real one needs GPUs): what it sends to
 NCCL (raw pointers, counts, data types, the backend's stream), the unique-id exchange, the
-init timeout and abort, and the errors that say what to install or use instead."""
+init timeout and abort, the errors that say what to install or use instead, and how the
+peer-memory all-reduce is agreed on or left out."""
 
 import enum
 import sys
@@ -57,6 +58,7 @@ class _Store(dict):
 
 @pytest.fixture()
 def fake_nccl(monkeypatch):
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE", "0")  # the peer-memory path: its own tests below
     calls = []
     block = threading.Event()
     block.set()
@@ -183,3 +185,60 @@ def test_passes_the_bindings_communicator_object_when_nccl4py_has_one(fake_nccl)
     x = _Array((2,))
     comm.all_reduce(x)
     assert fake_nccl.calls[-1][6] is native
+
+
+class _HostBackend(_Backend):
+    """A backend whose arrays hold values (for the ranks' agreement all-reduce)."""
+
+    def from_host(self, a):
+        arr = _Array(a.shape, a.dtype)
+        arr.value = a.copy()
+        return arr
+
+    def to_host(self, arr):
+        return arr.value
+
+
+def test_peer_memory_all_reduce_is_agreed_and_falls_back_to_nccl(fake_nccl, monkeypatch):
+    """Without a device the shared buffer cannot be made: the rank publishes an empty value (so
+    peers do not wait for it), takes part in the agreement all-reduce (min) and uses NCCL."""
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE", "1")
+    store = _Store()
+    comm = NcclComm(0, 2, store=store, backend=_HostBackend())
+    assert comm._p2p is None and store["nccl/p2p/0"] == b""
+    assert [c[0] for c in fake_nccl.calls if c[0] == "all_reduce"] == ["all_reduce"]
+    assert fake_nccl.calls[-1][5] == _RedOp.MIN
+    x = _Array((2, 8), bfloat16)
+    comm.all_reduce(x)
+    assert fake_nccl.calls[-1][:2] == ("all_reduce", x.ptr)
+
+
+def test_peer_memory_all_reduce_off_by_environment(fake_nccl, monkeypatch):
+    from atlas_nccl import p2p
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE", "1")
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    assert not p2p.enabled()
+    store = _Store()
+    comm = NcclComm(0, 2, store=store, backend=_HostBackend())
+    assert comm._p2p is None and "nccl/p2p/0" not in store
+    assert not [c for c in fake_nccl.calls if c[0] == "all_reduce"]
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MAX_KB", "64")
+    assert p2p.max_bytes() == 64 << 10
+
+
+def test_peer_memory_all_reduce_takes_small_sums_only():
+    from atlas_nccl.p2p import P2pAllReduce
+    p2p = P2pAllReduce.__new__(P2pAllReduce)
+    p2p.limit = 1 << 20
+    small = _Array((1, 4096), bfloat16)
+    small.nbytes = 8192
+    assert p2p.takes(small, "sum") and not p2p.takes(small, "max")
+    big = _Array((256, 4096), np.float32)
+    big.nbytes = 256 * 4096 * 4
+    assert not p2p.takes(big, "sum")
+    odd = _Array((3,), np.float32)
+    odd.nbytes = 12
+    assert not p2p.takes(odd, "sum")
+    ints = _Array((8,), np.int32)
+    ints.nbytes = 32
+    assert not p2p.takes(ints, "sum")

@@ -28,3 +28,11 @@ def test_parallel_module_is_found_after_the_generic_sources():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_parallel_kernels_compile(arch):
     assert_kernel_module_compiles(_sources(), "parallel", arch, variants=["bf16"])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_p2p_allreduce_kernels_compile(arch):
+    sources = _sources()
+    assert_kernel_module_found(sources, "p2p_allreduce")
+    assert_kernel_module_compiles(sources, "p2p_allreduce", arch,
+                                  variants=list(compiler.DTYPE_VARIANTS))

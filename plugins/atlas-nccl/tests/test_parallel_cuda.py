@@ -74,9 +74,9 @@ class _FileStore:
 
 
 def _rank(rank, root, out):
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    # device_id, not CUDA_VISIBLE_DEVICES: importing this module already started CUDA here
     registry = Registry()
-    backend = registry.create("gpu_backends", "cuda", device_id=0)
+    backend = registry.create("gpu_backends", "cuda", device_id=rank)
     comm = registry.create("comm_backends", "nccl", rank=rank, world_size=2, backend=backend,
                            store=_FileStore(root), timeout=60)
     x = backend.from_host(np.full((4, 256), rank + 1, np.float32))
@@ -86,7 +86,30 @@ def _rank(rank, root, out):
     graph = backend.capture(lambda: comm.all_reduce(y))
     backend.copy_from_host(y, np.full(1024, 2 * (rank + 1), bfloat16))
     graph.replay()
-    out.put((rank, eager, gathered, backend.to_host(y).astype(np.float32)))
+    replayed = backend.to_host(y).astype(np.float32)
+    # The peer-memory path against NCCL on random bf16 (sums in float32 either way: equal
+    # within one bf16 rounding), the same bits on both ranks, eager and replayed many times
+    # (its epochs live on the device), and a tensor past its limit taken by NCCL.
+    rng = np.random.default_rng(rank)
+    data = rng.standard_normal((8, 4096)).astype(bfloat16)
+    a, b = backend.from_host(data), backend.from_host(data)
+    p2p = comm.all_reduce(a)
+    ref = comm.nccl_all_reduce(b)
+    z = backend.from_host(data)
+    graph2 = backend.capture(lambda: [comm.all_reduce(z) for _ in range(3)])
+    sums = []
+    for i in range(5):
+        backend.copy_from_host(z, (data.astype(np.float32) * (i + 1) / 8).astype(bfloat16))
+        graph2.replay()
+        sums.append(backend.to_host(z).astype(np.float32).copy())
+    big = backend.from_host(np.full((600, 1024), rank + 1, np.float32))  # 2.4 MB: NCCL
+    calls = comm._p2p.calls if comm._p2p is not None else -1
+    comm.all_reduce(big)
+    backend.synchronize()
+    out.put((rank, eager, gathered, replayed, comm._p2p is not None,
+             backend.to_host(p2p).astype(np.float32), backend.to_host(ref).astype(np.float32),
+             sums, bool((backend.to_host(big) == 3).all()),
+             calls == (comm._p2p.calls if comm._p2p is not None else -1)))
     comm.close()
 
 
@@ -101,10 +124,21 @@ def test_nccl_collectives_across_two_gpus_eager_and_in_a_graph(tmp_path):
     for p in procs:
         p.join(30)
     for rank in range(2):
-        eager, gathered, replayed = got[rank]
+        eager, gathered, replayed, used_p2p, p2p, ref, sums, big_ok, big_on_nccl = got[rank]
         assert (eager == 3).all()
         assert (gathered.astype(np.float32) == [[0] * 3] * 2 + [[1] * 3] * 2).all()
         assert (replayed == 6).all()
+        assert used_p2p, "the peer-memory all-reduce was not set up between the two GPUs"
+        np.testing.assert_allclose(p2p, ref, rtol=1e-2, atol=1e-2)
+        assert big_ok and big_on_nccl
+    assert (got[0][4] == got[1][4]).all(), "ranks hold different sums"
+    data = [np.random.default_rng(r).standard_normal((8, 4096)).astype(bfloat16)
+            .astype(np.float32) for r in range(2)]
+    for i in range(5):
+        scaled = [(d * (i + 1) / 8).astype(bfloat16).astype(np.float32) for d in data]
+        want = scaled[0] + scaled[1]  # three all-reduces in a row: x2 after each extra one
+        np.testing.assert_allclose(got[0][6][i], want * 4, rtol=2e-2, atol=2e-2)
+        assert (got[0][6][i] == got[1][6][i]).all()
 
 
 def _generate(path, tp, ep=False):
