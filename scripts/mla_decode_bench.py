@@ -7,15 +7,21 @@ qk_rope_head_dim`` values once per sequence (q and out are negligible); the floo
 at ``--bandwidth`` (default: 4.25 TB/s on an H200, the copy bandwidth in PERF-NOTES; else
 3.35 TB/s, H100 SXM HBM3).
 
-The kernel column names the decode kernel that ran (``mla_decode_mma_r<rank>``: tensor cores;
-``mla_decode_split``: the SIMT fallback, also forced with ``ATLAS_CUDA_ATTENTION=simt``).
+The kernel column names the decode kernel that ran (``mla_decode_keys_r<rank>``: tensor cores,
+warps over the keys, the default at 256 + 64; ``mla_decode_mma_r<rank>``: tensor cores, warps
+over the row width, forced with ``ATLAS_MLA_DECODE=v1``; ``mla_decode_split``: the SIMT
+fallback, forced with ``ATLAS_CUDA_ATTENTION=simt``). ``--ab`` times every MLA case twice in
+one process, default kernel then ``ATLAS_MLA_DECODE=v1``. TFLOP/s counts the two latent matmuls
+(``2 * heads * (2 * rank + rope)`` a key): DeepSeek-V3's 128 heads make it bound by the tensor
+cores, not by the latent read.
 
-    python scripts/mla_decode_bench.py [--bandwidth 4.25e12]
+    python scripts/mla_decode_bench.py [--bandwidth 4.25e12] [--ab]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import numpy as np
 from atlas_core.api import Registry, bfloat16
@@ -42,13 +48,16 @@ def tables(be, batch: int, ctx: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bandwidth", type=float, default=None)
+    parser.add_argument("--ab", action="store_true",
+                        help="each MLA case with the default kernel, then ATLAS_MLA_DECODE=v1")
     args = parser.parse_args()
     be = Registry().create("gpu_backends", "cuda")
     device = be.device_info().name
     if args.bandwidth is None:
         args.bandwidth = 4.25e12 if "H200" in device else 3.35e12
     print(f"{device}: floor at {args.bandwidth / 1e12:.2f} TB/s")
-    print("op | kernel | shape | batch | ctx | KV MB | floor us | us | % of floor")
+    print("op | kernel | shape | batch | ctx | KV MB | floor us | us | % of floor | TFLOP/s")
+    envs = (os.environ.get("ATLAS_MLA_DECODE", ""), "v1") if args.ab else (None,)
     mla = be.ops.mla_absorbed_attention.__self__  # MlaCudaOps: names the decode kernel
     for name, (h, rank, rope) in SHAPES.items():
         for batch, ctx in CASES:
@@ -58,12 +67,19 @@ def main() -> None:
             for i, a in enumerate((cache, q_lat, q_pe)):
                 be.fill_random(a, i + 1, 1.0)
             nbytes = batch * ctx * (rank + rope) * 2
-            us = per_op_us(be, lambda: be.ops.mla_absorbed_attention(
-                q_lat, q_pe, cache, bt, sl, cu, (rank + rope) ** -0.5))
+            flops = 2 * batch * ctx * h * (2 * rank + rope)
             floor = nbytes / args.bandwidth * 1e6
-            print(f"mla_absorbed_attention | {mla.decode_kernel(q_lat, q_pe)} | "
-                  f"{name} {h}x{rank}+{rope} | {batch} | {ctx} | "
-                  f"{nbytes / 1e6:.1f} | {floor:.2f} | {us:.2f} | {100 * floor / us:.1f}")
+            for env in envs:
+                if env is not None:
+                    os.environ["ATLAS_MLA_DECODE"] = env
+                us = per_op_us(be, lambda: be.ops.mla_absorbed_attention(
+                    q_lat, q_pe, cache, bt, sl, cu, (rank + rope) ** -0.5))
+                print(f"mla_absorbed_attention | {mla.decode_kernel(q_lat, q_pe)} | "
+                      f"{name} {h}x{rank}+{rope} | {batch} | {ctx} | "
+                      f"{nbytes / 1e6:.1f} | {floor:.2f} | {us:.2f} | {100 * floor / us:.1f} | "
+                      f"{flops / us / 1e6:.0f}")
+            if args.ab:
+                os.environ["ATLAS_MLA_DECODE"] = envs[0]
             del cache
     for batch, ctx in CASES:
         bt, sl, cu, blocks = tables(be, batch, ctx)
@@ -75,7 +91,7 @@ def main() -> None:
         us = per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu, 128 ** -0.5))
         floor = nbytes / args.bandwidth * 1e6
         print(f"paged_attention (baseline) | - | qwen3-8b 32/8x128 | {batch} | {ctx} | "
-              f"{nbytes / 1e6:.1f} | {floor:.2f} | {us:.2f} | {100 * floor / us:.1f}")
+              f"{nbytes / 1e6:.1f} | {floor:.2f} | {us:.2f} | {100 * floor / us:.1f} | -")
         del kc, vc
 
 

@@ -3,7 +3,8 @@
 # bf16 with the compiled-PyTorch baseline, then FP8 and NVFP4 with the older kernels
 # (ATLAS_CUDA_QUANT_KERNEL=legacy) and the default ones, batches x contexts, decode AT the context.
 #   scripts/quant_matrix.sh   (env: BATCHES, CONTEXTS, DECODE_TOKENS, LIMIT seconds a run (the
-#   bf16 run with its compiled baseline needs ~300), FORMATS ("fp8 nvfp4"; empty: bf16 only))
+#   bf16 run with its compiled baseline needs ~300), FORMATS ("fp8 nvfp4"; empty: bf16 only),
+#   LEGACY (1: also the older kernels; 0: the default ones only))
 # Logs and JSON go to $OUT (or ./quant_matrix_out).
 set -uo pipefail
 OUT=${OUT:-$PWD/quant_matrix_out}
@@ -27,6 +28,6 @@ run() {  # name, then atlas bench args
 }
 run bf16 --model qwen3-8b --baseline compiled
 for fmt in ${FORMATS-fp8 nvfp4}; do
-  ATLAS_CUDA_QUANT_KERNEL=legacy run "$fmt-legacy" --model "qwen3-8b-$fmt"
+  [[ ${LEGACY:-1} == 1 ]] && ATLAS_CUDA_QUANT_KERNEL=legacy run "$fmt-legacy" --model "qwen3-8b-$fmt"
   run "$fmt-skinny" --model "qwen3-8b-$fmt"
 done

@@ -1,7 +1,7 @@
 """This plugin's CUDA kernels (``mla.cu``, ``mla_attention.cu``, ``mla_decode_mma.cu``,
-``moe_route_grouped.cu``) compile with NVRTC for every hardware target and dtype (no GPU
-needed), found the way the cuda backend finds them: after atlas-cuda's generic sources, whose
-``common.cuh`` they include."""
+``mla_decode_keys.cu``, ``moe_route_grouped.cu``) compile with NVRTC for every hardware target
+and dtype (no GPU needed), found the way the cuda backend finds them: after atlas-cuda's generic
+sources, whose ``common.cuh`` they include."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ compiler = pytest.importorskip("atlas_cuda.compiler")
 
 #: Hopper in the default run; GB10 with the slow suite (every compile takes seconds).
 ARCHS = ("sm_90a", pytest.param("sm_121", marks=pytest.mark.slow))
-MODULES = ("mla", "mla_attention", "mla_decode_mma", "moe_route_grouped")
+MODULES = ("mla", "mla_attention", "mla_decode_mma", "mla_decode_keys", "moe_route_grouped")
 
 
 def _sources():

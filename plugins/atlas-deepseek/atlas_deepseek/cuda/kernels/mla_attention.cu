@@ -157,28 +157,68 @@ __device__ void mla_decode_split_impl(float* part_o, float* part_ml, const T* q_
   }
 }
 
-// mla_decode_combine: a block per (seq, head) merges the splits' partials.
+// mla_decode_combine: merges the splits' partials of either decode kernel. Grid (seq, head,
+// chunk of COMB_COLS latent columns), COMB_THREADS threads. Why this shape: at batch 1 the
+// decode kernels write up to ~128 splits, and one thread walking every split serially (with a
+// dependent global load per step) cost more than the attention itself. Here the threads split
+// the splits: max and sum are block reductions, each split's factor exp(m_s - m) / l is
+// computed once into shared memory, then every warp sums its share of the splits over the
+// chunk (a lane owns 4 columns: one float4 a split) and the warps meet in shared memory.
+// Empty splits (max -inf) weigh 0; their partial rows are zeros, never NaN.
+#define COMB_THREADS 256
+#define COMB_COLS 128
+#define COMB_MAX_SPLITS 256
 template <typename T>
 __device__ void mla_decode_combine_impl(T* out, const float* part_o, const float* part_ml,
                                         int heads, int rank, int splits) {
-  int b = blockIdx.x, h = blockIdx.y;
-  float mt = NEG_INF;
-  for (int s = 0; s < splits; s++)
-    mt = fmaxf(mt, part_ml[2 * (((long long)b * splits + s) * heads + h)]);
-  float lt = 0.f;
-  for (int s = 0; s < splits; s++) {
-    long long at = ((long long)b * splits + s) * heads + h;
+  constexpr int NWARP = COMB_THREADS / 32;
+  __shared__ float wt[COMB_MAX_SPLITS], scratch[32];
+  __shared__ __align__(16) float acc[NWARP][COMB_COLS];
+  int b = blockIdx.x, h = blockIdx.y, c0 = blockIdx.z * COMB_COLS;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  long long at0 = (long long)b * splits * heads + h;  // split s: row at0 + s * heads
+  float mx = NEG_INF;
+  for (int s = tid; s < splits; s += COMB_THREADS)
+    mx = fmaxf(mx, part_ml[2 * (at0 + (long long)s * heads)]);
+  mx = block_max(mx, scratch);
+  float lsum = 0.f;
+  for (int s = tid; s < splits; s += COMB_THREADS) {
+    long long at = at0 + (long long)s * heads;
     float ms = part_ml[2 * at];
-    if (ms != NEG_INF) lt += part_ml[2 * at + 1] * __expf(ms - mt);
+    float e = ms == NEG_INF ? 0.f : __expf(ms - mx);
+    wt[s] = e;
+    lsum += e * part_ml[2 * at + 1];
   }
-  for (int c = threadIdx.x; c < rank; c += blockDim.x) {
-    float o = 0.f;
-    for (int s = 0; s < splits; s++) {
-      long long at = ((long long)b * splits + s) * heads + h;
-      float ms = part_ml[2 * at];
-      if (ms != NEG_INF) o += part_o[at * rank + c] * __expf(ms - mt);
+  float inv = 1.f / block_sum(lsum, scratch);  // its barriers publish wt
+  int c = c0 + lane * 4;
+  float a[4] = {0.f, 0.f, 0.f, 0.f};
+  if (c < rank) {
+    if (rank % 4 == 0) {  // whole float4 columns, 16-byte aligned rows
+#pragma unroll 4
+      for (int s = warp; s < splits; s += NWARP) {
+        const float* p = part_o + (at0 + (long long)s * heads) * rank + c;
+        float4 v = *reinterpret_cast<const float4*>(p);
+        float ws = wt[s];
+        a[0] += ws * v.x; a[1] += ws * v.y; a[2] += ws * v.z; a[3] += ws * v.w;
+      }
+    } else {
+      for (int s = warp; s < splits; s += NWARP) {
+        const float* p = part_o + (at0 + (long long)s * heads) * rank + c;
+        float ws = wt[s];
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+          if (c + e < rank) a[e] += ws * p[e];
+      }
     }
-    out[((long long)b * heads + h) * rank + c] = from_f32<T>(o / lt);
+  }
+  *reinterpret_cast<float4*>(&acc[warp][lane * 4]) = make_float4(a[0], a[1], a[2], a[3]);
+  __syncthreads();
+  for (int i = tid; i < COMB_COLS; i += COMB_THREADS) {
+    if (c0 + i >= rank) break;
+    float o = 0.f;
+#pragma unroll
+    for (int w = 0; w < NWARP; w++) o += acc[w][i];
+    out[((long long)b * heads + h) * rank + c0 + i] = from_f32<T>(o * inv);
   }
 }
 

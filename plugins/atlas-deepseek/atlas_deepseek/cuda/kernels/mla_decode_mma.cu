@@ -6,9 +6,13 @@
 // latent), so a block stages a tile of BN keys' rows (RANK + ROPE values each) in shared memory
 // once and runs S = Q_abs . C^T and O += P . C[:, :RANK] for a tile of HT = 16 * MW heads as
 // matrix products. DeepSeek-V3 (128 heads, 512 + 64) does ~240 FLOP per latent byte, so it is
-// bound by the math; Mistral-Small-4 (32 heads, 256 + 64) is bound by the latent read, so the
-// tiles stream through a cp.async pipeline of `stages` buffers (2..4, what shared memory holds)
-// that keeps the next tiles' loads in flight while one is computed.
+// bound by the math: reading the latent at 70% of HBM speed (~3 TB/s on an H200) would take
+// ~720 TFLOP/s of mma.sync, past what m16n8k16 issue sustains on Hopper (well under the
+// ~990 TFLOP/s wgmma peak), so its floor is the tensor cores, not the latent read; this kernel
+// stays its path. Mistral-Small-4 (32 heads, 256 + 64) is bound by the latent read and takes
+// mla_decode_keys.cu unless ATLAS_MLA_DECODE=v1. Tiles stream through a cp.async pipeline of
+// `stages` buffers (2..4, what shared memory holds) that keeps the next tiles' loads in flight
+// while one is computed.
 //
 // Grid (sequence, head group of HT heads, context split). Warp (mw, nw) of MW x NW:
 //   S: the partial product of heads mw*16.. over the nw-th slice of the row width (W / NW
@@ -173,9 +177,12 @@ __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_la
       m[r] = mx[r];
       l[r] *= corr[r];
     }
+    // Once the running max settles (most tiles of a long context) skip the rescale.
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < ND; i++) {
-      o[i][0] *= corr[0]; o[i][1] *= corr[0]; o[i][2] *= corr[1]; o[i][3] *= corr[1];
+      for (int i = 0; i < ND; i++) {
+        o[i][0] *= corr[0]; o[i][1] *= corr[0]; o[i][2] *= corr[1]; o[i][3] *= corr[1];
+      }
     }
 #pragma unroll
     for (int n = 0; n < NS; n++)
