@@ -47,6 +47,8 @@ def device_bandwidth(backend: Any, probe_bytes: int = 256 << 20) -> tuple[float 
         return known, f"{info.name}"
     if info.kind == "cpu":
         return None, "n/a on the CPU backend"
+    if not hasattr(backend, "empty"):  # a parallel run's front: the devices are the workers'
+        return None, f"n/a ({info.name} has no known bandwidth figure)"
     try:
         return copy_bandwidth(backend, probe_bytes), f"{info.name}, measured copy"
     except Exception as exc:  # noqa: BLE001 - the floor is information; serving goes on
@@ -63,6 +65,9 @@ def floor_line(engine: Any) -> str:
         return f"decode floor: {source}"
     timer.bandwidth_gbs = gbs
     nbytes = timer.step_bytes(1, 1024)
+    ranks = getattr(timer.step_bytes, "world_size", 1)
+    read = (f"GB read per step by the busiest of {ranks} ranks, at one GPU's" if ranks > 1
+            else "GB read per step at")
     return (f"decode floor: {gbs * 1e9 / nbytes:,.0f} tok/s at batch 1 with 1,024 tokens of "
-            f"context ({nbytes / 1e9:.2f} GB read per step at {gbs:,.0f} GB/s, {source}); "
+            f"context ({nbytes / 1e9:.2f} {read} {gbs:,.0f} GB/s, {source}); "
             "/metrics reports atlas_decode_floor_fraction")

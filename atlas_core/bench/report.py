@@ -77,6 +77,10 @@ def to_text(result: BenchResult) -> str:
              f"cold start (weights + KV cache + first compile): {result.cold_start_s:.2f} s",
              f"decode: {result.decode_tokens} tokens per request after a prefill of the cell's "
              "context; floor = bytes read per step / bandwidth"]
+    if result.per_rank:
+        lines.append(f"split over {result.per_rank} GPUs: GB/step and the floor are PER RANK, "
+                     "the rank that reads the most (its weight shard, its experts' share of the "
+                     "batch, its KV heads) over one GPU's bandwidth")
     bases = _baseline_cells(result)
     lines += _decode_rows(result, bases)
     lines.append("prefill: every prompt of a cell submitted at once (TTFT = until all have "

@@ -4,8 +4,9 @@ Each cell prefills ``batch`` distinct prompts of ``context`` tokens at once (the
 and prefill rate), then times the decode steps that follow, AT that context: only steps that
 decode every sequence of the batch (the first sequences keep decoding while the last ones
 prefill, and the cell ends after ``decode_tokens`` whole-batch steps). The floor of a
-cell is :class:`~atlas_core.bench.floor.StepBytes` at the mean context of the timed steps over
-the device bandwidth. A cell whose KV cache cannot fit is reported as skipped, not run.
+cell is :class:`~atlas_core.engine.step_timing.StepBytes` at the mean context of the timed steps
+over the device bandwidth (under ``-tp``, the bytes of the rank that reads the most over one GPU's
+bandwidth). A cell whose KV cache cannot fit is reported as skipped, not run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class BenchResult:
     """Everything one bench run measured (times in seconds, rates per second).
 
     ``cells`` holds one :func:`measure_cell` dict per batch x context; ``baselines`` one
-    result per baseline (``"hf"``, ``"compiled"``), each with its own ``cells``.
+    result per baseline (``"hf"``, ``"compiled"``), each with its own ``cells``. ``per_rank``:
+    the number of ranks of a ``-tp`` run, whose ``step_gb`` and floor are per rank (0: one GPU).
     """
 
     model: str
@@ -38,6 +40,7 @@ class BenchResult:
     decode_tokens: int = 0
     cells: list[dict[str, Any]] = field(default_factory=list)
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    per_rank: int = 0
 
 
 def _run(engine: Any, prompts: list[list[int]], max_tokens: int,
@@ -151,7 +154,8 @@ def measure(engine: Any, *, batches: list[int], contexts: list[int], decode_toke
     prefill workspace)."""
     rng = np.random.default_rng(seed)
     vocab = engine.model.vocab_size
-    step_bytes = StepBytes(engine.model, engine.kv_config)
+    # the engine's own count: under -tp, the busiest rank's shard (BusiestRankBytes)
+    step_bytes = engine.decode_timer.step_bytes
     log("warm-up")
     for b in batches:
         if skip_reason(engine, b, 16, 8) is None:

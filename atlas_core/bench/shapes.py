@@ -23,6 +23,15 @@ SHAPES: dict[str, dict[str, Any]] = {
                       "moe_intermediate_size": 768, "decoder_sparse_step": 1,
                       "mlp_only_layers": [], "norm_topk_prob": True,
                       "tie_word_embeddings": False},
+    # Qwen3-235B-A22B's published config: 470 GB in bf16, the multi-GPU target (-tp 4 on
+    # 141 GB GPUs, or -tp 8; a shard per rank made on its GPU, docs/multi-gpu.md)
+    "qwen3-235b-a22b": {**_QWEN3, "architectures": ["Qwen3MoeForCausalLM"],
+                        "model_type": "qwen3_moe", "hidden_size": 4096,
+                        "intermediate_size": 12288, "num_hidden_layers": 94,
+                        "num_attention_heads": 64, "num_key_value_heads": 4, "num_experts": 128,
+                        "num_experts_per_tok": 8, "moe_intermediate_size": 1536,
+                        "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                        "tie_word_embeddings": False},
     "tiny": {**_QWEN3, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
              "vocab_size": 384, "max_position_embeddings": 2048, "tie_word_embeddings": False},

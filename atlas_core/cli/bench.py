@@ -39,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--backend", default=None, help="GpuBackend name (default: best available)")
     p.add_argument("--on-disk", action="store_true",
                    help="named shapes: write a random checkpoint under the cache dir and load "
-                        "it like a real model (default: fill the weights on the device)")
+                        "it like a real model (default: fill the weights on the device; with "
+                        "-tp every rank fills its own shard, --load-format dummy)")
     p.add_argument("--batch", "--concurrency", dest="batch", type=_int_list, default=[1],
                    help="comma-separated batch sizes, e.g. 1,8,32 (default: 1)")
     p.add_argument("--context", "--prompt-len", dest="context", type=_int_list, default=[512],
@@ -81,8 +82,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE",
                    help="write the results as JSON to FILE ('-': stdout; default: text only)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                   help="split the model over N GPUs (worker processes; named shapes are written "
-                   "to disk first, as --on-disk); the floor needs --bandwidth then (default 1)")
+                   help="split the model over N GPUs (worker processes; a named shape is built "
+                   "by every rank from its config, random weights on its own GPU, nothing "
+                   "written to disk unless --on-disk); GB/step and the floor are then per rank "
+                   "(default 1)")
     p.add_argument("--enable-expert-parallel", action="store_true",
                    help="with -tp: whole experts per GPU (MoE models; default: a slice of every "
                    "expert)")
@@ -96,8 +99,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _model(name: str, on_disk: bool) -> tuple[str | None, dict]:
-    """(checkpoint directory or None for an in-memory random model, its config)."""
+def _model(name: str, on_disk: bool, parallel: bool = False) -> tuple[str | None, dict]:
+    """(checkpoint directory or None for an in-memory random model, its config). A named
+    shape split over workers (``parallel``, not ``on_disk``) gets a directory holding its
+    config.json only: each worker reads it and fills its shard (``--load-format dummy``)."""
     import json
 
     from atlas_core import env
@@ -111,9 +116,14 @@ def _model(name: str, on_disk: bool) -> tuple[str | None, dict]:
                             "nor a directory with config.json")
         return str(path), json.loads((path / "config.json").read_text())
     config = shape_config(name)
-    if not on_disk:
-        return None, config
-    return str(write_random_checkpoint(config, env.cache_dir() / "bench" / name)), config
+    if on_disk:
+        return str(write_random_checkpoint(config, env.cache_dir() / "bench" / name)), config
+    if parallel:
+        path = env.cache_dir() / "bench" / f"{name}-config-only"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(config, indent=2))
+        return str(path), config
+    return None, config
 
 
 def _progress(msg: str) -> None:
@@ -127,6 +137,7 @@ def _engine(args, path: str | None, config: dict):
     from atlas_core.engine import EngineArgs, LLMEngine
     from atlas_core.engine.loading import create_backend, load_engine_parts
     from atlas_core.bench.runner import lead_tokens
+    from atlas_core.bench.shapes import SHAPES
     from atlas_core.bench.vision import image_prompt_len
     prefill = args.max_prefill_tokens or max(128, min(max(args.context), 16384))
     lead = lead_tokens(prefill, max(args.batch), max(args.context))
@@ -141,10 +152,12 @@ def _engine(args, path: str | None, config: dict):
                   kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
                   kv_high_precision_layers=getattr(args, "kv_high_precision_layers", "auto"))
     if args.tensor_parallel_size > 1:
+        dummy = args.model in SHAPES and not args.on_disk
         return LLMEngine.from_args(EngineArgs(
             **fields, max_seq_len=min(longest, model_max),
             tensor_parallel_size=args.tensor_parallel_size,
-            enable_expert_parallel=args.enable_expert_parallel))
+            enable_expert_parallel=args.enable_expert_parallel,
+            load_format="dummy" if dummy else "auto"))
     if path is not None:
         parts = load_engine_parts(EngineArgs(**fields))
         backend, model = parts.backend, parts.model
@@ -178,13 +191,23 @@ def _run_baselines(args, path: str | None, config: dict) -> dict:
     return out
 
 
-def _bandwidth(args, backend) -> tuple[float, str]:
-    from atlas_core.bench.floor import copy_bandwidth
+def _bandwidth(args, engine) -> tuple[float, str]:
+    """``(GB/s, where it came from)`` of one GPU: ``--bandwidth``, else a copy probe (under
+    ``-tp`` on rank 0's device, through its worker; the known figure of the device when that
+    probe fails; 0 when neither is known)."""
+    from atlas_core.bench.floor import copy_bandwidth, known_bandwidth
     if args.bandwidth:
         return args.bandwidth, "--bandwidth"
-    if args.tensor_parallel_size > 1:
-        return 0.0, "not measured with -tp (pass --bandwidth)"
-    return copy_bandwidth(backend, args.copy_mb << 20), "measured copy, read + write"
+    if args.tensor_parallel_size == 1:
+        return copy_bandwidth(engine.backend, args.copy_mb << 20), "measured copy, read + write"
+    gbs, how = engine.runner.probe_bandwidth(args.copy_mb << 20)
+    if gbs:
+        return gbs, f"rank 0's device, {how}"
+    name = engine.backend.device_info().name
+    known = known_bandwidth(name)
+    if known:
+        return known, f"the known figure of {name}; {how} on rank 0"
+    return 0.0, f"{how} on rank 0 and {name} has no known figure; pass --bandwidth"
 
 
 def _write(target: str | None, text: str) -> None:
@@ -195,24 +218,30 @@ def _write(target: str | None, text: str) -> None:
 def run(args) -> int:
     from atlas_core.bench import report
     from atlas_core.bench.runner import BenchResult, measure
+    from atlas_core.bench.shapes import SHAPES
     from atlas_core.cli import UserError
     if args.decode_tokens < 4:
         raise UserError(f"--decode-tokens {args.decode_tokens} is too few to time decode steps; "
                         "use 4 or more")
     _progress(f"preparing {args.model}")
-    path, config = _model(args.model, args.on_disk or args.tensor_parallel_size > 1)
-    baselines = _run_baselines(args, path, config)
-    _progress(f"loading {path or 'random weights on the device'}")
+    parallel = args.tensor_parallel_size > 1
+    path, config = _model(args.model, args.on_disk, parallel)
+    dummy = parallel and args.model in SHAPES and not args.on_disk
+    # a config-only directory holds no weights: the baselines build the shape themselves
+    baselines = _run_baselines(args, None if dummy else path, config)
+    _progress("loading " + ("random weights, each rank its shard on its own device" if dummy
+                            else path or "random weights on the device"))
     start = time.perf_counter()
     engine = _engine(args, path, config)
     cold = time.perf_counter() - start
     info = engine.backend.device_info()
     _progress(f"loaded in {cold:.1f} s; measuring")
-    bw, source = _bandwidth(args, engine.backend)
+    bw, source = _bandwidth(args, engine)
     cells = measure(engine, batches=args.batch, contexts=args.context,
                     decode_tokens=args.decode_tokens, bandwidth_gbs=bw, log=_progress)
     result = BenchResult(args.model, engine.backend.name, info.name, bw, source, cold,
-                         args.decode_tokens, cells, baselines)
+                         args.decode_tokens, cells, baselines,
+                         per_rank=args.tensor_parallel_size if parallel else 0)
     print(report.to_text(result))
     from atlas_core.bench.vision import measure_vision, takes_images
     if takes_images(engine.model):

@@ -51,6 +51,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "batch (evals, agent replay); slower on cuda (docs/serving.md, "
                         "Determinism; default: off)")
     g.add_argument("--seed", type=int, default=0, help="engine random seed (default 0)")
+    g.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="auto: read the checkpoint; dummy: build the model from config.json "
+                   "alone with RANDOM weights made on each GPU (each rank its shard; nothing "
+                   "read or written; outputs are meaningless: for speed tests of models the "
+                   "disk cannot hold; docs/multi-gpu.md) (default auto)")
     e = p.add_argument_group("engine")
     e.add_argument("--max-num-seqs", type=int, default=64,
                    help="sequences running at once (default 64)")
@@ -175,6 +180,7 @@ def engine_args(args):
             kv_offload_gb=args.kv_offload_gb, kv_storage=args.kv_storage,
             kv_disk_restore=args.kv_disk_restore,
             dequantize_weights=args.dequantize_weights, batch_invariant=args.batch_invariant,
+            load_format=args.load_format,
             speculative_config=speculative_config(args, args.model), **policy_kwargs(args),
             **parallel_kwargs(args))
         if eargs.kv_offload_dir:
@@ -202,6 +208,9 @@ def check_model(args) -> None:
     if path.suffix == ".gguf":
         raise UserError(f"{source} is a GGUF file (llama.cpp's format), which Atlas does not "
                         "load; pass the model's Hugging Face id or its safetensors directory")
+    if args.load_format == "dummy" and not (path / "config.json").is_file():
+        raise UserError(f"--load-format dummy needs a local directory holding config.json (and "
+                        f"the tokenizer files); {source} is not one")
     if looks_local and not (path / "config.json").is_file():
         raise UserError(f"{source} is not a model directory (no config.json there); pass a "
                         "directory holding config.json + *.safetensors, or a Hugging Face id")
@@ -321,11 +330,14 @@ def run(args) -> int:
             server.should_exit = True
             raise
         print(describe(engine, config.served_model_names), flush=True)
+        if eargs.load_format == "dummy":
+            from atlas_core.model.dummy import DUMMY_WARNING
+            print(f"warning: {DUMMY_WARNING}", flush=True)
         if eargs.tensor_parallel_size == 1:
             from atlas_core.model.quantized_loading import weights_line
             print(weights_line(engine.model), flush=True)
-            from atlas_core.bench.floor import floor_line
-            print(floor_line(engine), flush=True)
+        from atlas_core.bench.floor import floor_line
+        print(floor_line(engine), flush=True)
         if engine.kv_tiers is not None:
             print(engine.kv_tiers.describe(), flush=True)
         loaded.append(engine)

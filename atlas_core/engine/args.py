@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+#: ``load_format`` values: read the checkpoint, or random weights from config.json alone.
+LOAD_FORMATS = ("auto", "dummy")
+
 
 @dataclass
 class EngineArgs:
@@ -76,6 +79,10 @@ class EngineArgs:
             batch (evals, agent replay): the backend takes, for every op, one kernel whose
             per-row rounding ignores the other rows (:meth:`GpuBackend.set_batch_invariant`;
             docs/serving.md, Determinism). Slower on cuda; one GPU, no speculative decoding.
+        load_format: ``auto`` (read the checkpoint) or ``dummy`` (vLLM's name): every rank
+            builds its part of the model from config.json alone and fills it with random values
+            on its own device, so a model too big for the disk (or not downloaded) can be timed;
+            the outputs are meaningless (:mod:`atlas_core.model.dummy`).
     """
 
     model: str | None = None
@@ -122,6 +129,7 @@ class EngineArgs:
     distributed_executor_backend: str = "mp"
     distributed_timeout: float = 300.0
     batch_invariant: bool = False
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_prefill_tokens", "block_size")
@@ -152,6 +160,9 @@ class EngineArgs:
         if self.kv_disk_restore not in ("auto", "always", "never"):
             raise ValueError("kv_disk_restore must be auto, always or never, got "
                              f"{self.kv_disk_restore!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be {' or '.join(LOAD_FORMATS)}, got "
+                             f"{self.load_format!r}")
         if self.tensor_parallel_size > 1 or self.nnodes > 1:
             from atlas_core.parallel.launch import parallel_config
             parallel_config(self)
@@ -165,6 +176,10 @@ class EngineArgs:
             read_presets_file(self.sampling_presets)
         from atlas_core.engine.spec.config import SpeculativeConfig
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        spec = self.speculative_config
+        if self.load_format == "dummy" and spec is not None and spec.method == "mtp":
+            raise ValueError("load_format dummy builds no MTP head (it reads no checkpoint); "
+                             "use n-gram drafts or load the checkpoint")
         if self.batch_invariant and (self.tensor_parallel_size > 1 or self.nnodes > 1):
             raise ValueError("batch_invariant needs one GPU: the all-reduce of tensor "
                              "parallelism sums in an order that depends on the message size")

@@ -93,8 +93,12 @@ def load_engine_parts(args, backend=None) -> EngineParts:
     source = model_path_or_demo(args.model)
     start = time.perf_counter()
     log.info("loading %s on the %s backend", source, getattr(backend, "name", backend))
-    model = load_model(source, backend, dtype=args.dtype, registry=registry,
-                       revision=args.revision, cache_dir=args.cache_dir)
+    if getattr(args, "load_format", "auto") == "dummy":
+        from atlas_core.model.dummy import load_dummy_model
+        model = load_dummy_model(source, backend, registry, dtype=args.dtype, seed=args.seed)
+    else:
+        model = load_model(source, backend, dtype=args.dtype, registry=registry,
+                           revision=args.revision, cache_dir=args.cache_dir)
     log.info("model ready in %.1f s", time.perf_counter() - start)
     path = Path(getattr(model, "path", source))
     tokenizer = None

@@ -35,6 +35,9 @@ class StepBytes:
     def __init__(self, model: Any, kv_config: Any) -> None:
         self.dense = self.embed_row = 0
         self.experts: list[tuple[int, int, int]] = []  # (bytes, num_experts, top_k)
+        #: Ranks the batch's expert picks spread over (expert parallelism: each rank holds
+        #: ``num_experts / ranks`` whole experts and takes an even share of the picks).
+        self.expert_share = 1
         tied = bool(getattr(model, "tie_word_embeddings", False))
         named = model.named_specs() if hasattr(model, "named_specs") else ()
         for name, module, local, spec in named:
@@ -56,7 +59,8 @@ class StepBytes:
 
     def __call__(self, batch: int, context_tokens: int) -> int:
         """Bytes of one step over ``batch`` sequences holding ``context_tokens`` tokens in all."""
-        experts = sum(nbytes * min(n, batch * k) // n for nbytes, n, k in self.experts)
+        experts = sum(nbytes * min(n, -(-batch * k // self.expert_share)) // n
+                      for nbytes, n, k in self.experts)
         window = batch * min(context_tokens // max(1, batch), self.window)
         return (self.dense + experts + batch * (self.embed_row + self.state_per_seq)
                 + context_tokens * self.kv_per_token + window * self.window_per_token)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from atlas_core.engine.model_runner import StepResult
 from atlas_core.parallel.config import ParallelConfig
-from atlas_core.parallel.front import FrontBackend, FrontModel, RemoteStep
+from atlas_core.parallel.front import BusiestRankBytes, FrontBackend, FrontModel, RemoteStep
 from atlas_core.parallel.step import describe_step
 from atlas_core.parallel.store import Channel, PeerLostError, StoreServer
 from atlas_core.parallel.worker import WorkerSpec, worker_main
@@ -81,6 +81,8 @@ class ParallelExecutor:
     Attributes:
         kv_config: the KV pool every worker allocated (the smallest any rank could hold).
         model: a :class:`FrontModel`; backend: a :class:`FrontBackend`.
+        step_bytes: a :class:`BusiestRankBytes`, what a decode step reads on the rank that
+            reads the most (the engine's decode timer and ``atlas bench`` count it).
     """
 
     def __init__(self, args: Any, parallel: ParallelConfig) -> None:
@@ -156,6 +158,8 @@ class ParallelExecutor:
         for chan in self._chans.values():
             chan.send(("start", self.kv_config))
         info = self._ready[0][1]
+        self.step_bytes = BusiestRankBytes([self._ready[r][1]["step_bytes"]
+                                            for r in sorted(self._ready)])
         self.model = FrontModel(info["model"])
         self.backend = FrontBackend(info["backend"], self.parallel.world_size, info["device"],
                                     info["supports_graphs"])
@@ -220,6 +224,11 @@ class ParallelExecutor:
         """Run the MTP head on every worker over ``work`` (see :mod:`atlas_core.parallel.spec`);
         rank 0's drafts, ``seq_id -> (length, drafts)``."""
         return self.result(self._send("observe", work))
+
+    def probe_bandwidth(self, nbytes: int) -> tuple[float | None, str]:
+        """``(GB/s, how)`` of a copy of ``nbytes`` timed on rank 0's device (``None`` and why,
+        when it could not run there): the bandwidth of the floor under ``-tp``."""
+        return tuple(self.result(self._send("probe", int(nbytes))))
 
     def execute(self, sched: Any, rows_of: dict) -> list[StepResult]:
         """Run one step on every worker; rank 0's sampled tokens (as ``ModelRunner.execute``)."""

@@ -57,3 +57,20 @@ class RemoteStep:
         """Wait for rank 0's sampled tokens of this step."""
         got = self.executor.result(self.step_id)
         return [StepResult(row, int(token), None) for row, (token, _) in zip(self.rows, got)]
+
+
+class BusiestRankBytes:
+    """Bytes one decode step reads on the rank that reads the most (its weight shard, its
+    experts' share of the batch's picks, its KV heads): the ranks run in lockstep, so the
+    step's floor is that rank's bytes over one GPU's bandwidth. Called like
+    :class:`~atlas_core.engine.step_timing.StepBytes`, which each worker measured of its own
+    shard and sent with its ``ready`` message."""
+
+    def __init__(self, ranks: list[Any]) -> None:
+        self.ranks = ranks
+        self.world_size = len(ranks)
+
+    def __call__(self, batch: int, context_tokens: int) -> int:
+        """The largest rank's bytes of one step over ``batch`` sequences holding
+        ``context_tokens`` tokens in all."""
+        return max(rank(batch, context_tokens) for rank in self.ranks)

@@ -51,8 +51,12 @@ def resolve_and_check(args: Any, parallel: ParallelConfig) -> Any:
     from atlas_core.parallel.sharding import ShardPlan
     from atlas_core.plugins import Registry
     from atlas_core.weights.resolve import resolve_model
-    path = resolve_model(model_path_or_demo(args.model), cache_dir=args.cache_dir,
-                         revision=args.revision)
+    if args.load_format == "dummy":
+        from atlas_core.model.dummy import dummy_model_dir
+        path = dummy_model_dir(model_path_or_demo(args.model))
+    else:
+        path = resolve_model(model_path_or_demo(args.model), cache_dir=args.cache_dir,
+                             revision=args.revision)
     config = read_config(path)
     loader = create_loader(Registry(), architecture(config))
     loader.validate_config(config)
@@ -79,6 +83,9 @@ def create_parallel_engine(engine_cls: Any, args: Any) -> Any:
                          "with `atlas serve` and it runs its workers only")
     check_parallel_args(args)
     args = resolve_and_check(args, parallel)
+    if args.load_format == "dummy":
+        from atlas_core.model.dummy import DUMMY_WARNING
+        log.warning("%s (every rank fills its own shard on its device)", DUMMY_WARNING)
     executor = ParallelExecutor(args, parallel)
     path = executor.model.path
     tokenizer = None
@@ -86,11 +93,14 @@ def create_parallel_engine(engine_cls: Any, args: Any) -> Any:
         from atlas_core.tokenizer import Tokenizer
         tokenizer = Tokenizer.from_dir(path)
     try:
-        return engine_cls(executor.model, executor.backend, args, tokenizer=tokenizer, generation_defaults=generation_defaults(path),
-                          executor=executor)
+        engine = engine_cls(executor.model, executor.backend, args, tokenizer=tokenizer,
+                            generation_defaults=generation_defaults(path), executor=executor)
     except BaseException:
         executor.shutdown()
         raise
+    # the front holds no weights: the floor counts what the busiest worker reads
+    engine.decode_timer.step_bytes = executor.step_bytes
+    return engine
 
 
 def run_node_workers(args: Any) -> int:

@@ -21,7 +21,8 @@ from atlas_core.parallel.layer_rules import (check_supported, checkpoint_cuts, r
                                              rule_for)
 from atlas_core.parallel.sharding import ShardedCheckpoint, ShardingError, ShardPlan
 
-__all__ = ["apply_parallel", "check_supported", "load_shard", "reshard_specs"]
+__all__ = ["apply_parallel", "build_random_shard", "check_supported", "load_shard",
+           "reshard_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,9 @@ def load_shard(loader: Any, config: dict[str, Any], checkpoint: Any, backend: An
     Raises:
         ShardingError: the model cannot be split this way (the message says why).
     """
-    if not hasattr(loader, "build") or not hasattr(loader, "resolve_config"):
-        raise ShardingError(f"{type(loader).__name__} builds no generic decoder; this model "
-                            "family cannot be split across GPUs yet")
+    _check_generic(loader)
     loader.inspect_checkpoint(config, checkpoint)
-    resolved = loader.resolve_config(config)
-    plan = ShardPlan.from_config(resolved, comm.rank, comm.world_size, expert_parallel)
-    if expert_parallel and not plan.num_experts:
-        raise ShardingError("--enable-expert-parallel needs a mixture-of-experts model "
-                            "(config.json has no num_experts)")
+    resolved, plan = _plan(loader, config, comm, expert_parallel)
     local = plan.local_config(resolved)
     model = loader.build(local)
     if hasattr(loader, "has_mtp_head") and loader.has_mtp_head(config, checkpoint):
@@ -82,7 +77,57 @@ def load_shard(loader: Any, config: dict[str, Any], checkpoint: Any, backend: An
     model.materialize(backend, np_dtype, weights.allocate)
     load_weights(model, ckpt, resolved, weights)
     apply_parallel(model, comm, plan)
+    _log_shard(comm, plan)
+    return model
+
+
+def build_random_shard(loader: Any, config: dict[str, Any], backend: Any, comm: Any,
+                       expert_parallel: bool = False, dtype: Any = None,
+                       seed: int = 0) -> CausalLM:
+    """Rank ``comm.rank``'s part of the model with random weights (``--load-format dummy``):
+    built and split as :func:`load_shard` does, then only this rank's (local) parameters are
+    allocated and filled on its device; no checkpoint is read and no MTP head is built.
+
+    Every rank fills parameter ``i`` from the same seed, so what is replicated (norms, routers,
+    replicated KV heads) is the same on every rank, as with a real checkpoint; the split parts
+    repeat one another, which is as meaningless as any random value.
+    """
+    from atlas_core.bench.random_model import fill_random_params, quantized_allocator
+    _check_generic(loader)
+    resolved, plan = _plan(loader, config, comm, expert_parallel)
+    model = loader.build(plan.local_config(resolved))
+    check_supported(model)
+    reshard_specs(model, plan)
+    allocate = quantized_allocator(resolved, backend)
+    model.materialize(backend, model_dtype(resolved, dtype), allocate)
+    nbytes = fill_random_params(model, backend, seed)
+    backend.synchronize()
+    apply_parallel(model, comm, plan)
+    log.info("rank %d/%d: %.2f GB of random weights (--load-format dummy)", comm.rank,
+             comm.world_size, nbytes / 1e9)
+    _log_shard(comm, plan)
+    return model
+
+
+def _check_generic(loader: Any) -> None:
+    if not hasattr(loader, "build") or not hasattr(loader, "resolve_config"):
+        raise ShardingError(f"{type(loader).__name__} builds no generic decoder; this model "
+                            "family cannot be split across GPUs yet")
+
+
+def _plan(loader: Any, config: dict[str, Any], comm: Any,
+          expert_parallel: bool) -> tuple[dict[str, Any], ShardPlan]:
+    """``(resolved config, this rank's ShardPlan)``, refusing expert parallelism without
+    experts."""
+    resolved = loader.resolve_config(config)
+    plan = ShardPlan.from_config(resolved, comm.rank, comm.world_size, expert_parallel)
+    if expert_parallel and not plan.num_experts:
+        raise ShardingError("--enable-expert-parallel needs a mixture-of-experts model "
+                            "(config.json has no num_experts)")
+    return resolved, plan
+
+
+def _log_shard(comm: Any, plan: ShardPlan) -> None:
     log.info("rank %d/%d: %d of %d heads, %d KV heads, vocabulary rows %d.., %d of %d experts",
              comm.rank, comm.world_size, plan.num_heads // plan.world_size, plan.num_heads,
              plan.num_local_kv_heads, plan.vocab_start, plan.num_local_experts, plan.num_experts)
-    return model

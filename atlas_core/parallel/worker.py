@@ -7,7 +7,10 @@ KV pool any rank can hold); then ``("step", id, StepDescription)`` -> rank 0 ans
 ``("result", id, [(token_id, logprob), ...])``; ``("launch", id, StepDescription, chained)``
 queues a decode step (async scheduling) whose result follows the next launch or a
 ``("flush",)``; ``("copy", id, rows)`` and ``("observe", id, seqs)`` serve speculative
-decoding (:mod:`atlas_core.parallel.spec`); ``("shutdown",)`` ends it. Any failure is sent as
+decoding (:mod:`atlas_core.parallel.spec`); ``("probe", id, nbytes)`` -> rank 0 answers
+``("result", id, (GB/s or None, how))`` of a copy on its device; ``("shutdown",)`` ends it.
+``info`` carries, besides the device and the model's facts, the ``StepBytes`` of this rank's
+shard (the engine's floor counts the busiest rank). Any failure is sent as
 ``("error", rank, message)`` before the worker exits non-zero. A step that does not finish
 within the timeout (a peer died inside a collective) aborts the communicator and exits.
 """
@@ -88,9 +91,18 @@ def load_rank(spec: WorkerSpec, store: StoreClient) -> tuple[Any, Any, Any, dict
     config = read_config(path)
     loader = create_loader(registry, architecture(config))
     loader.validate_config(config)
-    backend.bind_model(config.get("model_type"), None)
-    model = load_shard(loader, config, Checkpoint.open(path), backend, comm,
-                       parallel.enable_expert_parallel, args.dtype)
+    if args.load_format == "dummy":
+        from atlas_core.model.loader import quant_method
+        from atlas_core.parallel.transform import build_random_shard
+        if args.dequantize_weights:
+            backend.quantized_weight_formats = frozenset()
+        backend.bind_model(config.get("model_type"), quant_method(config))
+        model = build_random_shard(loader, config, backend, comm,
+                                   parallel.enable_expert_parallel, args.dtype, args.seed)
+    else:
+        backend.bind_model(config.get("model_type"), None)
+        model = load_shard(loader, config, Checkpoint.open(path), backend, comm,
+                           parallel.enable_expert_parallel, args.dtype)
     model.path = path
     return backend, comm, model, config
 
@@ -113,10 +125,12 @@ def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model:
     from atlas_core.parallel.spec import WorkerSpeculation
     args = spec.args
     speculation = WorkerSpeculation(args.speculative_config, model)
-    chan.send(("ready", spec.rank, plan_kv_cache(backend, model, args),
+    planned = plan_kv_cache(backend, model, args)
+    chan.send(("ready", spec.rank, planned,
                {"device": backend.device_info(), "backend": getattr(backend, "name", "?"),
                 "supports_graphs": bool(backend.supports_graphs),
-                "model": model_facts(model, config)}))
+                "model": model_facts(model, config),
+                "step_bytes": rank_step_bytes(model, planned, spec.parallel)}))
     _, kv = chan.recv()
     runner = ModelRunner(model, backend, kv, args.max_batch_size, args.max_prefill_tokens,
                          kv.max_seq_len)
@@ -124,7 +138,7 @@ def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model:
         from atlas_core.tokenizer import Tokenizer
         runner.sampler.encode = Tokenizer.from_dir(model.path).encode  # DRY breaker strings
     speculation.bind(runner)
-    steps = _Steps(spec.rank, chan, runner, speculation)
+    steps = _Steps(spec.rank, chan, runner, speculation, backend)
     watchdog = _Watchdog(spec.rank, comm, spec.parallel.timeout_s)
     while True:
         message = chan.recv()
@@ -135,6 +149,28 @@ def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model:
             steps.handle(message)
         finally:
             watchdog.deadline = None
+
+
+def rank_step_bytes(model: Any, kv: Any, parallel: ParallelConfig) -> Any:
+    """What one decode step reads on this rank (:class:`~atlas_core.engine.step_timing.
+    StepBytes` of its shard and KV heads; the KV pool's size does not enter it, so the plan's
+    config serves before the engine settles on the smallest pool)."""
+    from atlas_core.engine.step_timing import StepBytes
+    nbytes = StepBytes(model, kv)
+    if parallel.enable_expert_parallel:
+        nbytes.expert_share = parallel.world_size
+    return nbytes
+
+
+def probe_bandwidth(backend: Any, nbytes: int) -> tuple[float | None, str]:
+    """``(GB/s, how)`` of a device-to-device copy of ``nbytes`` on this rank's device (read +
+    write counted), or ``(None, why not)``: the floor is information, a failed probe (no room
+    left beside the KV cache) must not end the run."""
+    from atlas_core.bench.floor import copy_bandwidth
+    try:
+        return copy_bandwidth(backend, nbytes), "measured copy, read + write"
+    except Exception as exc:  # noqa: BLE001 - reported to the engine instead
+        return None, f"the copy probe failed: {type(exc).__name__}: {exc}"
 
 
 class _Watchdog:
@@ -166,10 +202,13 @@ class _Steps:
     ``launch`` (queue a decode step, chained on the previous launch when asked, then report
     the one before it: its tokens are ready by then), ``flush`` (report what is queued), and
     for speculative decoding ``copy`` (recurrent-state rows, no answer) and ``observe`` (run
-    the MTP head, rank 0 reports the drafts); see :mod:`atlas_core.parallel.spec`."""
+    the MTP head, rank 0 reports the drafts); see :mod:`atlas_core.parallel.spec`. ``probe``
+    times a copy on rank 0's device (the bench's floor); the other ranks ignore it."""
 
-    def __init__(self, rank: int, chan: Channel, runner: Any, speculation: Any) -> None:
+    def __init__(self, rank: int, chan: Channel, runner: Any, speculation: Any,
+                 backend: Any = None) -> None:
         self.rank, self.chan, self.runner, self.speculation = rank, chan, runner, speculation
+        self.backend = backend
         self.queued: list[tuple[int, Any]] = []
         self.last: Any = None
 
@@ -189,6 +228,10 @@ class _Steps:
             self.report(len(self.queued) - 1)
         elif kind == "copy":
             self.runner.copy_state_rows(message[2])
+        elif kind == "probe":
+            self.report(len(self.queued))
+            if self.rank == 0:
+                self.send(message[1], probe_bandwidth(self.backend, message[2]))
         elif kind == "observe":
             self.report(len(self.queued))
             self.send(message[1], self.speculation.observe(message[2]))
