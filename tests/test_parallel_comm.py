@@ -116,6 +116,25 @@ def test_step_watchdog_aborts_the_comm_and_exits(monkeypatch):
     assert aborted == [True] and exits == [3]
 
 
+def test_step_watchdog_does_not_count_kernel_compiles(monkeypatch):
+    """A fresh machine's first steps compile kernels for a minute or more: the deadline moves
+    by the compile seconds, and a step stuck after its compile still ends the rank."""
+    from atlas_core.parallel import worker
+    exits, compiled = [], [0.0]
+    monkeypatch.setattr(worker.os, "_exit", exits.append)
+    comm = type("Comm", (), {"abort": lambda self: None})()
+    dog = worker._Watchdog(0, comm, timeout=0.3, busy=lambda: compiled[0])
+    dog.arm()
+    for _ in range(8):  # 0.8 s of "compiling" in a 0.3 s step budget
+        compiled[0] += 0.1
+        time.sleep(0.1)
+    assert not exits
+    deadline = time.monotonic() + 5
+    while not exits and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exits == [3]
+
+
 def test_close_sends_what_is_queued_first(store, monkeypatch):
     # A rank that finished a collective closed its sockets while its own contribution still
     # sat in the sender thread's queue: the peer saw "rank 1 closed the connection" (flaky in

@@ -200,7 +200,7 @@ FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic
              "weight_block_size": [128, 128]}
 NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
 for _base, _quant in (("qwen3-8b", "fp8"), ("qwen3-8b", "nvfp4"), ("qwen3-30b-a3b", "fp8"),
-                      ("qwen3.5-35b-a3b", "nvfp4")):
+                      ("qwen3-235b-a22b", "fp8"), ("qwen3.5-35b-a3b", "nvfp4")):
     SHAPES[f"{_base}-{_quant}"] = {**SHAPES[_base], "quantization_config":
                                    dict(FP8_BLOCK if _quant == "fp8" else NVFP4)}
 

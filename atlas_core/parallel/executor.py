@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a stopping worker gets before it is killed.
 STOP_GRACE_S = 5.0
+#: Step results before the run counts as warm, and the least wait for each of those first
+#: results (kernel compiles and graph captures, not a hang; see ``_receive``).
+WARM_STEPS, COLD_STEP_S = 16, 600.0
 
 
 class WorkerLostError(RuntimeError):
@@ -87,6 +90,7 @@ class ParallelExecutor:
 
     def __init__(self, args: Any, parallel: ParallelConfig) -> None:
         self.parallel, self.timeout = parallel, parallel.timeout_s
+        self._results_seen = 0
         self.sampler = SimpleNamespace(encode=None)
         self.error: str | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
@@ -274,12 +278,17 @@ class ParallelExecutor:
         return self._results.pop(step_id)
 
     def _receive(self) -> None:
-        deadline = time.monotonic() + self.timeout
+        # The first steps on a fresh machine compile kernels and capture graphs on every rank
+        # (a minute or more): a hang is told from that only once the run is warm. A worker that
+        # dies is seen at once either way (its connection closes).
+        timeout = self.timeout if self._results_seen >= WARM_STEPS else max(self.timeout,
+                                                                             COLD_STEP_S)
+        deadline = time.monotonic() + timeout
         chans = list(self._chans.values())
         while True:
             wait = deadline - time.monotonic()
             if wait <= 0:
-                raise PeerLostError(f"no step result within {self.timeout:.0f} s")
+                raise PeerLostError(f"no step result within {timeout:.0f} s")
             readable, _, _ = select.select(chans, [], [], min(wait, 0.5))
             if self.error is not None:
                 raise PeerLostError(self.error)
@@ -295,6 +304,7 @@ class ParallelExecutor:
         if message[0] != "result" or chan is not self._chans[0]:
             raise PeerLostError(f"{chan.peer} sent {message[0]!r} out of turn")
         self._results[message[1]] = message[2]
+        self._results_seen += 1
 
     def shutdown(self, grace: float = STOP_GRACE_S) -> None:
         """Stop every worker this process started (idempotent)."""

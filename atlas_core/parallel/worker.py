@@ -139,12 +139,13 @@ def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model:
         runner.sampler.encode = Tokenizer.from_dir(model.path).encode  # DRY breaker strings
     speculation.bind(runner)
     steps = _Steps(spec.rank, chan, runner, speculation, backend)
-    watchdog = _Watchdog(spec.rank, comm, spec.parallel.timeout_s)
+    watchdog = _Watchdog(spec.rank, comm, spec.parallel.timeout_s,
+                         getattr(backend, "compile_seconds", None))
     while True:
         message = chan.recv()
         if message[0] == "shutdown":
             return
-        watchdog.deadline = time.monotonic() + watchdog.timeout
+        watchdog.arm()
         try:
             steps.handle(message)
         finally:
@@ -176,17 +177,29 @@ def probe_bandwidth(backend: Any, nbytes: int) -> tuple[float | None, str]:
 class _Watchdog:
     """Aborts the communicator and ends the process when a step outlasts ``timeout`` (a peer
     died inside a collective, where NCCL would wait forever). One thread for the worker's
-    life: arming it is setting :attr:`deadline`."""
+    life: :meth:`arm` starts a step's clock, setting :attr:`deadline` to None stops it.
 
-    def __init__(self, rank: int, comm: Any, timeout: float) -> None:
+    ``busy``: the backend's seconds spent compiling kernels so far (``compile_seconds``), added
+    to the deadline: the first steps on a fresh machine compile for a minute or more, the same
+    kernels on every rank at about the same time, and that is not a hang."""
+
+    def __init__(self, rank: int, comm: Any, timeout: float, busy: Any = None) -> None:
         self.rank, self.comm, self.timeout = rank, comm, timeout
+        self.busy = busy or (lambda: 0.0)
         self.deadline: float | None = None
+        self._busy_at_arm = 0.0
         threading.Thread(target=self._watch, name="atlas-step-watchdog", daemon=True).start()
+
+    def arm(self) -> None:
+        self._busy_at_arm = self.busy()
+        self.deadline = time.monotonic() + self.timeout
 
     def _watch(self) -> None:
         while True:
             time.sleep(min(1.0, self.timeout / 4))
             deadline = self.deadline
+            if deadline is not None:
+                deadline += self.busy() - self._busy_at_arm
             if deadline is not None and time.monotonic() > deadline:
                 log.error("rank %d: a step did not finish within %.0f s (a peer died inside a "
                           "collective?); aborting", self.rank, self.timeout)

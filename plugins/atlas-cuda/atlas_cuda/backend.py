@@ -198,6 +198,13 @@ class CudaBackend(DeviceTransfers, GraphCapture, GpuBackend):
     def workspace(self, value: Workspace) -> None:
         self.ctx.workspace = value
 
+    @staticmethod
+    def compile_seconds() -> float:
+        """Seconds this process has spent compiling kernels (NVRTC cache misses): a step that
+        compiles is slow, not hung, so the multi-GPU step watchdog adds them to its deadline."""
+        from atlas_cuda.compiler import compiled_seconds
+        return compiled_seconds()
+
     def device_info(self) -> DeviceInfo:
         return DeviceInfo(self.device.name, "cuda", self.memory_info()[1],
                           f"{self.capability[0]}.{self.capability[1]}", self.unified_memory)

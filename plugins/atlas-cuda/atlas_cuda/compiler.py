@@ -27,6 +27,11 @@ _COMPILED = [0, 0.0]
 log = logging.getLogger(__name__)
 
 
+def compiled_seconds() -> float:
+    """Seconds NVRTC has spent compiling in this process so far."""
+    return _COMPILED[1]
+
+
 class KernelCompileError(RuntimeError):
     """NVRTC rejected a kernel source."""
 

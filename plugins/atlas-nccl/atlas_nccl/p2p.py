@@ -33,6 +33,8 @@ log = logging.getLogger("atlas.nccl")
 DEFAULT_MAX_BYTES = 1 << 20
 #: Must match P2P_MAX_RANKS, P2P_MAX_BLOCKS and P2P_HEADER in the kernel.
 MAX_RANKS, MAX_BLOCKS, HEADER = 8, 64, 4096
+#: Least seconds a kernel waits for a peer's flag before it traps.
+TRAP_AFTER_S = 600.0
 #: Threads per block of the kernel (its __launch_bounds__).
 THREADS = 256
 DTYPES = ("bfloat16", "float16", "float32")
@@ -78,7 +80,9 @@ class P2pAllReduce:
         backend = comm.backend
         self.peers = backend.from_host(np.array(peers + [0] * (MAX_RANKS - len(peers)),
                                                 np.uint64))
-        self.timeout_ns = np.uint64(int(comm.timeout * 1e9))
+        # A backstop only: the worker's step watchdog ends a rank whose peer died (and so the
+        # spinning kernel with its context) after --distributed-timeout plus compile time.
+        self.timeout_ns = np.uint64(int(max(comm.timeout, TRAP_AFTER_S) * 1e9))
         self.calls = 0
 
     @classmethod
