@@ -108,6 +108,32 @@ def test_moe_experts_matches_dense_loop():
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
 
 
+def test_moe_experts_adds_every_choice_of_a_repeated_expert():
+    """Expert parallelism remaps other ranks' choices to local expert 0 with weight 0, so a
+    token may name expert 0 twice: the live choice must not be lost to the zero one (fancy-index
+    ``+=`` keeps only the last write of a repeated row), and the numpy backend agrees."""
+    from atlas_core.api import Registry
+    tokens, experts, hidden, inter = 3, 4, 8, 6
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    w1 = rng.standard_normal((experts, 2 * inter, hidden)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((experts, hidden, inter)).astype(np.float32) * 0.3
+    ids = np.array([[0, 0, 2], [0, 1, 0], [3, 0, 0]], np.int32)
+    weights = np.array([[0.7, 0.0, 0.3], [0.0, 0.5, 0.5], [1.0, 0.0, 0.0]], np.float32)
+    live = ids.copy()
+    live[weights == 0] = -1
+    want = np.zeros_like(x)
+    for t in range(tokens):
+        for j in range(3):
+            if live[t, j] >= 0:
+                gate_up = w1[ids[t, j]] @ x[t]
+                h = gate_up[:inter] / (1 + np.exp(-gate_up[:inter])) * gate_up[inter:]
+                want[t] += weights[t, j] * (w2[ids[t, j]] @ h)
+    np.testing.assert_allclose(ref.moe_experts(x, w1, w2, weights, ids), want, rtol=1e-5, atol=1e-5)
+    ops = Registry().create("gpu_backends", "numpy").ops
+    np.testing.assert_allclose(ops.moe_experts(x, w1, w2, weights, ids), want, rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_moe_route_ties_prefer_lower_expert():
     weights, ids = ref.moe_route(np.array([[1.0, 3.0, 3.0, 0.0]], np.float32), 2, False)
     np.testing.assert_array_equal(ids, [[1, 2]])

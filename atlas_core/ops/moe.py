@@ -114,7 +114,9 @@ def moe_experts(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, topk_w
         rows, slots = np.nonzero(topk_ids == e)
         gate_up = xf[rows] @ w1[e].T
         h = act(gate_up[:, :inter]) * gate_up[:, inter:]
-        out[rows] += (h @ w2[e].T) * topk_weights[rows, slots][:, None]
+        # add.at: a token may name an expert twice (expert parallelism remaps other ranks'
+        # choices to local expert 0 with weight 0); out[rows] += would keep only the last
+        np.add.at(out, rows, (h @ w2[e].T) * topk_weights[rows, slots][:, None])
     return out.astype(x.dtype)
 
 

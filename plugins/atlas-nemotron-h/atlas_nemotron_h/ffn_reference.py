@@ -87,7 +87,8 @@ def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
     for e in np.unique(ids):
         rows, slots = np.nonzero(ids == e)
         h = np.maximum(xf[rows] @ f32(w_up[e]).T, 0.0)
-        out[rows] += ((h * h) @ f32(w_down[e]).T) * f32(topk_weights)[rows, slots][:, None]
+        # add.at: a token may name an expert twice (expert parallelism's remapped choices)
+        np.add.at(out, rows, ((h * h) @ f32(w_down[e]).T) * f32(topk_weights)[rows, slots][:, None])
     if shared_up is not None:
         h = np.maximum(xf @ f32(shared_up).T, 0.0)
         out += (h * h) @ f32(shared_down).T
