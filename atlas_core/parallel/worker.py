@@ -75,7 +75,7 @@ def load_rank(spec: WorkerSpec, store: StoreClient) -> tuple[Any, Any, Any, dict
     """``(backend, comm, model, config)`` of this rank: its backend, the communicator, its
     shard and the model's (whole) config.json."""
     from atlas_core.engine.loading import model_path_or_demo
-    from atlas_core.model.loader import architecture, create_loader, read_config
+    from atlas_core.model.loader import architecture, create_loader, quant_method, read_config
     from atlas_core.parallel.transform import load_shard
     from atlas_core.plugins import Registry
     from atlas_core.weights.checkpoint import Checkpoint
@@ -91,16 +91,16 @@ def load_rank(spec: WorkerSpec, store: StoreClient) -> tuple[Any, Any, Any, dict
     config = read_config(path)
     loader = create_loader(registry, architecture(config))
     loader.validate_config(config)
+    # as one GPU's loader does, for either way of loading: the quantization decides the
+    # backend's kernels, and --dequantize-weights how quantized weights are kept
+    if args.dequantize_weights:
+        backend.quantized_weight_formats = frozenset()
+    backend.bind_model(config.get("model_type"), quant_method(config))
     if args.load_format == "dummy":
-        from atlas_core.model.loader import quant_method
         from atlas_core.parallel.transform import build_random_shard
-        if args.dequantize_weights:
-            backend.quantized_weight_formats = frozenset()
-        backend.bind_model(config.get("model_type"), quant_method(config))
         model = build_random_shard(loader, config, backend, comm,
                                    parallel.enable_expert_parallel, args.dtype, args.seed)
     else:
-        backend.bind_model(config.get("model_type"), None)
         model = load_shard(loader, config, Checkpoint.open(path), backend, comm,
                            parallel.enable_expert_parallel, args.dtype)
     model.path = path
