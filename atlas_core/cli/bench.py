@@ -126,6 +126,13 @@ def _model(name: str, on_disk: bool, parallel: bool = False) -> tuple[str | None
     return None, config
 
 
+def _per_rank_random(args) -> bool:
+    """A named shape split over workers without --on-disk: every rank fills its own shard
+    (``--load-format dummy``)."""
+    from atlas_core.bench.shapes import SHAPES
+    return args.tensor_parallel_size > 1 and args.model in SHAPES and not args.on_disk
+
+
 def _progress(msg: str) -> None:
     import sys
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -137,7 +144,6 @@ def _engine(args, path: str | None, config: dict):
     from atlas_core.engine import EngineArgs, LLMEngine
     from atlas_core.engine.loading import create_backend, load_engine_parts
     from atlas_core.bench.runner import lead_tokens
-    from atlas_core.bench.shapes import SHAPES
     from atlas_core.bench.vision import image_prompt_len
     prefill = args.max_prefill_tokens or max(128, min(max(args.context), 16384))
     lead = lead_tokens(prefill, max(args.batch), max(args.context))
@@ -152,12 +158,11 @@ def _engine(args, path: str | None, config: dict):
                   kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
                   kv_high_precision_layers=getattr(args, "kv_high_precision_layers", "auto"))
     if args.tensor_parallel_size > 1:
-        dummy = args.model in SHAPES and not args.on_disk
         return LLMEngine.from_args(EngineArgs(
             **fields, max_seq_len=min(longest, model_max),
             tensor_parallel_size=args.tensor_parallel_size,
             enable_expert_parallel=args.enable_expert_parallel,
-            load_format="dummy" if dummy else "auto"))
+            load_format="dummy" if _per_rank_random(args) else "auto"))
     if path is not None:
         parts = load_engine_parts(EngineArgs(**fields))
         backend, model = parts.backend, parts.model
@@ -218,7 +223,6 @@ def _write(target: str | None, text: str) -> None:
 def run(args) -> int:
     from atlas_core.bench import report
     from atlas_core.bench.runner import BenchResult, measure
-    from atlas_core.bench.shapes import SHAPES
     from atlas_core.cli import UserError
     if args.decode_tokens < 4:
         raise UserError(f"--decode-tokens {args.decode_tokens} is too few to time decode steps; "
@@ -226,7 +230,7 @@ def run(args) -> int:
     _progress(f"preparing {args.model}")
     parallel = args.tensor_parallel_size > 1
     path, config = _model(args.model, args.on_disk, parallel)
-    dummy = parallel and args.model in SHAPES and not args.on_disk
+    dummy = _per_rank_random(args)
     # a config-only directory holds no weights: the baselines build the shape themselves
     baselines = _run_baselines(args, None if dummy else path, config)
     _progress("loading " + ("random weights, each rank its shard on its own device" if dummy

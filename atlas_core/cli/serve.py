@@ -208,9 +208,12 @@ def check_model(args) -> None:
     if path.suffix == ".gguf":
         raise UserError(f"{source} is a GGUF file (llama.cpp's format), which Atlas does not "
                         "load; pass the model's Hugging Face id or its safetensors directory")
-    if args.load_format == "dummy" and not (path / "config.json").is_file():
-        raise UserError(f"--load-format dummy needs a local directory holding config.json (and "
-                        f"the tokenizer files); {source} is not one")
+    if args.load_format == "dummy":
+        from atlas_core.model.dummy import dummy_model_dir
+        try:
+            dummy_model_dir(path)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     if looks_local and not (path / "config.json").is_file():
         raise UserError(f"{source} is not a model directory (no config.json there); pass a "
                         "directory holding config.json + *.safetensors, or a Hugging Face id")

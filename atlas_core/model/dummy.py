@@ -36,10 +36,10 @@ def dummy_model_dir(source: str | Path) -> Path:
     """
     path = Path(source).expanduser()
     if not (path / "config.json").is_file():
-        raise ValueError(f"--load-format dummy needs a local directory holding the model's "
-                         f"config.json (and tokenizer files to serve text); {source} is not "
-                         "one. Download just those files, e.g. `hf download REPO config.json "
-                         "tokenizer.json tokenizer_config.json --local-dir DIR`")
+        raise ValueError(f"--load-format dummy needs a local directory holding config.json "
+                         f"(and tokenizer files to serve text); {source} is not one. Download "
+                         "just those files, e.g. `hf download REPO config.json tokenizer.json "
+                         "tokenizer_config.json --local-dir DIR`")
     return path
 
 

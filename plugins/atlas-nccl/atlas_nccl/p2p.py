@@ -106,7 +106,8 @@ class P2pAllReduce:
                 log.info("peer-memory all-reduce unavailable on rank %d: %s", rank, exc)
                 ok, own = False, None
         store.set(KEY.format(rank), payload)
-        peers, opened = [own.ptr if own is not None else 0] * world, []
+        peers: list[int] = []
+        opened: list[int] = []
         if ok:
             try:
                 peers, opened = cls._open_peers(rank, world, store, payload, own.ptr)
