@@ -22,10 +22,11 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
+
+from multigpu_kill_check import alive, free_port  # the scripts folder: both run from there
 
 #: The Qwen3-235B-A22B variants, largest first: a rank must hold weights / N of it.
 BIG_SHAPES = (("qwen3-235b-a22b", 2.0), ("qwen3-235b-a22b-fp8", 1.0))
@@ -89,26 +90,16 @@ def dry_tokenizer(target: Path, shape: str) -> int:
     return 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        print(s.getsockname()[1])
+def print_free_port() -> int:
+    print(free_port())
     return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def wait_health(port: int, pid: int, timeout: float) -> int:
     """Poll ``/health`` until 200; 1 when the server died or ``timeout`` passed."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
-        if not _alive(pid):
+        if not alive(pid):
             print(f"serve: the server exited before /health answered "
                   f"({time.monotonic() - start:.1f} s)")
             return 1
@@ -200,7 +191,7 @@ def main(argv: list[str]) -> int:
     if cmd == "dry-tokenizer":
         return dry_tokenizer(Path(args[0]), args[1])
     if cmd == "free-port":
-        return free_port()
+        return print_free_port()
     if cmd == "wait-health":
         return wait_health(int(args[0]), int(args[1]), float(args[2]))
     if cmd == "chat":

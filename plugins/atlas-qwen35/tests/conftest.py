@@ -3,6 +3,8 @@ on a machine with a GPU, one cuda backend per session."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from atlas_core.api import Registry
@@ -39,3 +41,12 @@ def cuda_backend():
         pytest.skip("no CUDA device, or atlas-cuda is missing: pip install atlas-qwen35[cuda]")
     from atlas_cuda.backend import CudaBackend
     return CudaBackend()
+
+
+@pytest.fixture
+def be(cuda_backend):
+    """The session's cuda backend, left in the default (not batch-invariant) mode and with the
+    test's engines collected after each test (their graphs hold device memory)."""
+    yield cuda_backend
+    cuda_backend.set_batch_invariant(False)
+    gc.collect()

@@ -14,7 +14,6 @@ bucket may round differently, so rows are held to bf16 noise and draft flips are
 
 from __future__ import annotations
 
-import gc
 
 import numpy as np
 import pytest
@@ -39,13 +38,6 @@ def mtp_path(registry, tmp_path_factory):
     path = write_tiny_checkpoint(ARCH, root / ARCH, dtype="bfloat16", registry=registry)
     add_mtp_head(path, ARCH, registry.get("weight_loaders", ARCH)())
     return path
-
-
-@pytest.fixture
-def be(cuda_backend):
-    yield cuda_backend
-    cuda_backend.set_batch_invariant(False)
-    gc.collect()
 
 
 def _engine(be, path, invariant, draft_graphs):

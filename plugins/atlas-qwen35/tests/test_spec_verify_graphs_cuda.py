@@ -65,13 +65,6 @@ def model_dirs(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def be(cuda_backend):
-    yield cuda_backend
-    cuda_backend.set_batch_invariant(False)
-    gc.collect()
-
-
 def _engine(be, path, invariant, spec=None):
     """An engine on the shared backend; batch-invariant mode is set on the backend itself
     (EngineArgs refuses ``batch_invariant`` with a speculative config, a user-facing guard:
