@@ -19,14 +19,19 @@ def main() -> None:
     p.add_argument("--families", default="")
     p.add_argument("--reps", type=int, default=100)
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens (context of the step)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="time rank 0 of a TP=N split, collectives left out (bench/rank_model)")
+    p.add_argument("--ep", action="store_true", help="with --tp: expert parallel")
     a = p.parse_args()
     from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.rank_model import build_rank_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine.loading import create_backend
     from atlas_cuda.kernels_loader import kernel_family
     be, registry = create_backend("cuda")
-    model = build_random_model(shape_config(a.model), be, registry)
+    model = (build_rank_model(shape_config(a.model), be, registry, a.tp, a.ep) if a.tp > 1
+             else build_random_model(shape_config(a.model), be, registry))
     lib = be.kernels
     names: dict[int, str] = {}
     kernel, launch = lib.kernel, lib.launch

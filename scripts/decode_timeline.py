@@ -28,11 +28,15 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--show", type=int, default=12, help="print the step's last N launches")
+    p.add_argument("--tp", type=int, default=1,
+                   help="time rank 0 of a TP=N split, collectives left out (bench/rank_model)")
+    p.add_argument("--ep", action="store_true", help="with --tp: expert parallel")
     a = p.parse_args()
     from atlas_cuda.compiler import add_define
     add_define("ATLAS_TRACE")
     from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.rank_model import build_rank_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine.loading import create_backend
     from atlas_cuda.driver import check, drv
@@ -57,7 +61,8 @@ def main() -> None:
         launch(k, grid, *args, **kw)
 
     lib.kernel, lib.launch = named_kernel, noting_launch
-    model = build_random_model(shape_config(a.model), be, registry)
+    model = (build_rank_model(shape_config(a.model), be, registry, a.tp, a.ep) if a.tp > 1
+             else build_random_model(shape_config(a.model), be, registry))
     _engine, graph = decode_graph(model, be, a.prompt)
     step_ms = replay_ms(be, graph, 50)
     print(f"{a.model}: decode graph {step_ms:.3f} ms (tracing build), {model.num_layers} layers")

@@ -162,3 +162,30 @@ def test_serve_refuses_dummy_without_a_local_config(capsys):
     assert main(["serve", "Qwen/Qwen3-235B-A22B", "--load-format", "dummy", "--port", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: --load-format dummy needs a local directory holding config")
+
+
+@pytest.mark.parametrize("shape,ep", [("tiny", False), ("tiny-moe", True)])
+def test_rank_model_decodes_alone(shape, ep):
+    """bench/rank_model: one rank's shard runs whole engine steps in one process over the
+    silent comm (what decode_timeline / decode_leave_one_out --tp time), its parameters the
+    split sizes and its logits the whole vocabulary."""
+    from atlas_core.backends.numpy_backend import NumpyBackend
+    from atlas_core.bench.rank_model import SilentComm, build_rank_model
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
+    from atlas_core.plugins import Registry
+    be = NumpyBackend()
+    config = shape_config(shape)
+    model = build_rank_model(config, be, Registry(), tp=2, expert_parallel=ep, rank=1)
+    engine = LLMEngine(model, be, EngineArgs(model=None, max_num_seqs=2, max_seq_len=64,
+                                             num_kv_blocks=16, enable_prefix_caching=False))
+    for i in range(2):
+        engine.add_request(str(i), [1, 2, 3, 4 + i],
+                           SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    assert sorted(len(o.outputs[0].token_ids) for o in done) == [3, 3]
+    assert all(0 <= t < config["vocab_size"] for o in done for t in o.outputs[0].token_ids)
+    with pytest.raises(ValueError, match="outside a world of 2"):
+        SilentComm(be, 2, rank=2)

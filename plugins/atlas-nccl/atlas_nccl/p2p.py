@@ -178,7 +178,7 @@ class P2pAllReduce:
         blocks = max(1, min(MAX_BLOCKS, -(-nvec // THREADS)))
         ctx.launch(ctx.kernel("p2p_allreduce", array.dtype, "p2p_allreduce"), blocks, THREADS,
                    array, self.peers, np.int32(self.comm.rank), np.int32(self.comm.world_size),
-                   np.int64(nvec), np.int64(self.limit), self.timeout_ns)
+                   np.int64(nvec), np.int64(self.limit), self.timeout_ns, pdl=ctx.pdl)
         self.calls += 1
         return array
 
