@@ -28,29 +28,30 @@ def main() -> None:
     from atlas_core.bench.rank_model import build_rank_model
     from atlas_core.bench.shapes import shape_config
     from atlas_core.engine.loading import create_backend
-    from atlas_cuda.kernels_loader import kernel_family
-    be, registry = create_backend("cuda")
-    model = (build_rank_model(shape_config(a.model), be, registry, a.tp, a.ep) if a.tp > 1
-             else build_random_model(shape_config(a.model), be, registry))
-    lib = be.kernels
+    from atlas_cuda.kernels_loader import KernelLibrary, kernel_family
+    # hooked on the class: a backend re-binds its kernel library per model (bind_model), so
+    # hooks on the instance made before the model is built would be lost
     names: dict[int, str] = {}
-    kernel, launch = lib.kernel, lib.launch
+    kernel, launch = KernelLibrary.kernel, KernelLibrary.launch
 
-    def named_kernel(module, variant, name, *args, **kw):
-        k = kernel(module, variant, name, *args, **kw)
+    def named_kernel(self, module, variant, name, *args, **kw):
+        k = kernel(self, module, variant, name, *args, **kw)
         names[id(k)] = kernel_family(name)
         return k
 
     skip: set[str] = set()
     seen: Counter = Counter()
 
-    def filtered_launch(k, *args, **kw):
+    def filtered_launch(self, k, *args, **kw):
         fam = names.get(id(k), "?")
         seen[fam] += 1
         if fam not in skip:
-            launch(k, *args, **kw)
+            launch(self, k, *args, **kw)
 
-    lib.kernel, lib.launch = named_kernel, filtered_launch
+    KernelLibrary.kernel, KernelLibrary.launch = named_kernel, filtered_launch
+    be, registry = create_backend("cuda")
+    model = (build_rank_model(shape_config(a.model), be, registry, a.tp, a.ep) if a.tp > 1
+             else build_random_model(shape_config(a.model), be, registry))
 
     def graph_time(families: set[str]) -> float:
         skip.clear()

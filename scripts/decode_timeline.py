@@ -9,12 +9,22 @@ leaving anything out (compare scripts/decode_leave_one_out.py). Per kernel (modu
 of that grid shape): launches a step, median and total microseconds a step, and how early the
 block reached its wait (lead: the pre-wait work overlapped with the kernel before).
 
+``--tp N`` times rank 0 of a TP=N split alone, its collectives left out (bench/rank_model);
+``--ranks N`` runs the real split on N GPUs, one process a rank over NCCL (and the peer-memory
+all-reduce), every rank replaying the same graphs so the collectives pair up, and prints each
+rank's table: the all-reduce kernels' rows are what communication costs inside the step.
+
     python scripts/decode_timeline.py qwen3-30b-a3b [--prompt 512] [--reps 20] [--show 12]
+    python scripts/decode_timeline.py qwen3-8b --ranks 2 [--ep]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import tempfile
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -22,51 +32,40 @@ import numpy as np
 SLOTS = 8192
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("model")
-    p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--show", type=int, default=12, help="print the step's last N launches")
-    p.add_argument("--tp", type=int, default=1,
-                   help="time rank 0 of a TP=N split, collectives left out (bench/rank_model)")
-    p.add_argument("--ep", action="store_true", help="with --tp: expert parallel")
-    a = p.parse_args()
-    from atlas_cuda.compiler import add_define
-    add_define("ATLAS_TRACE")
-    from atlas_core.bench.graph_timing import decode_graph, replay_ms
-    from atlas_core.bench.random_model import build_random_model
-    from atlas_core.bench.rank_model import build_rank_model
-    from atlas_core.bench.shapes import shape_config
-    from atlas_core.engine.loading import create_backend
-    from atlas_cuda.driver import check, drv
-    from atlas_cuda.kernels_loader import kernel_family, module_global
-
-    be, registry = create_backend("cuda")
-    lib = be.kernels
-    kernel, launch = lib.kernel, lib.launch
-    meta: dict[int, tuple[str, str]] = {}
+def name_launches() -> dict:
+    """Record every launch's (module, grid) -> kernel names, by hooking the kernel library's
+    class (a backend re-binds its library per model, so instance hooks would be lost)."""
+    from atlas_cuda.kernels_loader import KernelLibrary, kernel_family
     names: dict[tuple[str, tuple], set] = defaultdict(set)
+    kernel, launch = KernelLibrary.kernel, KernelLibrary.launch
+    meta: dict[int, tuple[str, str]] = {}
 
-    def named_kernel(module, variant, name, *args, **kw):
-        k = kernel(module, variant, name, *args, **kw)
+    def named_kernel(self, module, variant, name, *args, **kw):
+        k = kernel(self, module, variant, name, *args, **kw)
         meta[id(k)] = (module, kernel_family(name))
         return k
 
-    def noting_launch(k, grid, *args, **kw):
+    def noting_launch(self, k, grid, *args, **kw):
         module, name = meta.get(id(k), ("?", "?"))
         g = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
-        g = (g + (1, 1))[:3]
-        names[(module, g)].add(name)
-        launch(k, grid, *args, **kw)
+        names[(module, (g + (1, 1))[:3])].add(name)
+        launch(self, k, grid, *args, **kw)
 
-    lib.kernel, lib.launch = named_kernel, noting_launch
-    model = (build_rank_model(shape_config(a.model), be, registry, a.tp, a.ep) if a.tp > 1
-             else build_random_model(shape_config(a.model), be, registry))
+    KernelLibrary.kernel, KernelLibrary.launch = named_kernel, noting_launch
+    return names
+
+
+def timeline(be, model, names: dict, a, tag: str = "") -> None:
+    """Replay the model's decode graph ``a.reps`` times and print the per-kernel table."""
+    from atlas_core.bench.graph_timing import decode_graph, replay_ms
+    from atlas_cuda.driver import check, drv
+    from atlas_cuda.kernels_loader import module_global
     _engine, graph = decode_graph(model, be, a.prompt)
     step_ms = replay_ms(be, graph, 50)
-    print(f"{a.model}: decode graph {step_ms:.3f} ms (tracing build), {model.num_layers} layers")
+    print(f"{tag}{a.model}: decode graph {step_ms:.3f} ms (tracing build), "
+          f"{model.num_layers} layers")
     d = drv()
+    lib = be.kernels
     arrays = [(module, ptr) for (module, _v), mod in lib.modules.items()
               if (ptr := module_global(mod, "atlas_trace")) is not None]
     nbytes = SLOTS * 4 * 8
@@ -100,23 +99,100 @@ def main() -> None:
         for label, v in counts.items():
             per_step[label].append(v)
         last = recs
-    n_launch = len(last)
-    print(f"{n_launch} traced launches a step (wait return of the first to the last: "
-          f"{np.median(spans):.1f} us, median of {a.reps} replays)")
-    print(f"{'kernel (module:names grid)':70s} {'n':>4s} {'us each':>8s} {'us/step':>8s} "
-          f"{'lead us':>8s}")
+    lines = [f"{tag}{len(last)} traced launches a step (wait return of the first to the last: "
+             f"{np.median(spans):.1f} us, median of {a.reps} replays)",
+             f"{tag}{'kernel (module:names grid)':70s} {'n':>4s} {'us each':>8s} "
+             f"{'us/step':>8s} {'lead us':>8s}"]
     for label in sorted(per_step, key=lambda k: -np.median(per_step[k])):
         n = len(cost[label]) / a.reps
-        print(f"{label[:70]:70s} {n:4.0f} {np.median(cost[label]):8.2f} "
-              f"{np.median(per_step[label]):8.1f} {np.median(lead[label]):8.2f}")
-    print(f"last {a.show} launches of the last replay (us from the first wait return):")
+        lines.append(f"{tag}{label[:70]:70s} {n:4.0f} {np.median(cost[label]):8.2f} "
+                     f"{np.median(per_step[label]):8.1f} {np.median(lead[label]):8.2f}")
+    lines.append(f"{tag}last {a.show} launches of the last replay (us from the first wait "
+                 "return):")
     base = last[0][0]
-    for i, (t1, t0, label) in enumerate(last[-a.show:]):
+    for i, (t1, t0, label) in enumerate(last[-a.show:] if a.show else []):
         j = len(last) - a.show + i
         nxt = last[j + 1][0] if j + 1 < len(last) else None
         dt = f"{(nxt - t1) / 1e3:7.2f}" if nxt is not None else "      -"
-        print(f"  {label[:66]:66s} wait {(t0 - base) / 1e3:9.2f} -> {(t1 - base) / 1e3:9.2f} "
-              f"(+{dt})")
+        lines.append(f"{tag}  {label[:66]:66s} wait {(t0 - base) / 1e3:9.2f} -> "
+                     f"{(t1 - base) / 1e3:9.2f} (+{dt})")
+    print("\n".join(lines), flush=True)
+
+
+class _FileStore:
+    """The rendezvous the nccl comm needs (``set`` / ``get``), as files in a shared folder."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def set(self, key: str, value: bytes) -> None:
+        path = os.path.join(self.root, key.replace("/", "_"))
+        with open(path + ".tmp", "wb") as f:
+            f.write(value)
+        os.replace(path + ".tmp", path)
+
+    def get(self, key: str, timeout: float = 120) -> bytes:
+        path = os.path.join(self.root, key.replace("/", "_"))
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{key} never published")
+            time.sleep(0.05)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _rank(rank: int, a, root: str) -> None:
+    from atlas_cuda.compiler import add_define
+    add_define("ATLAS_TRACE")
+    names = name_launches()
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.model.loader import architecture, create_loader
+    from atlas_core.parallel.transform import build_random_shard
+    from atlas_core.plugins import Registry
+    registry = Registry()
+    be = registry.create("gpu_backends", "cuda", device_id=rank)
+    comm = registry.create("comm_backends", "nccl", rank=rank, world_size=a.ranks, backend=be,
+                           store=_FileStore(root), timeout=120)
+    config = shape_config(a.model)
+    model = build_random_shard(create_loader(registry, architecture(config)), config, be, comm,
+                               expert_parallel=a.ep)
+    comm.barrier()
+    timeline(be, model, names, a, tag=f"[rank {rank}] " if rank else "")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--show", type=int, default=12, help="print the step's last N launches")
+    p.add_argument("--tp", type=int, default=1,
+                   help="time rank 0 of a TP=N split, collectives left out (bench/rank_model)")
+    p.add_argument("--ranks", type=int, default=1,
+                   help="the real split over N GPUs (one process a rank, NCCL)")
+    p.add_argument("--ep", action="store_true", help="with --tp / --ranks: expert parallel")
+    a = p.parse_args()
+    if a.ranks > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with tempfile.TemporaryDirectory() as root:
+            procs = [ctx.Process(target=_rank, args=(r, a, root)) for r in range(a.ranks)]
+            for proc in procs:
+                proc.start()
+            for proc in procs:
+                proc.join()
+            raise SystemExit(max(proc.exitcode or 0 for proc in procs))
+    from atlas_cuda.compiler import add_define
+    add_define("ATLAS_TRACE")
+    names = name_launches()
+    from atlas_core.bench.random_model import build_random_model
+    from atlas_core.bench.rank_model import build_rank_model
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.engine.loading import create_backend
+    be, registry = create_backend("cuda")
+    model = (build_rank_model(shape_config(a.model), be, registry, a.tp, a.ep) if a.tp > 1
+             else build_random_model(shape_config(a.model), be, registry))
+    timeline(be, model, names, a)
 
 
 if __name__ == "__main__":
