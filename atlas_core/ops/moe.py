@@ -89,7 +89,9 @@ def moe_experts(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray, topk_w
     """Weighted sum of each token's chosen experts' gated MLPs.
 
     ``out[t] = sum_j topk_weights[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t]))`` with
-    ``e = topk_ids[t, j]``.
+    ``e = topk_ids[t, j]``. Choices with weight 0 are skipped: expert parallelism marks other
+    ranks' experts that way (weight 0, id 0), and a backend need read none of their expert's
+    bytes (the cuda kernels read none; such a choice contributes zero either way).
 
     Args:
         x: ``[num_tokens, hidden]``.

@@ -4,7 +4,8 @@
 // pairs by expert into BM-row tiles, moe_gemm_gate_up / moe_gemm_down run one tensor-core GEMM
 // tile per (expert tile, column tile), so each expert's weights are read once per tile instead
 // of once per token, and moe_combine sums each token's experts in slot order (deterministic, no
-// atomics).
+// atomics). Pairs of weight exactly 0 (expert parallelism: another rank's expert, mapped to id
+// 0) are left out of the sort and of the combine, so they add no rows to expert 0's tiles.
 #include "common.cuh"
 #include "mma.cuh"
 #include "moe_topk.cuh"
@@ -23,16 +24,17 @@ __device__ void moe_route_impl(float* weights, int* ids, const T* logits, int nt
 }
 
 // Grouped path, step 1 (one block of 1024 threads, E <= 1024): sorted[max_tiles * BM] lists the
-// pair ids grouped by expert, each expert's run padded to whole BM-row tiles with -1;
-// tile_expert[max_tiles] is each tile's expert, -1 past the used tiles.
-__device__ void moe_align_impl(int* sorted, int* tile_expert, const int* ids, int P, int E,
-                               int BM, int max_tiles) {
+// pair ids of non-zero weight grouped by expert, each expert's run padded to whole BM-row tiles
+// with -1; tile_expert[max_tiles] is each tile's expert, -1 past the used tiles.
+__device__ void moe_align_impl(int* sorted, int* tile_expert, const int* ids, const float* wts,
+                               int P, int E, int BM, int max_tiles) {
   __shared__ int cnt[1024];
   __shared__ int cursor[1024];
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   for (int i = threadIdx.x; i < max_tiles * BM; i += blockDim.x) sorted[i] = -1;
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
+  for (int p = threadIdx.x; p < P; p += blockDim.x)
+    if (wts[p] != 0.f) atomicAdd(&cnt[ids[p]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
     int tile = 0;
@@ -45,7 +47,8 @@ __device__ void moe_align_impl(int* sorted, int* tile_expert, const int* ids, in
     for (; tile < max_tiles; tile++) tile_expert[tile] = -1;
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
+  for (int p = threadIdx.x; p < P; p += blockDim.x)
+    if (wts[p] != 0.f) sorted[atomicAdd(&cursor[ids[p]], 1)] = p;
 }
 
 // Step 2: y[p, :] = A[p / a_div, :] @ W_e^T for the BM pairs p of tile blockIdx.y (expert e).
@@ -156,7 +159,8 @@ __device__ void moe_gemm_impl(T* __restrict__ y, const T* __restrict__ a, const 
   }
 }
 
-// Step 3: out[t, :] = sum_j weights[t, j] * yp[t * top_k + j, :], slots in order.
+// Step 3: out[t, :] = sum_j weights[t, j] * yp[t * top_k + j, :], slots in order; slots of
+// weight 0 were never computed (moe_align left them out), so their rows are not read.
 template <typename T>
 __device__ void moe_combine_impl(T* out, const T* yp, const float* weights, int top_k,
                                  int hidden) {
@@ -167,6 +171,7 @@ __device__ void moe_combine_impl(T* out, const T* yp, const float* weights, int 
     for (int j = 0; j < top_k; j++) {
       long long p = (long long)t * top_k + j;
       float wt = weights[p], f[8];
+      if (wt == 0.f) continue;
       Vec8<T> v; v.load(yp + p * hidden + c); v.to_float(f);
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[i] += wt * f[i];
@@ -185,9 +190,10 @@ __device__ void moe_combine_impl(T* out, const T* yp, const float* weights, int 
 INSTANTIATE(MOE)
 
 #define MOE_GROUPED(T, S)                                                                     \
-  extern "C" __global__ void moe_align_##S(int* sorted, int* tiles, const int* ids, int P,    \
-                                           int E, int BM, int max_tiles) {                    \
-    moe_align_impl(sorted, tiles, ids, P, E, BM, max_tiles);                                  \
+  extern "C" __global__ void moe_align_##S(int* sorted, int* tiles, const int* ids,           \
+                                           const float* wts, int P, int E, int BM,            \
+                                           int max_tiles) {                                   \
+    moe_align_impl(sorted, tiles, ids, wts, P, E, BM, max_tiles);                             \
   }                                                                                           \
   extern "C" __global__ void moe_combine_##S(T* out, const T* yp, const float* wts, int k,     \
                                              int hidden) {                                    \

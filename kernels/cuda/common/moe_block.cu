@@ -88,8 +88,8 @@ __device__ void mb_down_impl(T* out, const float* __restrict__ h, const float* _
   extern "C" __global__ void __launch_bounds__(256) mb_gate_up##LS##_c4_##S(                   \
       float* h, float* hs, const T* x, const T* w, const T* ws, const L* lg, int ntok, int k,  \
       int E, int rows, int renorm, int sig, int H, int I, int Is, int gelu) {                 \
-    moe_pair_gate_up<T, 4, true, L>(h, hs, x, w, ws, nullptr, lg, ntok, k, E, rows, renorm,    \
-                                    sig, H, I, Is, gelu);                                      \
+    moe_pair_gate_up<T, 4, true, L>(h, hs, x, w, ws, nullptr, nullptr, lg, ntok, k, E, rows,   \
+                                    renorm, sig, H, I, Is, gelu);                              \
   }
 #define MB_DOWN(T, S, L, LS, NC)                                                               \
   extern "C" __global__ void __launch_bounds__(256) mb_down##LS##_w##NC##_##S(                 \

@@ -5,6 +5,8 @@
 //                     block to finish picks each token's top-k (a warp per token).
 //   moe_dec_gate_up:  act(gate) * up for every (token, slot) pair and each token's shared expert.
 //   moe_dec_down:     out = sum_j w_j * down_e(h_j) + sigmoid(gate) * shared_down(hs).
+// A (token, slot) of weight exactly 0 costs neither expert kernel a byte (expert parallelism
+// marks other ranks' experts so: weight 0, id 0); its h row is never written nor read.
 // Static weights (and, in moe_dec_down for at most 8 tokens, the chosen experts' rows) are
 // prefetched to L2 before griddepcontrol.wait, so they stream while the previous kernel drains.
 #include "common.cuh"
@@ -64,11 +66,13 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   if (n >= H) return;
   // moe_dec_gate_up triggers only after its wait, so the router's ids are final here: with pf,
   // fetch this warp's expert rows into L2 while gate_up finishes (a few tokens; with many, the
-  // prefetches double the L2 requests of loads that overlap well anyway).
+  // prefetches double the L2 requests of loads that overlap well anyway). Slots of weight 0
+  // are skipped (moe_down_lane does not read them).
   int lines = (I + 63) / 64;
   for (int q = lane; pf && q < top_k * lines; q += 32) {
     int e = load_cg(ids + t * top_k + q / lines);
-    moe_prefetch_l2(w + ((long long)e * H + n) * I + (q % lines) * 64);
+    if (ms_ldcg(weights + t * top_k + q / lines) != 0.f)
+      moe_prefetch_l2(w + ((long long)e * H + n) * I + (q % lines) * 64);
   }
   if (Is && pf)
     for (int k = lane * 64; k < Is; k += 32 * 64) moe_prefetch_l2(ws + (long long)n * Is + k);
@@ -97,9 +101,10 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
     moe_router_impl<T>(wts, ids, sw, logits, counter, x, wr, wsg, ntok, E, H, k, renorm, sig);  \
   }                                                                                            \
   extern "C" __global__ void moe_dec_gate_up_##S(float* h, float* hs, const T* x, const T* w,  \
-      const T* ws, const int* ids, int ntok, int k, int H, int I, int Is, int gelu) {          \
-    moe_pair_gate_up<T, 4, false, float>(h, hs, x, w, ws, ids, nullptr, ntok, k, 0, 0, 0, 0, H, \
-                                         I, Is, gelu);                                       \
+      const T* ws, const int* ids, const float* wts, int ntok, int k, int H, int I, int Is,    \
+      int gelu) {                                                                              \
+    moe_pair_gate_up<T, 4, false, float>(h, hs, x, w, ws, ids, wts, nullptr, ntok, k, 0, 0, 0, \
+                                         0, H, I, Is, gelu);                                   \
   }                                                                                            \
   extern "C" __global__ void moe_dec_down_##S(T* out, const float* h, const float* hs,         \
       const T* w, const T* ws, const float* wts, const int* ids, const float* sw, int k, int H,\

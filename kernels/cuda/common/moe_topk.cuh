@@ -164,11 +164,14 @@ __device__ __forceinline__ void moe_block_topk(float* s_w, int* s_id, const L* l
 // block's own top-k pick (E <= 256, top_k <= 8) from the token's router logits [ntok, rows] of
 // type L (moe_block.cu: routing costs no kernel). The next PDL kernel is triggered only after
 // the wait, so a down kernel may read the routing (or the logits) before its own wait.
+// With wts (ids only), a pair of weight exactly 0 reads nothing and leaves its h row
+// unwritten: expert parallelism gives other ranks' experts weight 0 (and id 0), and the down
+// kernels (moe_down_lane) skip the same pairs, so they cost this rank no bytes.
 template <typename T, int GC, bool LOGITS, typename L = float>
 __device__ void moe_pair_gate_up(float* h, float* hs, const T* x, const T* __restrict__ w,
-                                 const T* __restrict__ ws, const int* ids, const L* logits,
-                                 int ntok, int top_k, int E, int rows, int renorm, int sig, int H,
-                                 int I, int Is, int gelu) {
+                                 const T* __restrict__ ws, const int* ids, const float* wts,
+                                 const L* logits, int ntok, int top_k, int E, int rows,
+                                 int renorm, int sig, int H, int I, int Is, int gelu) {
   __shared__ float s_w[8];
   __shared__ int s_id[8];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -187,6 +190,7 @@ __device__ void moe_pair_gate_up(float* h, float* hs, const T* x, const T* __res
       e = s_id[p - t * top_k];
     } else {
       e = live ? ids[p] : 0;
+      if (wts && wts[p] == 0.f) return;  // the whole block: p is blockIdx.y
     }
     wg = w + ((long long)e * 2 * I + n) * H;
   }
@@ -249,7 +253,9 @@ __device__ __forceinline__ void moe_row_logits(float* logits, Vec8<T> (&pre)[CH]
 // wt[j] * (down row n of expert e[j] . ht[j]) plus shared_w * (shared down row n . hs_t).
 // ht holds the token's top_k float h rows of I; e / wt index like arrays (registers or global).
 // NC > 0 (top_k <= 8, I <= NC * 256): every expert row's loads in flight at once; NC == 0: a
-// loop over 256-column chunks.
+// loop over 256-column chunks. A slot of weight exactly 0 is skipped (neither its down row nor
+// its h row is read: moe_pair_gate_up may have left that row unwritten); the other slots sum in
+// the same order, so results are bit-identical wherever no weight is 0.
 template <typename T, int NC, typename Ids, typename Wts>
 __device__ __forceinline__ float moe_down_lane(const T* __restrict__ w, const float* ht,
                                                const Ids& e, const Wts& wt, int top_k, int H,
@@ -264,11 +270,13 @@ __device__ __forceinline__ float moe_down_lane(const T* __restrict__ w, const fl
 #pragma unroll
       for (int c = 0; c < NC; c++) {
         int k = lane * 8 + c * 256;
-        if (j < top_k && k < I) wv[j][c].load(w + ((long long)e[j] * H + n) * I + k);
+        if (j < top_k && wt[j] != 0.f && k < I)
+          wv[j][c].load(w + ((long long)e[j] * H + n) * I + k);
       }
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       if (j >= top_k) break;
+      if (wt[j] == 0.f) continue;
       float s = 0.f;
 #pragma unroll
       for (int c = 0; c < NC; c++) {
@@ -287,6 +295,7 @@ __device__ __forceinline__ float moe_down_lane(const T* __restrict__ w, const fl
     for (int k = lane * 8; k < I; k += 256) {
 #pragma unroll 8
       for (int j = 0; j < top_k; j++) {
+        if (wt[j] == 0.f) continue;
         float wf[8], hf[8], s = 0.f;
         Vec8<T> wv; wv.load(w + ((long long)e[j] * H + n) * I + k); wv.to_float(wf);
         Vec8<float> hv; hv.load(ht + (long long)j * I + k); hv.to_float(hf);

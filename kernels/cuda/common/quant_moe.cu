@@ -7,6 +7,8 @@
 // Only the chosen experts' rows are read, each with 16-byte loads dequantized in registers
 // (quant_common.cuh); expert e's data, scales and global scale start at e times a stride.
 // The expert ids come from the router kernel before, so nothing loads before the PDL wait.
+// A pair of weight exactly 0 (expert parallelism: another rank's expert, id 0) reads nothing:
+// gate_up leaves its h row unwritten and down skips the slot.
 #include "common.cuh"
 #include "quant_common.cuh"
 
@@ -53,13 +55,13 @@ __device__ __forceinline__ QScale qmoe_scale(const QScale& q, int e, int rows, i
 
 template <typename T, int FMT>
 __device__ void qmoe_gate_up_impl(float* h, const T* x, const unsigned char* w, QScale q,
-                                  long long s_lead, const int* ids, int k, int H, int I,
-                                  int gelu) {
+                                  long long s_lead, const float* weights, const int* ids,
+                                  int k, int H, int I, int gelu) {
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int n = blockIdx.x * 8 + warp, p = blockIdx.y, tok = p / k;
   pdl_trigger();
   pdl_wait();
-  if (n >= I) return;
+  if (n >= I || weights[p] == 0.f) return;
   int e = ids[p];
   long long row_bytes = H / QChunk<FMT>::BYTES_PER_ROW_DIV;
   const unsigned char* we = w + (long long)e * 2 * I * row_bytes;
@@ -84,25 +86,30 @@ __device__ void qmoe_down_impl(T* out, const float* h, const unsigned char* w, Q
   float acc = 0.f;
   for (int j = 0; j < k; j++) {
     int p = tok * k + j, e = ids[p];
+    float wp = weights[p];
+    if (wp == 0.f) continue;  // the same for the whole warp (p): qmoe_dot's warp_sum is safe
     QScale qe = qmoe_scale<FMT>(q, e, H, I, s_lead);
     float g = FMT == 1 ? q.gscale[e] : 1.f;
-    acc += weights[p] * qmoe_dot<FMT, float>(w + (long long)e * H * row_bytes, qe, n, I, g,
-                                             h + (long long)p * I);
+    acc += wp * qmoe_dot<FMT, float>(w + (long long)e * H * row_bytes, qe, n, I, g,
+                                     h + (long long)p * I);
   }
   if (lane == 0) out[(long long)tok * H + n] = from_f32<T>(acc);
 }
 
 #define QMOE(T, S)                                                                            \
   extern "C" __global__ void __launch_bounds__(256) qmoe_gate_up_fp8_##S(                    \
-      float* h, const T* x, const unsigned char* w, const float* scale, const int* ids,       \
-      int k, int H, int I, int gelu, int bn, int bk, int s_row, long long s_lead) {           \
-    qmoe_gate_up_impl<T, 0>(h, x, w, QScale{scale, nullptr, bn, bk, s_row}, s_lead, ids, k,   \
-                            H, I, gelu);                                                      \
+      float* h, const T* x, const unsigned char* w, const float* scale, const float* weights, \
+      const int* ids, int k, int H, int I, int gelu, int bn, int bk, int s_row,               \
+      long long s_lead) {                                                                     \
+    qmoe_gate_up_impl<T, 0>(h, x, w, QScale{scale, nullptr, bn, bk, s_row}, s_lead, weights, \
+                            ids, k, H, I, gelu);                                              \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(256) qmoe_gate_up_nvfp4_##S(                  \
       float* h, const T* x, const unsigned char* w, const unsigned char* scale,               \
-      const float* gscale, const int* ids, int k, int H, int I, int gelu) {                   \
-    qmoe_gate_up_impl<T, 1>(h, x, w, QScale{scale, gscale, 1, 16, 0}, 0, ids, k, H, I, gelu); \
+      const float* gscale, const float* weights, const int* ids, int k, int H, int I,         \
+      int gelu) {                                                                             \
+    qmoe_gate_up_impl<T, 1>(h, x, w, QScale{scale, gscale, 1, 16, 0}, 0, weights, ids, k, H, \
+                            I, gelu);                                                         \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(256) qmoe_down_fp8_##S(                       \
       T* out, const float* h, const unsigned char* w, const float* scale,                     \

@@ -20,6 +20,9 @@
 // multiply each step's MMA result per row; NVFP4 group scales go into the decode and the
 // expert's global scale times QPair::fp4_out() into the per-unit factor.
 // The expert ids come from the router kernel before, so nothing loads before the PDL wait.
+// A pair of weight exactly 0 (expert parallelism: another rank's expert, id 0) reads nothing:
+// its gate_up blocks return at once (h row unwritten) and the down kernel's units run over the
+// token's other slots only (with no weight 0, the same units as before: bit-identical sums).
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant_common.cuh"
@@ -122,6 +125,7 @@ __device__ __forceinline__ const void* qmoe_expert_scale(const QScale& q, int e,
 template <typename T, int FMT, int D>
 __device__ void qmoe2_gate_up_impl(T* __restrict__ h, const T* __restrict__ x,
                                    const unsigned char* __restrict__ w, QScale q, long long s_lead,
+                                   const float* __restrict__ weights,
                                    const int* __restrict__ ids, int k, int H, int I, int gelu,
                                    int S) {
   using P = QPair<T>;
@@ -131,6 +135,7 @@ __device__ void qmoe2_gate_up_impl(T* __restrict__ h, const T* __restrict__ x,
   pdl_trigger();
   pdl_wait();
   int e = ids[p];
+  if (weights[p] == 0.f) return;  // the whole block (p is blockIdx.y): no qmoe_reduce barrier
   const unsigned char* we = w + (long long)e * 2 * I * (FMT == 0 ? H : H / 2);
   const void* se = qmoe_expert_scale<FMT>(q, e, 2 * I, H, s_lead);
   int rows[2][2];  // gate rows n0 + g (+ 8), up rows I + the same
@@ -188,9 +193,23 @@ __device__ void qmoe2_down_impl(T* __restrict__ y, const T* __restrict__ h,
   int rows[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) rows[r] = min(n0 + g + 8 * r, H - 1);
-  int steps = I / 128, units = n0 < H ? k * steps : 0;  // unit u: slot u / steps, step u % steps
+  // The token's slots of non-zero weight, in order (k <= 32: the host sends larger top-k to
+  // quant_moe.cu), listed once a block (its warps share the token) in shared memory: the units
+  // run over those only, so a slot of weight 0 costs no load and no unit. With every weight
+  // non-zero, entry r is slot r: the same units on the same warps as before. (Shared memory,
+  // not a register a lane: FP8 depth 4 has none to spare below 128.)
+  __shared__ int s_slot[32], s_live;
+  if (warp == 0) {
+    bool nz = lane < k && weights[tok * k + lane] != 0.f;
+    u32 live = __ballot_sync(0xffffffffu, nz);
+    if (nz) s_slot[__popc(live & ((1u << lane) - 1u))] = lane;
+    if (lane == 0) s_live = __popc(live);
+  }
+  __syncthreads();
+  int steps = I / 128, units = n0 < H ? s_live * steps : 0;
+  // unit u: live slot u / steps, step u % steps
   auto issue = [&](QmoeSlot<1, V>& slot, int u) {
-    int j = u / steps, s = u - j * steps, pj = tok * k + j, e = ids[pj];
+    int r = u / steps, s = u - r * steps, pj = tok * k + s_slot[r], e = ids[pj];
     qmoe_issue<FMT, 1, V>(slot, 0, w + (long long)e * H * (FMT == 0 ? I : I / 2),
                           qmoe_expert_scale<FMT>(q, e, H, I, s_lead), q, rows, I, s, t);
     slot.f = weights[pj] * (FMT == 1 ? q.gscale[e] * P::fp4_out() : 1.f);
@@ -205,7 +224,7 @@ __device__ void qmoe2_down_impl(T* __restrict__ y, const T* __restrict__ h,
     for (int u = 0; u <= D; u++) {
       if (i < units) {
         if (i + D * S < units) issue(ring[(u + D) % (D + 1)], i + D * S);
-        int j = i / steps, s = i - j * steps;
+        int r = i / steps, s = i - r * steps, j = s_slot[r];
         u32 b[8][2];
         qmoe_b_frags<T, FMT>(b, h + (long long)(tok * k + j) * I, I, s * 128, g, t);
         qmoe_tile_step<T, FMT, 1, V>(acc, ring[u], 0, b);
@@ -223,16 +242,18 @@ __device__ void qmoe2_down_impl(T* __restrict__ y, const T* __restrict__ h,
 
 #define QMOE2_GATE_UP(T, S, D)                                                                \
   extern "C" __global__ void __launch_bounds__(256) qmoe2_gate_up_fp8_##S##_d##D(            \
-      T* h, const T* x, const unsigned char* w, const float* scale, const int* ids, int k,    \
-      int H, int I, int gelu, int s, int bn, int bk, int s_row, long long s_lead) {           \
-    qmoe2_gate_up_impl<T, 0, D>(h, x, w, QScale{scale, nullptr, bn, bk, s_row}, s_lead, ids, \
-                                k, H, I, gelu, s);                                            \
+      T* h, const T* x, const unsigned char* w, const float* scale, const float* weights,     \
+      const int* ids, int k, int H, int I, int gelu, int s, int bn, int bk, int s_row,        \
+      long long s_lead) {                                                                     \
+    qmoe2_gate_up_impl<T, 0, D>(h, x, w, QScale{scale, nullptr, bn, bk, s_row}, s_lead,      \
+                                weights, ids, k, H, I, gelu, s);                              \
   }                                                                                           \
   extern "C" __global__ void __launch_bounds__(256, 2) qmoe2_gate_up_nvfp4_##S##_d##D(       \
       T* h, const T* x, const unsigned char* w, const unsigned char* scale,                   \
-      const float* gscale, const int* ids, int k, int H, int I, int gelu, int s) {            \
-    qmoe2_gate_up_impl<T, 1, D>(h, x, w, QScale{scale, gscale, 1, 16, 0}, 0, ids, k, H, I,    \
-                                gelu, s);                                                     \
+      const float* gscale, const float* weights, const int* ids, int k, int H, int I,         \
+      int gelu, int s) {                                                                      \
+    qmoe2_gate_up_impl<T, 1, D>(h, x, w, QScale{scale, gscale, 1, 16, 0}, 0, weights, ids, k, \
+                                H, I, gelu, s);                                               \
   }
 #define QMOE2_DOWN(T, S, D)                                                                   \
   extern "C" __global__ void __launch_bounds__(256) qmoe2_down_fp8_##S##_d##D(               \

@@ -26,7 +26,9 @@ def grouped_experts(ctx: Any, out: DeviceArray, x: DeviceArray, w_gate_up: Devic
                     gelu: int) -> None:
     """Pairs sorted by expert into tiles of ``bm`` rows (static sizes: graph-capturable);
     one tensor-core tile per (expert tile, column tile) for gate_up and for down; ``ctx``: the
-    backend's :class:`~atlas_cuda.context.OpContext`."""
+    backend's :class:`~atlas_cuda.context.OpContext`. Pairs of weight 0 (expert parallelism:
+    another rank's expert, id 0) are left out of the tiles and of the combine, so they add no
+    rows to expert 0."""
     t, hidden = x.shape
     experts, inter, k = w_down.shape[0], w_down.shape[-1], topk_ids.shape[-1]
     pairs = t * k
@@ -35,7 +37,7 @@ def grouped_experts(ctx: Any, out: DeviceArray, x: DeviceArray, w_gate_up: Devic
     sorted_ids = ctx.out((tiles * bm,), np.int32)
     tile_expert = ctx.out((tiles,), np.int32)
     ctx.launch(ctx.kernel("moe", x.dtype, "moe_align"), 1, 1024, sorted_ids, tile_expert,
-               topk_ids, pairs, experts, bm, tiles)
+               topk_ids, topk_weights, pairs, experts, bm, tiles)
     v = variant_of(x.dtype)
     threads = 128 if bm == 16 else 256
     shmem = (4 if bm == 16 else 3) * (bm + 128) * 40 * x.dtype.itemsize

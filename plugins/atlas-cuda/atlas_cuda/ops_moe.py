@@ -320,6 +320,8 @@ class MoeOps:
 
     def _moe_decode_experts(self, x, w_gate_up, w_down, weights, ids, shared_gate_up,
                             shared_down, shared_w, gelu) -> DeviceArray:
+        """``moe_decode.cu``'s per-pair gate_up and down GEMVs; both skip the (token, slot)
+        pairs of weight 0 (no bytes read for them)."""
         t, hidden = x.shape
         inter, k = w_down.shape[-1], ids.shape[-1]
         s_inter = 0 if shared_down is None else shared_down.shape[-1]
@@ -329,7 +331,8 @@ class MoeOps:
         launch, v = self.ctx.launch, variant_of(x.dtype)
         launch(self.ctx.kernels.kernel("moe_decode", v, f"moe_dec_gate_up_{v}"),
                (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, x,
-               w_gate_up, shared_gate_up, ids, t, k, hidden, inter, s_inter, gelu, pdl=self.ctx.pdl)
+               w_gate_up, shared_gate_up, ids, weights, t, k, hidden, inter, s_inter, gelu,
+               pdl=self.ctx.pdl)
         chunks, wide = -(-inter // 256), ""
         if t == 1 and k <= 8 and chunks <= 4:
             wide = f"_w{chunks}"
@@ -357,6 +360,10 @@ class MoeOps:
     def moe_experts(self, x: DeviceArray, w_gate_up: DeviceArray, w_down: DeviceArray,
                     topk_weights: DeviceArray, topk_ids: DeviceArray,
                     activation: str = "silu") -> DeviceArray:
+        """See :func:`atlas_core.ops.moe.moe_experts`. Choices with weight 0 are skipped on
+        every path (expert parallelism marks other ranks' experts that way: weight 0, id 0):
+        the per-pair GEMVs read none of their bytes, the grouped path leaves them out of the
+        per-expert tiles (expert 0 gets no extra rows), the quantized kernels likewise."""
         if has_quantized(w_gate_up, w_down):
             return self.ctx.bind(QuantMoeOps).moe_experts(x, w_gate_up, w_down, topk_weights,
                                                        topk_ids, activation)

@@ -41,6 +41,9 @@ QMOE2_DEPTH = {"gate_up": 2, "down": 4}
 QMOE2_BLOCKS_PER_SM = 4
 #: Fewest work units (128-wide K steps, times the slots for down) a warp keeps after a split.
 QMOE2_MIN_UNITS = 2
+#: Most slots a token of ``qmoe2_down`` takes (its block lists the slots of non-zero weight
+#: with one warp ballot); larger top-k runs ``quant_moe.cu``.
+QMOE2_MAX_TOP_K = 32
 
 
 def moe_servable(x: Any, w_gate_up: Any, w_down: Any) -> bool:
@@ -98,12 +101,14 @@ class QuantMoeOps:
         tokens read only the chosen experts (``quant_moe_mma.cu`` where :func:`mma_servable`
         and the policy allows, else ``quant_moe.cu``); more tokens (prefill) or shapes those
         kernels cannot take dequantize every expert into scratch slots, then run
-        the bf16 MoE kernels (correct, not fast)."""
+        the bf16 MoE kernels (correct, not fast). Choices of weight 0 (expert parallelism:
+        other ranks' experts) are skipped on every path: no bytes read for them."""
         if activation not in ("silu", "gelu_tanh", "gelu_pytorch_tanh"):
             raise ValueError(f"moe_experts: unsupported activation {activation!r}; use silu or "
                              "gelu_tanh")
         t = x.shape[0]
         if (0 < t <= QMOE_MAX_TOKENS and self.ctx.policy.quant_kernel != "legacy"
+                and topk_ids.shape[-1] <= QMOE2_MAX_TOP_K
                 and mma_servable(x, w_gate_up, w_down)):
             return self._moe_decode_mma(x, w_gate_up, w_down, topk_weights, topk_ids,
                                         int(activation != "silu"))
@@ -126,8 +131,8 @@ class QuantMoeOps:
         out = ctx.out(x.shape, x.dtype)
         fmt, sc, extra = _operands(w_gate_up)
         ctx.launch(ctx.kernels.kernel("quant_moe", v, f"qmoe_gate_up_{fmt}_{v}"),
-                   (-(-inter // 8), t * k), 256, h, x, w_gate_up.data, *sc, ids, k, hidden,
-                   inter, gelu, *extra, pdl=ctx.pdl)
+                   (-(-inter // 8), t * k), 256, h, x, w_gate_up.data, *sc, weights, ids, k,
+                   hidden, inter, gelu, *extra, pdl=ctx.pdl)
         fmt, sc, extra = _operands(w_down)
         ctx.launch(ctx.kernels.kernel("quant_moe", v, f"qmoe_down_{fmt}_{v}"),
                    (-(-hidden // 8), t), 256, out, h, w_down.data, *sc, weights, ids, k, hidden,
@@ -145,7 +150,7 @@ class QuantMoeOps:
         h = ctx.out((t * k, inter), x.dtype)
         out = ctx.out(x.shape, x.dtype)
         self._launch2("gate_up", w_gate_up, v, -(-inter // 16), hidden // 128, t * k,
-                      (h, x, w_gate_up.data), (ids, k, hidden, inter, gelu))
+                      (h, x, w_gate_up.data), (weights, ids, k, hidden, inter, gelu))
         self._launch2("down", w_down, v, -(-hidden // 16), k * (inter // 128), t,
                       (out, h, w_down.data), (weights, ids, k, hidden, inter))
         return out

@@ -178,7 +178,8 @@ def test_decode_experts_read_only_the_chosen_rows_in_two_launches():
     assert y.shape == (2, 2048)
     (n1, g1, _, a1, _), (n2, g2, _, a2, _) = ctx.kernels.launches
     assert (n1, g1) == ("qmoe_gate_up_nvfp4_bf16", (768 // 8, 16))
-    assert a1[2:6] == (gu.data, gu.scale, gu.global_scale, ids) and a1[6:] == (8, 2048, 768, 0)
+    assert a1[2:7] == (gu.data, gu.scale, gu.global_scale, wts, ids)
+    assert a1[7:] == (8, 2048, 768, 0)
     assert (n2, g2) == ("qmoe_down_nvfp4_bf16", (2048 // 8, 2))
     fp8 = _weight("fp8_block", 1536, 2048, (128,)), _weight("fp8_block", 2048, 768, (128,))
     table.moe_experts(Dev((1, 2048), bfloat16), *fp8, wts, ids, "gelu_tanh")

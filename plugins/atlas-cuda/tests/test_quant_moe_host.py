@@ -78,7 +78,7 @@ def test_nvfp4_decode_takes_two_tensor_core_launches():
     assert n1 == f"qmoe2_gate_up_nvfp4_bf16_d{QMOE2_DEPTH['gate_up']}" and g1 == (32, 8)
     h = a1[0]
     assert h.shape == (8, 512) and h.dtype == bfloat16
-    assert a1[1:] == (x, gu.data, gu.scale, gu.global_scale, ids, 8, 2048, 512, 0, s1)
+    assert a1[1:] == (x, gu.data, gu.scale, gu.global_scale, wts, ids, 8, 2048, 512, 0, s1)
     assert n2 == f"qmoe2_down_nvfp4_bf16_d{QMOE2_DEPTH['down']}" and g2 == (128, 1)
     assert a2 == (y, h, down.data, down.scale, down.global_scale, wts, ids, 8, 2048, 512, s2)
     assert pdl1 == pdl2 == ctx.pdl
@@ -98,9 +98,19 @@ def test_fp8_decode_passes_the_scale_indexing_and_gelu(fmt, tail, down_tail):
     (n1, g1, _, a1, _), (n2, _, _, a2, _) = ctx.kernels.launches
     assert n1.startswith("qmoe2_gate_up_fp8_f16_d") and n2.startswith("qmoe2_down_fp8_f16_d")
     s = qmoe_splits(48, 16, 24, 132)
-    assert g1 == (-(-48 * s // 8), 24) and a1[8] == 1 and a1[9] == s
-    assert a1[10:] == tail and isinstance(a1[-1], np.int64)
+    assert a1[4:6] == (wts, ids)  # gate_up skips the pairs of weight 0 too
+    assert g1 == (-(-48 * s // 8), 24) and a1[9] == 1 and a1[10] == s
+    assert a1[11:] == tail and isinstance(a1[-1], np.int64)
     assert a2[6:10] == (8, 2048, 768, qmoe_splits(128, 8 * 6, 3, 132)) and a2[10:] == down_tail
+
+
+def test_top_k_over_32_takes_the_warp_per_column_kernels():
+    """qmoe2_down lists a token's slots of non-zero weight with one warp ballot."""
+    ctx, table = _table()
+    table.moe_experts(Dev((1, 2048), bfloat16), *_experts("nvfp4"), Dev((1, 33), np.float32),
+                      Dev((1, 33), np.int32))
+    assert [n for n, *_ in ctx.kernels.launches] == ["qmoe_gate_up_nvfp4_bf16",
+                                                     "qmoe_down_nvfp4_bf16"]
 
 
 def test_legacy_policy_keeps_the_warp_per_column_kernels():
