@@ -1,6 +1,10 @@
 """Registers, spills and shared memory of each kernel of a module, from ptxas (no GPU needed):
 
     python scripts/kernel_regs.py moe_block [bf16] [--hw hopper] [--grep mb_down] [-D X=1]
+    python scripts/kernel_regs.py mla_decode_keys2 \
+        --dir plugins/atlas-deepseek/atlas_deepseek/cuda/kernels
+
+``--dir`` adds a plugin's kernel folder after the generic sources, as the cuda backend searches it.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ def main() -> None:
     p.add_argument("--grep", default="")
     p.add_argument("-D", dest="defines", action="append", default=[],
                    help="an extra macro, NAME or NAME=VALUE (repeatable)")
+    p.add_argument("--dir", dest="dirs", action="append", default=[], type=Path,
+                   help="a plugin's kernel folder, searched after the generic ones (repeatable)")
     a = p.parse_args()
     from cuda.bindings import nvrtc
     from atlas_cuda import compiler
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_kernels_compile import TARGETS, _dirs
-    sources = compiler.KernelSources(_dirs(a.hw))
+    sources = compiler.KernelSources(_dirs(a.hw) + a.dirs)
     opts = compiler.build_options(TARGETS[a.hw], a.variant)
     args = [f"-arch={opts['arch']}", "-std=c++17", "-Xptxas", "-v"]
     args += [f"-D{m}" if isinstance(m, str) else f"-D{m[0]}={m[1]}"

@@ -1,22 +1,28 @@
-"""On a CUDA GPU (marker ``gpu``, skipped without one): the key-split tensor-core decode kernel
-of absorbed MLA (``mla_decode_keys.cu``, the default at Mistral-Small-4's 256 + 64), the
-width-split kernel it replaces there (``mla_decode_mma.cu``, forced by ``ATLAS_MLA_DECODE=v1``)
-and the parallel ``mla_decode_combine`` behind both match the NumPy reference.
+"""On a CUDA GPU (marker ``gpu``, skipped without one): every tensor-core decode kernel of
+absorbed MLA at Mistral-Small-4's 256 + 64 (``ATLAS_MLA_DECODE`` unset: ``mla_decode_keys2``,
+warp pairs over the keys and the two warps of a pair over the output columns, one 16-warp block
+an SM; ``keys2x2``: the same kernel as two 8-warp blocks of 32-key tiles; ``keys1``:
+``mla_decode_keys.cu``; ``v1``: ``mla_decode_mma.cu``) and the parallel ``mla_decode_combine``
+behind them match the NumPy reference.
 
 Cases: bf16 and f16; 16- and 64-token pages; heads 32 (one block), 8 / 24 (a partial or idle
-m16 tile) and 40 (a second, partial head group); batches 1, 3 and 32; contexts off the 16-key
-warp slices and 64-key tiles (1, 63, 65, 300, 4100), one split (a table of <= 128 keys), many
-(4100 keys) and the 128-split cap with empty splits past the end (20000 keys). The combine
+m16 tile, so idle warps or pairs) and 40 (a second, partial head group); batches 1, 3 and 32;
+contexts off the 16-key warp slices and 32 / 64-key tiles (1, 63, 65, 300, 4100), one split (a
+table of <= 128 keys), many (4100 keys) and the 128- / 256-split caps with empty splits past the
+end (20000 keys). The combine
 alone also runs behind the SIMT split kernel at latents that are not whole 128-column chunks or
-float4 columns (rank 130 and 300)."""
+float4 columns (rank 130 and 300). The pair-split layouts reach the 16 warps an SM they were
+built for (occupancy of their registers and planned shared memory)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from atlas_core.api import bfloat16
 from atlas_core.testing.contracts_ops import assert_close, make_rng, randn
 from atlas_core.testing.gpu import cuda_backend_or_skip
+from atlas_deepseek.cuda.mla_decode_plan import decode_plan
 from atlas_deepseek.mla_reference import mla_absorbed_attention
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +30,9 @@ pytestmark = pytest.mark.gpu
 #: context lengths per batch
 LENS = ((1,), (63,), (65,), (300,), (4100,), (20000,), (1, 300, 4100), (65, 63, 1))
 #: decode kernel variant: ATLAS_MLA_DECODE value and the kernel it selects at 256 + 64
-VARIANTS = {"keys": ("", "mla_decode_keys_r256"), "v1": ("v1", "mla_decode_mma_r256")}
+VARIANTS = {"keys2": ("", "mla_decode_keys2_r256"),
+            "keys2x2": ("keys2x2", "mla_decode_keys2x2_r256"),
+            "keys1": ("keys1", "mla_decode_keys_r256"), "v1": ("v1", "mla_decode_mma_r256")}
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +111,16 @@ def test_batch_32_matches_the_reference(cuda, monkeypatch, variant, dtype):
 def test_combine_of_partial_column_chunks(cuda, dtype, shape, lens):
     heads, rank, rope = shape
     _check(cuda, "split", heads, rank, rope, lens, dtype, 16, "mla_decode_split")
+
+
+@pytest.mark.parametrize("choice", ("keys2", "keys2x2"))
+def test_pair_split_layouts_hold_16_warps_an_sm(cuda, choice):
+    mla = cuda.ops.mla_absorbed_attention.__self__
+    plan = decode_plan(256, 64, mla._smem_optin(), choice)
+    if plan is None or cuda.ctx.capability < (9, 0):
+        pytest.skip("the layout is sized for sm_90's shared memory")
+    config = plan.config
+    kernel = cuda.ctx.kernel(config.module, bfloat16, f"{config.kernel}_r256",
+                             max_shmem=plan.shmem)
+    blocks = kernel.occupancy.max_active_blocks_per_multiprocessor(32 * config.warps, plan.shmem)
+    assert blocks == config.blocks_per_sm, (config.kernel, plan)

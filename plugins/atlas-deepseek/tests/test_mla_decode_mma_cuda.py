@@ -1,6 +1,6 @@
 """On a CUDA GPU (marker ``gpu``, skipped without one): the tensor-core decode kernels of
-absorbed MLA (``mla_decode_keys.cu`` at 256 + 64 unless ``ATLAS_MLA_DECODE=v1``, else
-``mla_decode_mma.cu``) and their SIMT fallback (policy ``attention=simt``) match the NumPy
+absorbed MLA (at 256 + 64 the one ``ATLAS_MLA_DECODE`` picks, by default ``mla_decode_keys2.cu``;
+else ``mla_decode_mma.cu``) and their SIMT fallback (policy ``attention=simt``) match the NumPy
 reference at the real latent shapes (DeepSeek-V3 512 + 64 with 128 heads and a partial head
 group of 16; Mistral-Small-4 256 + 64 with 32 and 8 heads), bf16, batches 1 / 3 / 8, contexts
 crossing 16-key blocks, 32 / 64-key tiles and context splits (1, 15, 17, 300, 4100), shuffled
@@ -18,7 +18,7 @@ from atlas_core.api import bfloat16
 from atlas_core.testing.contracts_ops import (BLOCK_SIZE, assert_close, make_block_tables,
                                               make_rng, randn)
 from atlas_core.testing.gpu import cuda_backend_or_skip
-from atlas_deepseek.cuda.mla_ops import KEYS_DECODE_CONFIGS
+from atlas_deepseek.cuda.mla_decode_plan import KEYS2_DECODE_CONFIGS
 from atlas_deepseek.mla_reference import mla_absorbed_attention
 
 pytestmark = pytest.mark.gpu
@@ -65,8 +65,11 @@ def test_decode_kernels_match_the_reference(cuda, shape, lens):
     mla, policy = _mla(cuda), cuda.ctx.policy
     kernel = mla.decode_kernel(q_lat, q_pe)
     if cuda.ctx.capability >= (9, 0):
-        keys = (rank, rope) in KEYS_DECODE_CONFIGS and os.environ.get("ATLAS_MLA_DECODE") != "v1"
-        assert kernel.startswith(f"mla_decode_{'keys' if keys else 'mma'}_r{rank}"), kernel
+        choice = os.environ.get("ATLAS_MLA_DECODE", "") or "keys2"
+        want = {"keys1": "keys", "v1": "mma"}.get(choice, choice)
+        if (rank, rope) not in KEYS2_DECODE_CONFIGS:
+            want = "mma"
+        assert kernel.startswith(f"mla_decode_{want}_r{rank}"), kernel
     out = _run(cuda, q_lat, q_pe, cache, tables, seq_lens, scale)
     assert_close(out, expected, kernel)
     cuda.ctx.set_policy(dataclasses.replace(policy, attention="simt"))

@@ -12,6 +12,6 @@ from pathlib import Path
 
 def kernel_dir() -> Path:
     """The folder of the ``.cu`` sources this package ships (``mla.cu``, ``mla_attention.cu``,
-    ``mla_decode_mma.cu``, ``mla_decode_keys.cu``, ``moe_route_grouped.cu`` and their header
-    ``mla_common.cuh``)."""
+    ``mla_decode_mma.cu``, ``mla_decode_keys.cu``, ``mla_decode_keys2.cu``,
+    ``moe_route_grouped.cu`` and their header ``mla_common.cuh``)."""
     return Path(str(resources.files(__package__) / "kernels"))

@@ -1,13 +1,12 @@
 """The MLA ops and ``moe_route_grouped`` on the cuda backend: launches of ``mla.cu``,
-``mla_attention.cu``, ``mla_decode_keys.cu``, ``mla_decode_mma.cu`` and
-``moe_route_grouped.cu``.
+``mla_attention.cu``, ``mla_decode_keys2.cu``, ``mla_decode_keys.cu``, ``mla_decode_mma.cu``
+and ``moe_route_grouped.cu``.
 
 Absorbed decode steps in bf16 / f16 on sm_80+ take a tensor-core kernel where one exists for
-the latent shape and shared memory holds it: ``mla_decode_keys.cu`` (warps split the keys of a
-tile; :data:`KEYS_DECODE_CONFIGS`, Mistral-Small-4) first, else ``mla_decode_mma.cu`` (warps
-split the row width; :data:`MMA_DECODE_CONFIGS`, DeepSeek-V3 / Kimi-K2). ``ATLAS_MLA_DECODE=v1``
-forces ``mla_decode_mma.cu`` wherever it has the shape, to A/B the two. The SIMT split kernel
-stays the fallback (and runs everything under policy ``attention=simt``,
+the latent shape and shared memory holds it (:mod:`atlas_deepseek.cuda.mla_decode_plan`:
+``mla_decode_keys2.cu`` at Mistral-Small-4's 256 + 64, ``mla_decode_mma.cu`` for DeepSeek-V3 /
+Kimi-K2; ``ATLAS_MLA_DECODE`` = ``keys2x2`` / ``keys1`` / ``v1`` picks another for A/B runs).
+The SIMT split kernel stays the fallback (and runs everything under policy ``attention=simt``,
 ``ATLAS_CUDA_ATTENTION=simt``).
 
 The cuda backend builds one :class:`MlaCudaOps` per backend with its op context (``ctx.kernel``
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_deepseek.cuda.mla_decode_plan import DecodePlan, decode_plan, decode_splits
 from atlas_deepseek.routing import SCORING
 
 LOG2E = 1.4426950408889634
@@ -37,18 +37,6 @@ WARPS, TILE = 4, 8
 DEC_HEADS, DEC_TILE, DEC_MAX_RANK, DEC_MAX_W, MAX_SPLITS = 16, 16, 512, 576, 32
 #: Widest value head of ``mla_expanded_attention`` (``EXP_MAX_V``).
 EXP_MAX_V = 256
-#: The tensor-core decode kernels of ``mla_decode_mma.cu`` (bf16 / f16, sm_80+), one per
-#: (kv_lora_rank, rope dim): (heads per block, warps, keys per tile); must match ``MLA_MMA`` there.
-MMA_DECODE_CONFIGS = {(512, 64): (64, 8, 32), (256, 64): (32, 8, 64)}
-#: Most context splits of the tensor-core kernel (one resident block per SM: batch 1 of
-#: Mistral-Small-4 fills an H100 / H200 with ~128 splits) and its cp.async pipeline depths,
-#: deepest first (as many as the device's opt-in shared memory holds).
-MMA_MAX_SPLITS, MMA_STAGES = 128, (4, 3, 2)
-#: The key-split tensor-core kernels of ``mla_decode_keys.cu``, one per (kv_lora_rank, rope
-#: dim) whose 16-head x rank accumulator fits a warp's registers: (heads per block, warps, keys
-#: per tile); must match ``MLA_KEYS`` there. Warps split the tile's keys 16 each, so warps =
-#: heads / 16 * keys / 16.
-KEYS_DECODE_CONFIGS = {(256, 64): (32, 8, 64)}
 #: Most splits ``mla_decode_combine`` merges (``COMB_MAX_SPLITS``) and its latent columns a
 #: block (``COMB_COLS``) and threads (``COMB_THREADS``) in mla_attention.cu.
 COMBINE_MAX_SPLITS, COMBINE_COLS, COMBINE_THREADS = 256, 128, 256
@@ -159,13 +147,14 @@ class MlaCudaOps:
         return out
 
     def decode_kernel(self, q_lat: Any, q_pe: Any) -> str:
-        """The kernel that decode rows of these shapes take (``mla_decode_keys_r<rank>`` or
-        ``mla_decode_mma_r<rank>`` on tensor cores, else ``mla_decode_split`` or, for latents
-        past its widths, ``mla_absorbed_attention``): for benchmarks and logs."""
+        """The kernel that decode rows of these shapes take (``mla_decode_keys2_r<rank>``,
+        ``mla_decode_keys2x2_r<rank>``, ``mla_decode_keys_r<rank>`` or ``mla_decode_mma_r<rank>``
+        on tensor cores, else ``mla_decode_split`` or, for latents past its widths,
+        ``mla_absorbed_attention``): for benchmarks and logs."""
         rank, rope = q_lat.shape[-1], q_pe.shape[-1]
         plan = self._mma_plan(q_lat, rope)
         if plan is not None:
-            return f"{plan[0]}_r{rank} ({plan[4]} stages)"
+            return f"{plan.config.kernel}_r{rank} ({plan.stages} stages)"
         if rank <= DEC_MAX_RANK and rank + rope <= DEC_MAX_W:
             return "mla_decode_split"
         return "mla_absorbed_attention"
@@ -177,61 +166,38 @@ class MlaCudaOps:
             self._optin = int(getattr(props, "max_shared_memory_per_block_optin", 0) or 0)
         return self._optin
 
-    def _mma_plan(self, q_lat: Any, rope: int) -> tuple[str, int, int, int, int, int] | None:
-        """``(kernel, heads per block, warps, keys per tile, stages, shared bytes)`` of the
-        tensor-core decode kernel for these shapes, or None where none applies: policy
-        ``attention=simt``, a float32 model, pre-sm_80, a latent shape without a kernel, or too
-        little shared memory for two stages (then the SIMT split kernel runs). The key-split
-        kernel comes first unless ``ATLAS_MLA_DECODE=v1``."""
-        rank = q_lat.shape[-1]
+    def _mma_plan(self, q_lat: Any, rope: int) -> DecodePlan | None:
+        """The tensor-core decode kernel for these shapes (:func:`decode_plan`, first choice
+        ``ATLAS_MLA_DECODE``), or None where none applies: policy ``attention=simt``, a float32
+        model, pre-sm_80, a latent shape without a kernel, or too little shared memory for two
+        stages (then the SIMT split kernel runs)."""
         if (self.ctx.policy.attention == "simt"
                 or np.dtype(q_lat.dtype).name not in ("bfloat16", "float16")
                 or tuple(self.ctx.capability) < (8, 0)):
             return None
-        row = (rank + rope + 8) * 2  # bytes of a padded bf16 / f16 row in shared memory
-        keys = KEYS_DECODE_CONFIGS.get((rank, rope))
-        if keys is not None and os.environ.get("ATLAS_MLA_DECODE", "") != "v1":
-            ht, warps, bn = keys
-            # The ring and queries, later reused by the key-warps' merge ([kw][ht][rank + 8]
-            # floats); static (m, l, weight) per key-warp and head on top.
-            merge, static = (bn // 16) * ht * (rank + 8) * 4, 3 * (bn // 16) * ht * 4
-            for stages in MMA_STAGES:
-                shmem = max((ht + stages * bn) * row, merge)
-                if shmem + static <= self._smem_optin():
-                    return "mla_decode_keys", ht, warps, bn, stages, shmem
-        config = MMA_DECODE_CONFIGS.get((rank, rope))
-        if config is None:
-            return None
-        ht, warps, bn = config
-        nw = warps // (ht // 16)
-        for stages in MMA_STAGES:
-            shmem = (ht + stages * bn) * row + nw * ht * (bn + 8) * 4
-            if shmem <= self._smem_optin():
-                return "mla_decode_mma", ht, warps, bn, stages, shmem
-        return None
+        return decode_plan(q_lat.shape[-1], rope, self._smem_optin(),
+                           os.environ.get("ATLAS_MLA_DECODE", ""))
 
-    def _decode_mma(self, plan: tuple[str, int, int, int, int, int], q_lat: Any, q_pe: Any,
-                    cache: Any, block_tables: Any, seq_lens: Any, scale: float) -> Any:
-        """Decode rows on tensor cores (``mla_decode_keys.cu`` or ``mla_decode_mma.cu``, same
-        arguments and partials), merged by ``mla_decode_combine``. Their shared memory leaves
-        one resident block per SM, so the context splits make one wave of blocks
-        (``num_sms // (batch * head groups)``; a partial second wave would double the time), no
-        more than one per two key tiles of the table's capacity. Shapes only decide the split
-        count, so captured graphs keep it."""
-        module, ht, warps, bn, stages, shmem = plan
+    def _decode_mma(self, plan: DecodePlan, q_lat: Any, q_pe: Any, cache: Any,
+                    block_tables: Any, seq_lens: Any, scale: float) -> Any:
+        """Decode rows on tensor cores (any kernel of :mod:`.mla_decode_plan`: same arguments
+        and partials), merged by ``mla_decode_combine``. The context splits make one wave of
+        blocks (:func:`decode_splits`); shapes only decide the split count, so captured graphs
+        keep it."""
+        config = plan.config
         batch, heads, rank = q_lat.shape
-        groups = -(-heads // ht)
+        groups = -(-heads // config.heads)
         max_ctx = block_tables.shape[1] * cache.shape[1]
-        splits = max(1, min(MMA_MAX_SPLITS, self.ctx.num_sms // (batch * groups),
-                            -(-max_ctx // (2 * bn))))
+        splits = decode_splits(plan, batch, groups, self.ctx.num_sms, max_ctx)
         part_o = self.ctx.out((batch * splits * heads * rank,), np.float32)
         part_ml = self.ctx.out((batch * splits * heads * 2,), np.float32)
-        kernel = self.ctx.kernel(module, q_lat.dtype, f"{module}_r{rank}", max_shmem=shmem)
-        self.ctx.launch(kernel, (batch, groups, splits), 32 * warps, part_o, part_ml, q_lat,
-                        q_pe, cache, block_tables, seq_lens, np.int32(heads),
+        kernel = self.ctx.kernel(config.module, q_lat.dtype, f"{config.kernel}_r{rank}",
+                                 max_shmem=plan.shmem)
+        self.ctx.launch(kernel, (batch, groups, splits), 32 * config.warps, part_o, part_ml,
+                        q_lat, q_pe, cache, block_tables, seq_lens, np.int32(heads),
                         np.int32(block_tables.shape[1]), np.int32(cache.shape[1]),
-                        np.float32(scale * LOG2E), np.int32(splits), np.int32(stages),
-                        shmem=shmem)
+                        np.float32(scale * LOG2E), np.int32(splits), np.int32(plan.stages),
+                        shmem=plan.shmem)
         return self._combine(part_o, part_ml, batch, heads, rank, splits, q_lat.dtype)
 
     def _combine(self, part_o: Any, part_ml: Any, batch: int, heads: int, rank: int,

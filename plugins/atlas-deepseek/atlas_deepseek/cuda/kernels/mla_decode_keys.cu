@@ -1,8 +1,9 @@
 // atlas-deepseek: absorbed MLA decode attention on tensor cores with the warps splitting the
-// KEYS of a tile (mma.sync m16n8k16, sm_80+): the default decode kernel for latents whose
-// 16-head x RANK accumulator fits a warp's registers (Mistral-Small-4, 256 + 64, 32 heads).
-// mla_decode_mma.cu (the warps split the row width) stays for wider latents and as the A/B
-// baseline (ATLAS_MLA_DECODE=v1); both write the same partials for mla_decode_combine.
+// KEYS of a tile (mma.sync m16n8k16, sm_80+), for latents whose 16-head x RANK accumulator
+// fits a warp's registers (Mistral-Small-4, 256 + 64, 32 heads). mla_decode_keys2.cu (warp
+// pairs split the output columns too: twice the warps an SM) replaced it as the default; it
+// stays as an A/B baseline (ATLAS_MLA_DECODE=keys1), as does mla_decode_mma.cu (the warps
+// split the row width; v1). All write the same partials for mla_decode_combine.
 //
 // Why a second kernel: Mistral-Small-4 does ~58 FLOP per latent byte, so it is bound by the
 // latent read, but mla_decode_mma splits each S product over the row width: every warp
@@ -219,7 +220,7 @@ __device__ void mla_decode_keys_impl(float* part_o, float* part_ml, const T* q_l
 
 // One kernel per latent shape, named mla_decode_keys_r<RANK>_<dtype>; the launch parameters
 // (heads per block 16 * MH, MH * KW warps, 16 * KW keys a tile) are KEYS_DECODE_CONFIGS in
-// atlas_deepseek/cuda/mla_ops.py and must match these.
+// atlas_deepseek/cuda/mla_decode_plan.py and must match these (test_mla_decode_plan.py).
 #define MLA_KEYS_ONE(T, S, RANK, ROPE, MH, KW)                                                 \
   extern "C" __global__ void __launch_bounds__(32 * MH * KW, 1) mla_decode_keys_r##RANK##_##S( \
       float* po, float* pml, const T* ql, const T* qp, const T* cache, const int* tables,      \

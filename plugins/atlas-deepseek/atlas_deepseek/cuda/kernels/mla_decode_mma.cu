@@ -239,7 +239,7 @@ __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_la
 
 // One kernel per latent shape, named mla_decode_mma_r<RANK>_<dtype>; the launch parameters
 // (heads per block 16 * MW, NW * MW warps, BN keys a tile) are MMA_DECODE_CONFIGS in
-// atlas_deepseek/cuda/mla_ops.py and must match these.
+// atlas_deepseek/cuda/mla_decode_plan.py and must match these (test_mla_decode_plan.py).
 #define MLA_MMA_ONE(T, S, RANK, ROPE, MW, NW, BN)                                              \
   extern "C" __global__ void __launch_bounds__(32 * MW * NW, 1) mla_decode_mma_r##RANK##_##S( \
       float* po, float* pml, const T* ql, const T* qp, const T* cache, const int* tables,      \
