@@ -7,10 +7,10 @@ qk_rope_head_dim`` values once per sequence (q and out are negligible); the floo
 at ``--bandwidth`` (default: 4.25 TB/s on an H200, the copy bandwidth in PERF-NOTES; else
 3.35 TB/s, H100 SXM HBM3).
 
-The kernel column names the decode kernel that ran (tensor cores: ``mla_decode_keys2_r<rank>``,
-warp pairs over the keys and the pair's warps over the output columns, one 16-warp block an SM,
-the default at 256 + 64; ``mla_decode_keys2x2_r<rank>``, the same as two 8-warp blocks an SM,
-``ATLAS_MLA_DECODE=keys2x2``; ``mla_decode_keys_r<rank>``, warps over the keys, ``keys1``;
+The kernel column names the decode kernel that ran (tensor cores: ``mla_decode_keys2x2_r<rank>``,
+warp pairs over the keys and the pair's warps over the output columns, two 8-warp blocks an SM,
+the default at 256 + 64; ``mla_decode_keys2_r<rank>``, the same as one 16-warp block an SM,
+``ATLAS_MLA_DECODE=keys2``; ``mla_decode_keys_r<rank>``, warps over the keys, ``keys1``;
 ``mla_decode_mma_r<rank>``, warps over the row width, ``v1``; ``mla_decode_split``: the SIMT
 fallback, forced with ``ATLAS_CUDA_ATTENTION=simt``). ``--ab`` times every MLA case with each
 distinct kernel of those choices in one process (the default first). TFLOP/s counts the two
@@ -31,7 +31,7 @@ from atlas_core.api import Registry, bfloat16
 from atlas_core.bench.graph_timing import graph_ms
 
 #: ``ATLAS_MLA_DECODE`` values ``--ab`` times after the default
-AB_CHOICES = ("keys2x2", "keys1", "v1")
+AB_CHOICES = ("keys2", "keys1", "v1")
 #: name: (query heads, kv_lora_rank, qk_rope_head_dim)
 SHAPES = {"deepseek-v3": (128, 512, 64), "mistral-small-4": (32, 256, 64)}
 CASES = [(b, c) for c in (1024, 32768) for b in (1, 8, 32)]

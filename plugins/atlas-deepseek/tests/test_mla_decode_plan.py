@@ -18,12 +18,12 @@ from atlas_deepseek.cuda.mla_decode_plan import (KEYS2_DECODE_CONFIGS, KEYS_DECO
 HOPPER, AMPERE, ADA = 227 * 1024, 163 * 1024, 99 * 1024
 
 
-@pytest.mark.parametrize("choice, kernel", [("", "mla_decode_keys2"),
+@pytest.mark.parametrize("choice, kernel", [("", "mla_decode_keys2x2"),
                                             ("keys2", "mla_decode_keys2"),
                                             ("keys2x2", "mla_decode_keys2x2"),
                                             ("keys1", "mla_decode_keys"),
                                             ("v1", "mla_decode_mma"),
-                                            ("unknown", "mla_decode_keys2")])
+                                            ("unknown", "mla_decode_keys2x2")])
 def test_the_choice_picks_the_kernel_at_mistral_small_4(choice, kernel):
     plan = decode_plan(256, 64, HOPPER, choice)
     assert plan.config.kernel == kernel and plan.stages == 4
@@ -65,7 +65,7 @@ def test_the_pair_split_kernel_budgets_ring_exchange_and_merge():
 
 @pytest.mark.parametrize("batch, splits", [(1, 128), (8, 16), (32, 4), (200, 1)])
 def test_splits_make_one_wave_of_one_block_an_sm(batch, splits):
-    plan = decode_plan(256, 64, HOPPER, "")
+    plan = decode_plan(256, 64, HOPPER, "keys2")
     assert decode_splits(plan, batch, 1, 132, 32768) == splits
 
 
@@ -76,7 +76,7 @@ def test_splits_make_one_wave_of_two_blocks_an_sm(batch, splits):
 
 
 def test_short_tables_get_one_split_per_two_tiles():
-    plan = decode_plan(256, 64, HOPPER, "")
+    plan = decode_plan(256, 64, HOPPER, "keys2")
     assert decode_splits(plan, 1, 1, 132, 128) == 1
     assert decode_splits(plan, 1, 1, 132, 640) == 5
 

@@ -3,14 +3,19 @@ shared memory: host arithmetic only (no GPU, no compile), so it is tested on a l
 
 Three kernels write the same partials for ``mla_decode_combine``:
 
-- ``mla_decode_keys2.cu`` (the default where it has the shape): warp pairs split the keys of a
-  tile, the two warps of a pair split the output columns; 128 registers, 16 warps an SM, as one
-  16-warp block (``mla_decode_keys2``) or two 8-warp blocks (``mla_decode_keys2x2``);
+- ``mla_decode_keys2.cu``: warp pairs split the keys of a tile, the two warps of a pair split
+  the output columns; 128 registers, 16 warps an SM, as two 8-warp blocks
+  (``mla_decode_keys2x2``, the default where it has the shape) or one 16-warp block
+  (``mla_decode_keys2``);
 - ``mla_decode_keys.cu``: warps split the keys, each holds every output column (8 warps an SM);
 - ``mla_decode_mma.cu``: warps split the row width (the only one for DeepSeek-V3 / Kimi-K2).
 
-``ATLAS_MLA_DECODE`` picks the first choice for A/B runs (``keys2``: the default, ``keys2x2``,
+``ATLAS_MLA_DECODE`` picks the first choice for A/B runs (``keys2x2``: the default, ``keys2``,
 ``keys1``, ``v1``); a shape or device the choice cannot take falls back down that list.
+Measured on an H200 (session 19, ``scripts/mla_decode_bench.py --ab``, Mistral-Small-4 heads):
+``keys2x2`` is the fastest at 1,024 tokens (batch 1/8/32) and at 32,768 tokens with 8 or 32
+sequences (7-10% under ``keys1``); ``keys1`` keeps batch 1 at 32,768 tokens (20.1 against 22.4
+us), one cell not worth a second default.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ RESERVED = 1024
 
 def _candidates(rank: int, rope: int, choice: str) -> list[DecodeConfig]:
     found = []
-    for name in CHOICES.get(choice or "keys2", CHOICES["keys2"]):
+    for name in CHOICES.get(choice or "keys2x2", CHOICES["keys2x2"]):
         if name.startswith("keys2"):
             configs = KEYS2_DECODE_CONFIGS.get((rank, rope), ())
             found += [c for c in configs if c.kernel == f"mla_decode_{name}"]
