@@ -82,11 +82,12 @@ __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int
   __shared__ unsigned s_epoch;
   // Launched with PDL (atlas_nccl/p2p.py): let the next kernel start launching now, so its
   // weight loads (a norm GEMV's) overlap this call's handshake; it still waits for all of this
-  // grid before reading what it wrote. Only the epoch (this kernel's own state) is read before
-  // the wait; the input is the previous kernel's output.
+  // grid before reading what it wrote. Nothing is read before the wait: the input is the
+  // previous kernel's output, and so may the epoch be (two all-reduces back to back: the
+  // earlier one writes it at its very end, after this one may already have started).
   pdl_trigger();
-  if (threadIdx.x == 0) s_epoch = epochs[b] + 1u;
   pdl_wait();
+  if (threadIdx.x == 0) s_epoch = epochs[b] + 1u;
   __syncthreads();
   unsigned e = s_epoch;
   long long per = (nvec + gridDim.x - 1) / gridDim.x;
