@@ -1,6 +1,7 @@
 """NCCL all-reduce through atlas-nccl's comm backend, on the cuda backend's stream: time per
 all-reduce of decode-sized activations (eager and replayed from one CUDA graph, as the decode
-steps run them) and bus bandwidth of large ones, against the link's bandwidth.
+steps run them) through NCCL and through the peer-memory kernel in each protocol (pull and
+push, switched on every rank at once), and bus bandwidth of large ones, against the link's.
 
     python scripts/allreduce_bench.py [-n 2] [--hidden 4096] [--layers 36] [--link-gbs 450]
 
@@ -46,9 +47,13 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
         backend.synchronize()
         return eager, (time.perf_counter() - start) / 200
 
+    modes = ("pull", "push") if comm._p2p is not None else ()
     for batch in (1, 8, 32, 128):
         x = backend.from_host(np.ones((batch, args.hidden), bfloat16))
-        rows[batch] = (*timed(comm.nccl_all_reduce, x), *timed(comm.all_reduce, x))
+        rows[batch] = list(timed(comm.nccl_all_reduce, x))
+        for mode in modes:
+            comm._p2p.mode = mode
+            rows[batch] += timed(comm.all_reduce, x)
     big = backend.from_host(np.ones(128 << 20 >> 1, bfloat16))
     comm.all_reduce(big)
     backend.synchronize()
@@ -84,12 +89,13 @@ def main() -> None:
     per_step = 2 * args.layers + 1
     print(f"{args.n} GPUs, bf16, hidden {args.hidden}; peer-memory all-reduce "
           f"{'on' if p2p else 'OFF (NCCL only)'}")
-    print("batch | KB | NCCL eager us | NCCL graph us | atlas eager us | atlas graph us | "
-          f"{per_step} per step (NCCL / atlas, graph) ms")
-    for batch, (ne, ng, ae, ag) in rows.items():
-        print(f"{batch:>5} | {batch * args.hidden * 2 >> 10:>4} | {ne * 1e6:6.1f} | {ng * 1e6:6.1f} | "
-              f"{ae * 1e6:6.1f} | {ag * 1e6:6.1f} | {per_step * ng * 1e3:.2f} / "
-              f"{per_step * ag * 1e3:.2f}")
+    names = ["NCCL"] + (["pull", "push"] if p2p else [])
+    print("batch | KB | " + " | ".join(f"{n} eager us | {n} graph us" for n in names)
+          + f" | {per_step} per step ({' / '.join(names)}, graph) ms")
+    for batch, times in rows.items():
+        cells = " | ".join(f"{t * 1e6:6.1f}" for t in times)
+        step = " / ".join(f"{per_step * t * 1e3:.2f}" for t in times[1::2])
+        print(f"{batch:>5} | {batch * args.hidden * 2 >> 10:>4} | {cells} | {step}")
     print(f"256 MiB all-reduce: bus bandwidth {busbw:.0f} GB/s ({100 * busbw / args.link_gbs:.0f}% "
           f"of {args.link_gbs:.0f} GB/s)")
 

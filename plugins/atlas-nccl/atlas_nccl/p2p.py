@@ -4,16 +4,20 @@ Tensor-parallel decode all-reduces ``batch x hidden`` activations twice a layer:
 NCCL's protocols take ~6-7 us each to move even inside a CUDA graph (the issue's probe on two
 H200s), so at TP=2 the 8B's 73 all-reduces cost ~0.5 ms of a ~3 ms step. Every rank here shares
 one ``cuMemAlloc`` buffer with its peers through CUDA IPC, and one kernel copies, signals and sums
-(see the kernel's comment for the protocol). Tensors past :data:`DEFAULT_MAX_BYTES`, other ops
-than sum, and ranks on different hosts stay on NCCL.
+(see the kernel's comment for the protocols: "pull" reads the peers' copies after the handshake,
+"push" writes this rank's part into every peer's buffer before it and then reads locally; both
+give the same bits). Tensors past :data:`DEFAULT_MAX_BYTES`, other ops than sum, and ranks on
+different hosts stay on NCCL.
 
 Set up once per communicator, collectively: every rank publishes its IPC handle and host name
 through the rendezvous store (an empty value when it cannot take part), opens its peers'
 handles, and the ranks agree through one NCCL all-reduce, so either all ranks use this path or
 none does: a split decision would deadlock the first call.
 
-``ATLAS_P2P_ALLREDUCE=0`` turns it off; ``ATLAS_P2P_ALLREDUCE_MAX_KB`` sets the size limit. It
-is off when ``NCCL_P2P_DISABLE`` is set (runs that stand in for separate nodes).
+``ATLAS_P2P_ALLREDUCE=0`` turns it off; ``ATLAS_P2P_ALLREDUCE_MAX_KB`` sets the size limit;
+``ATLAS_P2P_ALLREDUCE_MODE`` picks the protocol (``pull``, the default, or ``push``), read once at
+set-up. It is off when ``NCCL_P2P_DISABLE`` is set (runs that stand in for separate nodes). All
+three must be the same on every rank; the ranks check the mode when they agree to use the path.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ TRAP_AFTER_S = 600.0
 #: Threads per block of the kernel (its __launch_bounds__).
 THREADS = 256
 DTYPES = ("bfloat16", "float16", "float32")
+#: The protocols, in the order the ranks compare them by; their kernels are ``<name>_<dtype>``.
+MODES = {"pull": "p2p_allreduce", "push": "p2p_allreduce_push"}
 KEY = "nccl/p2p/{}"
 
 
@@ -52,6 +58,32 @@ def max_bytes() -> int:
     """The size limit (``ATLAS_P2P_ALLREDUCE_MAX_KB``, default 1024 KB)."""
     kb = os.environ.get("ATLAS_P2P_ALLREDUCE_MAX_KB")
     return DEFAULT_MAX_BYTES if not kb else max(16, int(kb) << 10)
+
+
+def mode() -> str:
+    """The protocol (``ATLAS_P2P_ALLREDUCE_MODE``: ``pull``, the default, or ``push``)."""
+    name = os.environ.get("ATLAS_P2P_ALLREDUCE_MODE", "").strip().lower() or "pull"
+    if name not in MODES:
+        raise ValueError(f"ATLAS_P2P_ALLREDUCE_MODE={name!r}: use one of {', '.join(MODES)}")
+    return name
+
+
+def region_bytes(limit: int) -> int:
+    """Bytes of one block's region from one rank: the most vectors :meth:`P2pAllReduce.all_reduce`
+    gives a block for tensors up to ``limit`` bytes (a full block of threads below 64 blocks, a
+    64th of the limit at 64), so a block's region sits at the same offset for every size."""
+    return 16 * max(THREADS, -(-(limit // 16) // MAX_BLOCKS))
+
+
+def buffer_bytes(limit: int, world: int) -> int:
+    """Bytes of a rank's shared buffer: the header, then two slots of ``world x MAX_BLOCKS``
+    regions (push lands rank r's part in region r; pull uses region 0 of its own buffer)."""
+    return HEADER + 2 * world * MAX_BLOCKS * region_bytes(limit)
+
+
+def grid(nvec: int) -> int:
+    """Blocks for ``nvec`` 16-byte vectors: one per full block of threads, at most MAX_BLOCKS."""
+    return max(1, min(MAX_BLOCKS, -(-nvec // THREADS)))
 
 
 def _handle_bytes(handle: Any) -> bytes:
@@ -71,12 +103,16 @@ class P2pAllReduce:
     Args:
         comm: this rank's :class:`~atlas_nccl.comm.NcclComm` (rank, world size, backend).
         own: this rank's shared allocation; ``peers``: every rank's buffer address here.
-        limit: the size limit in bytes (the slot size).
+        limit: the size limit in bytes; ``protocol``: a key of :data:`MODES`.
+
+    ``mode`` may be changed between calls (tests and A/B scripts) if every rank changes it at
+    the same call: both protocols share the buffer, its epochs and flags.
     """
 
     def __init__(self, comm: Any, own: Any, opened: list[int], peers: list[int],
-                 limit: int) -> None:
+                 limit: int, protocol: str = "pull") -> None:
         self.comm, self.own, self.opened, self.limit = comm, own, opened, limit
+        self.mode, self.region = protocol, region_bytes(limit)
         backend = comm.backend
         self.peers = backend.from_host(np.array(peers + [0] * (MAX_RANKS - len(peers)),
                                                 np.uint64))
@@ -91,14 +127,14 @@ class P2pAllReduce:
         rank, world = comm.rank, comm.world_size
         if not enabled() or store is None or world < 2:
             return None  # the environment is the same on every rank, like NCCL's own settings
-        own, limit, payload = None, max_bytes(), b""
+        own, limit, payload, protocol = None, max_bytes(), b"", mode()
         ok = world <= MAX_RANKS
         if ok:
             try:
                 from cuda.bindings import driver
 
                 from atlas_cuda.driver import DeviceAllocation, check
-                own = DeviceAllocation(HEADER + 2 * limit)
+                own = DeviceAllocation(buffer_bytes(limit, world))
                 check(driver.cuMemsetD8(own.ptr, 0, own.nbytes))
                 handle = check(driver.cuIpcGetMemHandle(own.ptr))
                 payload = socket.gethostname().encode() + b"\0" + _handle_bytes(handle)
@@ -114,16 +150,22 @@ class P2pAllReduce:
             except Exception as exc:  # noqa: BLE001 - e.g. no P2P between these devices
                 log.info("peer-memory all-reduce: rank %d cannot map its peers: %s", rank, exc)
                 ok = False
-        agreed = comm.backend.from_host(np.array([1 if ok else 0], np.int32))
+        # min of (ok, mode, -mode): mixed modes would sum stale regions, so they fall back too
+        m = list(MODES).index(protocol)
+        agreed = comm.backend.from_host(np.array([1 if ok else 0, m, -m], np.int32))
         comm.nccl_all_reduce(agreed, "min")
-        if not int(comm.backend.to_host(agreed)[0]):
+        votes = comm.backend.to_host(agreed)
+        if int(votes[1]) != -int(votes[2]):
+            log.warning("rank %d: ranks set different ATLAS_P2P_ALLREDUCE_MODE; all-reduces go "
+                        "through NCCL", rank)
+        if not int(votes[0]) or int(votes[1]) != -int(votes[2]):
             cls._close(opened)
             log.info("rank %d: all-reduces go through NCCL only", rank)
             return None
         if rank == 0:
-            log.info("all-reduces up to %d KB through peer memory (%d ranks), larger through "
-                     "NCCL", limit >> 10, world)
-        return cls(comm, own, opened, peers, limit)
+            log.info("all-reduces up to %d KB through peer memory (%d ranks, %s), larger "
+                     "through NCCL", limit >> 10, world, protocol)
+        return cls(comm, own, opened, peers, limit, protocol)
 
     @staticmethod
     def _open_peers(rank: int, world: int, store: Any, payload: bytes,
@@ -175,10 +217,10 @@ class P2pAllReduce:
                              "are); set ATLAS_P2P_ALLREDUCE=0 to use NCCL")
         ctx = self.comm.backend.ctx
         nvec = array.nbytes // 16
-        blocks = max(1, min(MAX_BLOCKS, -(-nvec // THREADS)))
-        ctx.launch(ctx.kernel("p2p_allreduce", array.dtype, "p2p_allreduce"), blocks, THREADS,
-                   array, self.peers, np.int32(self.comm.rank), np.int32(self.comm.world_size),
-                   np.int64(nvec), np.int64(self.limit), self.timeout_ns, pdl=ctx.pdl)
+        ctx.launch(ctx.kernel("p2p_allreduce", array.dtype, MODES[self.mode]), grid(nvec),
+                   THREADS, array, self.peers, np.int32(self.comm.rank),
+                   np.int32(self.comm.world_size), np.int64(nvec), np.int64(self.region),
+                   self.timeout_ns, pdl=ctx.pdl)
         self.calls += 1
         return array
 

@@ -242,3 +242,36 @@ def test_peer_memory_all_reduce_takes_small_sums_only():
     ints = _Array((8,), np.int32)
     ints.nbytes = 32
     assert not p2p.takes(ints, "sum")
+
+
+def test_peer_memory_all_reduce_mode_from_environment(monkeypatch):
+    from atlas_nccl import p2p
+    monkeypatch.delenv("ATLAS_P2P_ALLREDUCE_MODE", raising=False)
+    assert p2p.mode() == "pull"
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", " Push ")
+    assert p2p.mode() == "push"
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "")
+    assert p2p.mode() == "pull"
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "pool")
+    with pytest.raises(ValueError, match="pull, push"):
+        p2p.mode()
+
+
+@pytest.mark.parametrize("kb", [16, 64, 100, 1024, 3000])
+def test_peer_memory_buffer_holds_every_block_slice(kb):
+    """Every tensor the path takes gives each block at most one region of vectors (the kernel
+    traps otherwise), and a slot holds world x the largest tensor: push lands every rank's."""
+    from atlas_nccl import p2p
+    limit = kb << 10
+    region = p2p.region_bytes(limit)
+    assert region % 16 == 0
+    nvec = np.arange(1, limit // 16 + 1)
+    blocks = np.maximum(1, np.minimum(p2p.MAX_BLOCKS, -(-nvec // p2p.THREADS)))
+    step = max(1, len(nvec) // 997)
+    assert [p2p.grid(int(n)) for n in nvec[::step]] == blocks[::step].tolist()
+    assert (-(-nvec // blocks) * 16 <= region).all()
+    for world in (2, 4, 8):
+        slot = world * p2p.MAX_BLOCKS * region
+        assert slot >= world * limit
+        assert p2p.buffer_bytes(limit, world) == p2p.HEADER + 2 * slot
+    assert p2p.buffer_bytes(1 << 20, 2) == p2p.HEADER + 4 * (1 << 20)  # the default: no waste

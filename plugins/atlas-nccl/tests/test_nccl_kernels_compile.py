@@ -32,7 +32,11 @@ def test_parallel_kernels_compile(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_p2p_allreduce_kernels_compile(arch):
+    """Both protocols' kernels (atlas_nccl.p2p.MODES) for every dtype the path takes."""
+    from atlas_nccl.p2p import MODES
     sources = _sources()
     assert_kernel_module_found(sources, "p2p_allreduce")
-    assert_kernel_module_compiles(sources, "p2p_allreduce", arch,
-                                  variants=list(compiler.DTYPE_VARIANTS))
+    for variant in compiler.DTYPE_VARIANTS:
+        cubin = compiler.compile_module(sources, "p2p_allreduce", variant, arch, None)
+        for name in MODES.values():
+            assert f"{name}_{variant}".encode() + b"\0" in cubin, (name, variant)

@@ -1,19 +1,41 @@
 // One-shot all-reduce of small tensors between the GPUs of one host over peer-mapped memory
 // (NVLink or PCIe P2P, buffers shared with CUDA IPC: atlas_nccl/p2p.py). A tensor-parallel decode
 // step all-reduces a few KB twice a layer; NCCL's protocols cost ~6-7 us a call at that size even
-// replayed from a CUDA graph, most of it synchronisation. Here every rank copies its input into
-// its own peer-visible buffer, raises a flag in every peer's buffer, waits for every peer's flag
-// and then sums all ranks' copies itself, in rank order, so every rank gets bit-identical sums
-// (the ranks of a split model must hold identical activations). Each rank reads world x n
-// elements, which only pays for small tensors: large ones stay on NCCL.
+// replayed from a CUDA graph, most of it synchronisation. Every rank ends up summing all ranks'
+// copies itself, in rank order 0..world-1 with float accumulators, so every rank gets
+// bit-identical sums (the ranks of a split model must hold identical activations) and both
+// protocols below give the same bits. Each rank moves world x n elements, which only pays for
+// small tensors: large ones stay on NCCL.
 //
-// Each rank's peer-visible buffer: a header of flags [P2P_MAX_BLOCKS][P2P_MAX_RANKS] (written by
-// the peers) and epochs [P2P_MAX_BLOCKS] (this rank's own count of calls per block), then two
-// data slots. Block b of call e (its epoch) works on its own slice in slot e & 1 and only waits
-// for the peers' block b, so blocks never wait on each other and the epoch lives in device
-// memory: a call replayed from a CUDA graph advances it like an eager one. Two slots suffice: a
-// peer reaches call e + 2's copy into a slot only after its call e + 1 got this rank's flag,
-// which this rank raises after its call e (the last reader of that slot) finished.
+// Two protocols (ATLAS_P2P_ALLREDUCE_MODE, the same on every rank):
+//   pull (p2p_allreduce_*): copy the input into this rank's own buffer, raise a flag in every
+//     peer's buffer, wait for every peer's flag, then read every peer's copy over the link.
+//   push (p2p_allreduce_push_*): write the input into every peer's buffer (region `rank`), raise
+//     the flags, wait for every peer's, then sum the regions of this rank's own buffer (local
+//     reads; its own part straight from the input). No remote read after the handshake.
+// In both, a thread raises peer p's flag with a release store at system scope after a
+// __syncthreads, so every thread's data stores of the block (to its own buffer, or to p's) are
+// visible to p before the flag (bar.sync orders them before the release, which is cumulative).
+//
+// Each rank's peer-visible buffer: a header of flags [P2P_MAX_BLOCKS][P2P_MAX_RANKS] (flags[b][r]
+// written by rank r) and epochs [P2P_MAX_BLOCKS] (this rank's own count of calls per block),
+// then two slots [2][world][P2P_MAX_BLOCKS][region_bytes]: [s][r][b] holds block b's slice from
+// rank r (push; pull uses r = 0, its own). Block b of call e (its epoch) works on slot e & 1,
+// touches only the [*][*][b] regions and waits only for the peers' block b, so blocks never wait
+// on each other and the epoch lives in device memory: a call replayed from a CUDA graph advances
+// it like an eager one. A block's region sits at the same place whatever the tensor size, so
+// calls of other sizes (other grids: blocks' epochs drift apart) never meet in a region.
+//
+// Why two slots suffice, in either protocol (even switching between them at one call on every
+// rank): block b's accesses to a region in call e are its writes (before the writer's flag e)
+// and its reads (after the reader saw every flag e); all come from block b of some rank in call
+// e. A rank X touches slot e & 1 again in call e + 2 only after its call e + 1 saw flag e + 1
+// of every peer Y, and Y raises that after its pdl_wait in call e + 1, i.e. once its whole
+// call-e grid ended, the last of its reads (pull: of X's slot; push: of Y's own slot, which X
+// writes) included. So every call-e access to the slot happens before any call-e + 2 access,
+// and call e + 1 uses the other slot. Push concretely: peer p writes call e + 1 into my slot
+// (e + 1) & 1 while I may still read call e from slot e & 1; it reaches call e + 2's writes
+// into slot e & 1 only after my call-e + 1 flag, which I raise after my call-e reads ended.
 //
 // A peer that never arrives (a dead process) traps after timeout_ns instead of hanging the GPU.
 #include "common.cuh"
@@ -38,15 +60,22 @@ __device__ __forceinline__ unsigned long long p2p_now_ns() {
   return t;
 }
 
+// This block's region from rank r in slot e & 1 of the buffer at base.
+__device__ __forceinline__ uint4* p2p_region(unsigned long long base, unsigned e, int r,
+                                             int world, long long region_bytes) {
+  long long i = ((long long)(e & 1u) * world + r) * P2P_MAX_BLOCKS + blockIdx.x;
+  return reinterpret_cast<uint4*>(base + P2P_HEADER + i * region_bytes);
+}
+
 // data: [nvec] 16-byte vectors, reduced in place. peers: every rank's buffer address as mapped
 // in this process (peers[rank] is this rank's own). Grid: up to P2P_MAX_BLOCKS blocks, each a
-// contiguous slice of the vectors.
-template <typename T>
+// contiguous slice of at most region_bytes / 16 vectors.
+template <typename T, bool PUSH>
 __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int rank, int world,
-                                   long long nvec, long long slot_bytes,
+                                   long long nvec, long long region_bytes,
                                    unsigned long long timeout_ns) {
   constexpr int E = 16 / sizeof(T);  // elements a vector
-  unsigned char* mine = reinterpret_cast<unsigned char*>(peers[rank]);
+  unsigned long long mine = peers[rank];
   unsigned* flags = reinterpret_cast<unsigned*>(mine);
   unsigned* epochs = flags + P2P_MAX_BLOCKS * P2P_MAX_RANKS;
   int b = blockIdx.x;
@@ -61,12 +90,20 @@ __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int
   if (threadIdx.x == 0) s_epoch = epochs[b] + 1u;
   __syncthreads();
   unsigned e = s_epoch;
-  long long slot = P2P_HEADER + (long long)(e & 1u) * slot_bytes;
   long long per = (nvec + gridDim.x - 1) / gridDim.x;
-  long long v0 = b * per, v1 = min(nvec, v0 + per);
-  const uint4* src = reinterpret_cast<const uint4*>(data);
-  uint4* own = reinterpret_cast<uint4*>(mine + slot);
-  for (long long v = v0 + threadIdx.x; v < v1; v += blockDim.x) own[v] = src[v];
+  if (per * 16 > region_bytes) __trap();  // the host sized the buffer for fewer vectors a block
+  long long v0 = b * per, n = min(nvec, v0 + per) - v0;
+  const uint4* src = reinterpret_cast<const uint4*>(data) + v0;
+  if (PUSH) {
+    for (long long v = threadIdx.x; v < n; v += blockDim.x) {
+      uint4 x = src[v];
+      for (int p = 0; p < world; p++)
+        if (p != rank) p2p_region(peers[p], e, rank, world, region_bytes)[v] = x;
+    }
+  } else {
+    uint4* own = p2p_region(mine, e, 0, world, region_bytes);
+    for (long long v = threadIdx.x; v < n; v += blockDim.x) own[v] = src[v];
+  }
   __syncthreads();  // the whole slice is written before any thread raises the flags
   int p = threadIdx.x;
   if (p < world && p != rank) {
@@ -79,14 +116,14 @@ __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int
     }
   }
   __syncthreads();  // every peer's slice of this call is in place
-  for (long long v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
+  for (long long v = threadIdx.x; v < n; v += blockDim.x) {
     float acc[E];
 #pragma unroll
     for (int i = 0; i < E; i++) acc[i] = 0.f;
     for (int r = 0; r < world; r++) {
-      uint4 x = r == rank ? src[v]
-                          : __ldcg(reinterpret_cast<const uint4*>(
-                                reinterpret_cast<const unsigned char*>(peers[r]) + slot) + v);
+      const uint4* from = PUSH ? p2p_region(mine, e, r, world, region_bytes)
+                               : p2p_region(peers[r], e, 0, world, region_bytes);
+      uint4 x = r == rank ? src[v] : __ldcg(from + v);
       const T* xs = reinterpret_cast<const T*>(&x);
 #pragma unroll
       for (int i = 0; i < E; i++) acc[i] += to_f32(xs[i]);
@@ -95,7 +132,7 @@ __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int
     T* os = reinterpret_cast<T*>(&out);
 #pragma unroll
     for (int i = 0; i < E; i++) os[i] = from_f32<T>(acc[i]);
-    reinterpret_cast<uint4*>(data)[v] = out;
+    reinterpret_cast<uint4*>(data)[v0 + v] = out;
   }
   if (threadIdx.x == 0) epochs[b] = e;
 }
@@ -103,7 +140,12 @@ __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int
 #define P2P_ALLREDUCE(T, S)                                                                    \
   extern "C" __global__ void __launch_bounds__(256) p2p_allreduce_##S(                         \
       T* data, const unsigned long long* peers, int rank, int world, long long nvec,           \
-      long long slot_bytes, unsigned long long timeout_ns) {                                   \
-    p2p_allreduce_impl<T>(data, peers, rank, world, nvec, slot_bytes, timeout_ns);             \
+      long long region_bytes, unsigned long long timeout_ns) {                                 \
+    p2p_allreduce_impl<T, false>(data, peers, rank, world, nvec, region_bytes, timeout_ns);    \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(256) p2p_allreduce_push_##S(                    \
+      T* data, const unsigned long long* peers, int rank, int world, long long nvec,           \
+      long long region_bytes, unsigned long long timeout_ns) {                                 \
+    p2p_allreduce_impl<T, true>(data, peers, rank, world, nvec, region_bytes, timeout_ns);     \
   }
 INSTANTIATE(P2P_ALLREDUCE)
