@@ -210,6 +210,10 @@ class VerifyGraphs:
                  "state_indices": bucket, "window_block_tables": bucket}
         views = {name: r.device[name][:sizes.get(name, t)] for name in r.device}
         meta = r._metadata(views, t, bucket, t, w, r.max_seq_len, False)
+        # A graph replays with the host values of the capture step (all padding): a layer that
+        # sizes its work from meta.host (MLA's expanded path: sum(seq_lens) context rows) would
+        # keep those sizes in every replay. Without host copies it takes its device-only path.
+        meta.host = {}
         if r.state_pools:
             meta.spec_verify = self._layout(bucket)
         params = {name: arr[:t] for name, arr in r.sampler.device.items()}
