@@ -15,7 +15,7 @@ handles, and the ranks agree through one NCCL all-reduce, so either all ranks us
 none does: a split decision would deadlock the first call.
 
 ``ATLAS_P2P_ALLREDUCE=0`` turns it off; ``ATLAS_P2P_ALLREDUCE_MAX_KB`` sets the size limit;
-``ATLAS_P2P_ALLREDUCE_MODE`` picks the protocol (``pull``, the default, or ``push``), read once at
+``ATLAS_P2P_ALLREDUCE_MODE`` picks the protocol (``push``, the default, or ``pull``), read once at
 set-up. It is off when ``NCCL_P2P_DISABLE`` is set (runs that stand in for separate nodes). All
 three must be the same on every rank; the ranks check the mode when they agree to use the path.
 """
@@ -61,8 +61,9 @@ def max_bytes() -> int:
 
 
 def mode() -> str:
-    """The protocol (``ATLAS_P2P_ALLREDUCE_MODE``: ``pull``, the default, or ``push``)."""
-    name = os.environ.get("ATLAS_P2P_ALLREDUCE_MODE", "").strip().lower() or "pull"
+    """The protocol (``ATLAS_P2P_ALLREDUCE_MODE``: ``push``, the default: faster at every size
+    measured on 2 x H200, or ``pull``)."""
+    name = os.environ.get("ATLAS_P2P_ALLREDUCE_MODE", "").strip().lower() or "push"
     if name not in MODES:
         raise ValueError(f"ATLAS_P2P_ALLREDUCE_MODE={name!r}: use one of {', '.join(MODES)}")
     return name

@@ -247,11 +247,11 @@ def test_peer_memory_all_reduce_takes_small_sums_only():
 def test_peer_memory_all_reduce_mode_from_environment(monkeypatch):
     from atlas_nccl import p2p
     monkeypatch.delenv("ATLAS_P2P_ALLREDUCE_MODE", raising=False)
-    assert p2p.mode() == "pull"
-    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", " Push ")
     assert p2p.mode() == "push"
-    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "")
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", " Pull ")
     assert p2p.mode() == "pull"
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "")
+    assert p2p.mode() == "push"
     monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "pool")
     with pytest.raises(ValueError, match="pull, push"):
         p2p.mode()
