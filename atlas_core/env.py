@@ -62,3 +62,11 @@ def api_keys() -> list[str]:
     """``ATLAS_API_KEY``: the key ``atlas serve`` requires when no ``--api-key`` is given."""
     raw = os.environ.get("ATLAS_API_KEY", "").strip()
     return [raw] if raw else []
+
+
+def parallel_profile() -> bool:
+    """``ATLAS_PARALLEL_PROFILE``: ``1`` makes the engine and every worker of a ``-tp`` run log,
+    at shutdown, where their host time went (handling each message kind, waiting for messages,
+    waiting for the device): tells a host-bound step from a device-bound one."""
+    return os.environ.get("ATLAS_PARALLEL_PROFILE", "").strip().lower() in ("1", "true", "on",
+                                                                               "yes")

@@ -189,3 +189,19 @@ def test_rank_model_decodes_alone(shape, ep):
     assert all(0 <= t < config["vocab_size"] for o in done for t in o.outputs[0].token_ids)
     with pytest.raises(ValueError, match="outside a world of 2"):
         SilentComm(be, 2, rank=2)
+
+
+def test_host_clock_times_phases_only_when_on(caplog):
+    from atlas_core.parallel.host_clock import HostClock
+    off = HostClock("off", on=False)
+    with off("x"):
+        pass
+    assert not off.seconds
+    on = HostClock("engine", on=True)
+    for _ in range(3):
+        with on("sending launch"):
+            pass
+    assert on.counts["sending launch"] == 3
+    with caplog.at_level("WARNING"):
+        on.report()
+    assert "engine host time over" in caplog.text and "sending launch" in caplog.text

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from atlas_core.engine.model_runner import StepResult
 from atlas_core.parallel.config import ParallelConfig
 from atlas_core.parallel.front import BusiestRankBytes, FrontBackend, FrontModel, RemoteStep
+from atlas_core.parallel.host_clock import HostClock
 from atlas_core.parallel.step import describe_step
 from atlas_core.parallel.store import Channel, PeerLostError, StoreServer
 from atlas_core.parallel.worker import WorkerSpec, worker_main
@@ -95,6 +96,7 @@ class ParallelExecutor:
         self.error: str | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
         self._closing = False
+        self.clock = HostClock("engine")
         self._lock, self._io = threading.Lock(), threading.Lock()
         self._next_id = self._flushed = 0
         self._results: dict[int, list] = {}
@@ -246,6 +248,7 @@ class ParallelExecutor:
         with ``prev`` the workers take its input ids from ``prev``'s sampled tokens on the
         device)."""
         rows_of = {s.seq.seq_id: [r] for s, r in zip(sched.scheduled, rows)}
+        self.clock.tick("interval between decode launches")
         step_id = self._send("launch", describe_step(sched, rows_of), prev is not None)
         return RemoteStep(self, sched, rows, step_id)
 
@@ -255,8 +258,9 @@ class ParallelExecutor:
         self._next_id += 1
         message = (kind, self._next_id, *payload)
         try:
-            for chan in self._chans.values():
-                chan.send(message)
+            with self.clock(f"sending {kind}"):
+                for chan in self._chans.values():
+                    chan.send(message)
         except PeerLostError as exc:
             self._lost(str(exc))
             raise WorkerLostError(self.error) from None
@@ -271,7 +275,8 @@ class ParallelExecutor:
                     self._flushed = self._next_id
                     self._chans[0].send(("flush",))
                 while step_id not in self._results:
-                    self._receive()
+                    with self.clock("waiting for results"):
+                        self._receive()
         except PeerLostError as exc:
             self._lost(str(exc))
             raise WorkerLostError(self.error) from None
@@ -311,6 +316,7 @@ class ParallelExecutor:
         if self._closing:
             return
         self._closing = True
+        self.clock.report()
         for chan in getattr(self, "_chans", {}).values():
             try:
                 chan.send(("shutdown",))

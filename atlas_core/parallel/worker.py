@@ -28,6 +28,7 @@ from typing import Any
 
 from atlas_core import env
 from atlas_core.parallel.config import ParallelConfig
+from atlas_core.parallel.host_clock import HostClock
 from atlas_core.parallel.store import Channel, PeerLostError, StoreClient
 
 log = logging.getLogger(__name__)
@@ -141,13 +142,17 @@ def serve_steps(spec: WorkerSpec, chan: Channel, backend: Any, comm: Any, model:
     steps = _Steps(spec.rank, chan, runner, speculation, backend)
     watchdog = _Watchdog(spec.rank, comm, spec.parallel.timeout_s,
                          getattr(backend, "compile_seconds", None))
+    clock = steps.clock
     while True:
-        message = chan.recv()
+        with clock("waiting for the engine"):
+            message = chan.recv()
         if message[0] == "shutdown":
+            clock.report()
             return
         watchdog.arm()
         try:
-            steps.handle(message)
+            with clock(f"handling {message[0]}"):
+                steps.handle(message)
         finally:
             watchdog.deadline = None
 
@@ -224,6 +229,7 @@ class _Steps:
         self.backend = backend
         self.queued: list[tuple[int, Any]] = []
         self.last: Any = None
+        self.clock = HostClock(f"rank {rank}")
 
     def handle(self, message: tuple) -> None:
         kind = message[0]
@@ -235,8 +241,11 @@ class _Steps:
             self.send(message[1], [(r.token_id, r.logprob) for r in results])
         elif kind == "launch":
             _, step_id, desc, chained = message
+            self.clock.tick("interval between decode launches")
             rows = [desc.rows_of[s.seq.seq_id][0] for s in desc.sched.scheduled]
-            self.last = self.runner.launch_decode(desc.sched, rows, self.last if chained else None)
+            with self.clock("of which launch_decode"):
+                self.last = self.runner.launch_decode(desc.sched, rows,
+                                                      self.last if chained else None)
             self.queued.append((step_id, self.last))
             self.report(len(self.queued) - 1)
         elif kind == "copy":
@@ -253,7 +262,8 @@ class _Steps:
 
     def report(self, count: int) -> None:
         for step_id, pending in self.queued[:count]:
-            ids = pending.read.wait()
+            with self.clock("of which waiting for the device"):
+                ids = pending.read.wait()
             self.send(step_id, [(int(t), None) for t in ids])
         del self.queued[:count]
 
