@@ -239,6 +239,9 @@ fi
 if [[ $DRY != 1 ]]; then
   BIG=${BIG:-$($PY $UTIL big-shape "$N" "$MEM")}
   export BIG=${BIG:-none}
+  # FP8 weights stay FP8 on the device only with the quant_weights policy (off by default):
+  # without it the FP8 shape is dequantized to bf16 and needs twice the memory (4 x H100: OOM)
+  [[ $BIG == *-fp8 ]] && export ATLAS_CUDA_QUANT_WEIGHTS=${ATLAS_CUDA_QUANT_WEIGHTS:-1}
 fi
 if [[ $DRY == 1 ]]; then  # a tokenizer within the tiny shape's vocabulary
   export TOKENIZER_DIR=$WORK/fx-dry
