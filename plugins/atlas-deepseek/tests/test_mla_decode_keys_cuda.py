@@ -1,7 +1,8 @@
 """On a CUDA GPU (marker ``gpu``, skipped without one): every tensor-core decode kernel of
-absorbed MLA at Mistral-Small-4's 256 + 64 (``ATLAS_MLA_DECODE`` unset: ``mla_decode_keys2``,
-warp pairs over the keys and the two warps of a pair over the output columns, one 16-warp block
-an SM; ``keys2x2``: the same kernel as two 8-warp blocks of 32-key tiles; ``keys1``:
+absorbed MLA at Mistral-Small-4's 256 + 64 (``ATLAS_MLA_DECODE`` unset: ``keys2x2``,
+``mla_decode_keys2.cu``'s warp pairs over the keys and the two warps of a pair over the output
+columns as two 8-warp blocks of 32-key tiles an SM; ``keys2``: the same kernel as one 16-warp
+block; ``keys1``:
 ``mla_decode_keys.cu``; ``v1``: ``mla_decode_mma.cu``) and the parallel ``mla_decode_combine``
 behind them match the NumPy reference.
 
@@ -30,8 +31,8 @@ pytestmark = pytest.mark.gpu
 #: context lengths per batch
 LENS = ((1,), (63,), (65,), (300,), (4100,), (20000,), (1, 300, 4100), (65, 63, 1))
 #: decode kernel variant: ATLAS_MLA_DECODE value and the kernel it selects at 256 + 64
-VARIANTS = {"keys2": ("", "mla_decode_keys2_r256"),
-            "keys2x2": ("keys2x2", "mla_decode_keys2x2_r256"),
+VARIANTS = {"keys2x2": ("", "mla_decode_keys2x2_r256"),
+            "keys2": ("keys2", "mla_decode_keys2_r256"),
             "keys1": ("keys1", "mla_decode_keys_r256"), "v1": ("v1", "mla_decode_mma_r256")}
 
 

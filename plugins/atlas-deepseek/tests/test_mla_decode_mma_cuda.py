@@ -1,5 +1,5 @@
 """On a CUDA GPU (marker ``gpu``, skipped without one): the tensor-core decode kernels of
-absorbed MLA (at 256 + 64 the one ``ATLAS_MLA_DECODE`` picks, by default ``mla_decode_keys2.cu``;
+absorbed MLA (at 256 + 64 the one ``ATLAS_MLA_DECODE`` picks, by default ``mla_decode_keys2.cu``'s keys2x2 layout;
 else ``mla_decode_mma.cu``) and their SIMT fallback (policy ``attention=simt``) match the NumPy
 reference at the real latent shapes (DeepSeek-V3 512 + 64 with 128 heads and a partial head
 group of 16; Mistral-Small-4 256 + 64 with 32 and 8 heads), bf16, batches 1 / 3 / 8, contexts
@@ -65,7 +65,7 @@ def test_decode_kernels_match_the_reference(cuda, shape, lens):
     mla, policy = _mla(cuda), cuda.ctx.policy
     kernel = mla.decode_kernel(q_lat, q_pe)
     if cuda.ctx.capability >= (9, 0):
-        choice = os.environ.get("ATLAS_MLA_DECODE", "") or "keys2"
+        choice = os.environ.get("ATLAS_MLA_DECODE", "") or "keys2x2"
         want = {"keys1": "keys", "v1": "mma"}.get(choice, choice)
         if (rank, rope) not in KEYS2_DECODE_CONFIGS:
             want = "mma"

@@ -4,8 +4,9 @@ and ``moe_route_grouped.cu``.
 
 Absorbed decode steps in bf16 / f16 on sm_80+ take a tensor-core kernel where one exists for
 the latent shape and shared memory holds it (:mod:`atlas_deepseek.cuda.mla_decode_plan`:
-``mla_decode_keys2.cu`` at Mistral-Small-4's 256 + 64, ``mla_decode_mma.cu`` for DeepSeek-V3 /
-Kimi-K2; ``ATLAS_MLA_DECODE`` = ``keys2x2`` / ``keys1`` / ``v1`` picks another for A/B runs).
+``mla_decode_keys2.cu``'s two-blocks-an-SM layout at Mistral-Small-4's 256 + 64,
+``mla_decode_mma.cu`` for DeepSeek-V3 / Kimi-K2; ``ATLAS_MLA_DECODE`` = ``keys2`` / ``keys1`` /
+``v1`` picks another for A/B runs).
 The SIMT split kernel stays the fallback (and runs everything under policy ``attention=simt``,
 ``ATLAS_CUDA_ATTENTION=simt``).
 

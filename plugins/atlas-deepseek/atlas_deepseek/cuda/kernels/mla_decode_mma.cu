@@ -27,6 +27,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #if ATLAS_MMA
+#include "mla_decode_tile.cuh"
 
 template <typename T, int RANK, int ROPE, int MW, int NW, int BN>
 __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_lat,
@@ -50,20 +51,10 @@ __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_la
 
   int b = blockIdx.x, h0 = blockIdx.y * HT, split = blockIdx.z;
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, mw = warp % MW, nw = warp / MW;
-  int len = seq_lens[b];
-  // Splits own whole tiles, so only a split's last tile is partial.
-  int chunk = ((len + splits - 1) / splits + BN - 1) / BN * BN;
-  int k0 = min(len, split * chunk), k1 = min(len, k0 + chunk);
-  int ntiles = (k1 - k0 + BN - 1) / BN;
+  int k0, k1, ntiles;
+  mla_split_keys<BN>(seq_lens[b], splits, split, k0, k1, ntiles);
   const int* table = tables + (long long)b * max_blocks;
-
-  for (int c = tid; c < HT * CH; c += THREADS) {
-    int r = c / CH, col = (c % CH) * 8, h = h0 + r;
-    bool ok = h < heads;
-    long long row = (long long)b * heads + (ok ? h : 0);
-    const T* src = col < RANK ? q_lat + row * RANK + col : q_pe + row * ROPE + (col - RANK);
-    cp_async16(sq + r * LD + col, src, ok);
-  }
+  mla_load_queries<T, RANK, ROPE, HT, THREADS>(sq, q_lat, q_pe, b, h0, heads, tid);
   auto load_tile = [&](int stage, int t0) {
     T* dst = skv + stage * BN * LD;
     for (int c = tid; c < BN * CH; c += THREADS) {
@@ -89,10 +80,7 @@ __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_la
   const int prow = mw * 16 + (lane >> 2), pcol = (lane & 3) * 2;  // C-fragment row / column
 
   for (int it = 0; it < ntiles; it++) {
-    // Tile `it` landed: stages - 1 + it groups committed, stages - 2 may stay in flight.
-    if (stages >= 4) asm volatile("cp.async.wait_group 2;\n");
-    else if (stages == 3) asm volatile("cp.async.wait_group 1;\n");
-    else asm volatile("cp.async.wait_group 0;\n");
+    mla_wait_ring(stages);
     __syncthreads();  // every copy visible; every warp done with tile it - 1 and its partials
     int nx = it + stages - 1;
     if (nx < ntiles) load_tile(nx % stages, k0 + nx * BN);  // into tile it - 1's buffer
@@ -157,41 +145,7 @@ __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_la
         s[n][2 * r + 1] = y;
       }
 
-    int jt = k0 + it * BN;
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int n = 0; n < NS; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int j = jt + n * 8 + pcol + (e & 1);
-        float v = j < k1 ? s[n][e] * scale_log2 : NEG_INF;
-        s[n][e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
-    float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      corr[r] = mx[r] == NEG_INF ? 1.f : exp2f(m[r] - mx[r]);
-      m[r] = mx[r];
-      l[r] *= corr[r];
-    }
-    // Once the running max settles (most tiles of a long context) skip the rescale.
-    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < ND; i++) {
-        o[i][0] *= corr[0]; o[i][1] *= corr[0]; o[i][2] *= corr[1]; o[i][3] *= corr[1];
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NS; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float p = m[e >> 1] == NEG_INF ? 0.f : exp2f(s[n][e] - m[e >> 1]);
-        s[n][e] = p;
-        l[e >> 1] += p;
-      }
+    mma_softmax_step(s, m, l, o, k0 + it * BN, k1, scale_log2, lane);
 
     const T* vcol = tile + nw * CW + (lane >> 4) * 8;
 #pragma unroll
