@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
-import tempfile
-import time
 from collections import defaultdict
 
 import numpy as np
@@ -119,41 +116,19 @@ def timeline(be, model, names: dict, a, tag: str = "") -> None:
     print("\n".join(lines), flush=True)
 
 
-class _FileStore:
-    """The rendezvous the nccl comm needs (``set`` / ``get``), as files in a shared folder."""
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-
-    def set(self, key: str, value: bytes) -> None:
-        path = os.path.join(self.root, key.replace("/", "_"))
-        with open(path + ".tmp", "wb") as f:
-            f.write(value)
-        os.replace(path + ".tmp", path)
-
-    def get(self, key: str, timeout: float = 120) -> bytes:
-        path = os.path.join(self.root, key.replace("/", "_"))
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(path):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{key} never published")
-            time.sleep(0.05)
-        with open(path, "rb") as f:
-            return f.read()
-
-
-def _rank(rank: int, a, root: str) -> None:
+def _rank(rank: int, a, store_port: int) -> None:
     from atlas_cuda.compiler import add_define
     add_define("ATLAS_TRACE")
     names = name_launches()
     from atlas_core.bench.shapes import shape_config
     from atlas_core.model.loader import architecture, create_loader
+    from atlas_core.parallel.store import StoreClient
     from atlas_core.parallel.transform import build_random_shard
     from atlas_core.plugins import Registry
     registry = Registry()
     be = registry.create("gpu_backends", "cuda", device_id=rank)
     comm = registry.create("comm_backends", "nccl", rank=rank, world_size=a.ranks, backend=be,
-                           store=_FileStore(root), timeout=120)
+                           store=StoreClient("127.0.0.1", store_port, 120), timeout=120)
     config = shape_config(a.model)
     model = build_random_shard(create_loader(registry, architecture(config)), config, be, comm,
                                expert_parallel=a.ep)
@@ -174,14 +149,16 @@ def main() -> None:
     p.add_argument("--ep", action="store_true", help="with --tp / --ranks: expert parallel")
     a = p.parse_args()
     if a.ranks > 1:
+        from atlas_core.parallel.store import StoreServer
         ctx = multiprocessing.get_context("spawn")
-        with tempfile.TemporaryDirectory() as root:
-            procs = [ctx.Process(target=_rank, args=(r, a, root)) for r in range(a.ranks)]
-            for proc in procs:
-                proc.start()
-            for proc in procs:
-                proc.join()
-            raise SystemExit(max(proc.exitcode or 0 for proc in procs))
+        store = StoreServer()  # the rendezvous the nccl comm needs, as `atlas serve -tp` has
+        procs = [ctx.Process(target=_rank, args=(r, a, store.port)) for r in range(a.ranks)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join()
+        store.close()
+        raise SystemExit(max(proc.exitcode or 0 for proc in procs))
     from atlas_cuda.compiler import add_define
     add_define("ATLAS_TRACE")
     names = name_launches()

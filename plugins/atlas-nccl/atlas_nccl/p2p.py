@@ -111,7 +111,7 @@ class P2pAllReduce:
     """
 
     def __init__(self, comm: Any, own: Any, opened: list[int], peers: list[int],
-                 limit: int, protocol: str = "pull") -> None:
+                 limit: int, protocol: str) -> None:
         self.comm, self.own, self.opened, self.limit = comm, own, opened, limit
         self.mode, self.region = protocol, region_bytes(limit)
         backend = comm.backend
