@@ -170,6 +170,21 @@ def test_floor_line_on_cpu_and_on_a_known_gpu():
     assert f"{4250e9 / per_step:,.0f} tok/s at batch 1" in line
 
 
+def test_floor_line_of_a_parallel_front_probes_rank_0():
+    """A -tp run's front backend has no device of its own: the floor's bandwidth comes from
+    the copy probe its workers run on rank 0 (FrontBackend.probe_bandwidth), or says why not."""
+    from atlas_core.parallel.front import FrontBackend
+    engine = _engine()
+    device = DeviceInfo("NVIDIA Future GPU", "cuda", 80 << 30)
+    front = FrontBackend("cuda", 2, device, True, lambda n: (2000.0, "measured copy"))
+    line = floor_line(SimpleNamespace(decode_timer=engine.decode_timer, backend=front))
+    assert engine.decode_timer.bandwidth_gbs == 2000.0
+    assert "rank 0's NVIDIA Future GPU, measured copy" in line
+    failed = FrontBackend("cuda", 2, device, True, lambda n: (None, "the copy probe failed"))
+    line = floor_line(SimpleNamespace(decode_timer=engine.decode_timer, backend=failed))
+    assert line == "decode floor: n/a (the copy probe failed)"
+
+
 def test_metrics_expose_decode_step_time_and_floor_fraction():
     engine = _engine()
     engine.decode_timer.bandwidth_gbs = 10.0

@@ -40,15 +40,18 @@ def copy_bandwidth(backend: Any, nbytes: int, reps: int = 10) -> float:
 
 def device_bandwidth(backend: Any, probe_bytes: int = 256 << 20) -> tuple[float | None, str]:
     """``(GB/s, where it came from)``: the known figure of the device, else a copy probe on GPU
-    backends; ``(None, reason)`` on CPU backends."""
+    backends (a parallel run's front probes rank 0's device through its worker); ``(None,
+    reason)`` on CPU backends."""
     info = backend.device_info()
     known = known_bandwidth(info.name)
     if known:
         return known, f"{info.name}"
     if info.kind == "cpu":
         return None, "n/a on the CPU backend"
-    if not hasattr(backend, "empty"):  # a parallel run's front: the devices are the workers'
-        return None, f"n/a ({info.name} has no known bandwidth figure)"
+    probe = getattr(backend, "probe_bandwidth", None)  # a parallel run's front (FrontBackend)
+    if probe is not None:
+        gbs, how = probe(probe_bytes)
+        return (gbs, f"rank 0's {info.name}, {how}") if gbs else (None, f"n/a ({how})")
     try:
         return copy_bandwidth(backend, probe_bytes), f"{info.name}, measured copy"
     except Exception as exc:  # noqa: BLE001 - the floor is information; serving goes on

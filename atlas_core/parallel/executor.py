@@ -168,7 +168,7 @@ class ParallelExecutor:
                                             for r in sorted(self._ready)])
         self.model = FrontModel(info["model"])
         self.backend = FrontBackend(info["backend"], self.parallel.world_size, info["device"],
-                                    info["supports_graphs"])
+                                    info["supports_graphs"], self.probe_bandwidth)
         log.info("%d workers ready on %s (%s): KV cache %d blocks per rank",
                  self.parallel.world_size, info["device"].name, info["backend"],
                  self.kv_config.num_blocks)

@@ -32,11 +32,14 @@ class FrontModel:
 class FrontBackend:
     """The engine's view of the workers' backends: their name, device and whether they replay
     decode graphs (then the engine chains decode steps, :meth:`ParallelExecutor.launch_decode`);
-    no device work happens here."""
+    no device work happens here. ``probe_bandwidth(nbytes) -> (GB/s or None, how)`` times a copy
+    on rank 0's device through its worker (the decode floor's bandwidth)."""
 
-    def __init__(self, name: str, world_size: int, device: Any, supports_graphs: bool) -> None:
+    def __init__(self, name: str, world_size: int, device: Any, supports_graphs: bool,
+                 probe_bandwidth: Any) -> None:
         self.name = f"{name} x{world_size}"
         self.device, self.supports_graphs = device, supports_graphs
+        self.probe_bandwidth = probe_bandwidth
 
     def device_info(self) -> Any:
         """Rank 0's :class:`~atlas_core.interfaces.DeviceInfo`."""
