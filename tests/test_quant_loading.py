@@ -200,6 +200,12 @@ def test_size_check_counts_the_quantized_bytes(tmp_path, registry):
     backend.quantized_weight_formats = frozenset()
     with pytest.raises(WeightLoadError, match="of bfloat16 weights, more than"):
         load_model(q, backend, registry=registry)
+    # a backend that could keep them (cuda with quant_weights off) says how
+    backend.keep_quantized_hint = "set KEEP=1 to keep them"
+    with pytest.raises(WeightLoadError, match=r"of bfloat16 weights, more than .*: the checkpoint "
+                                              r"is quantized \(.*\) but is being dequantized at "
+                                              r"load; set KEEP=1 to keep them"):
+        load_model(q, backend, registry=registry)
 
 
 def test_an_fp8_scale_of_no_known_layout_fails_before_allocating(tmp_path, registry):

@@ -99,6 +99,9 @@ class GpuBackend(ABC):
     #: Optional. Quantized weight formats (:data:`atlas_core.ops.quant.FORMATS`) this backend
     #: keeps on the device and computes with; the loader dequantizes any other at load.
     quantized_weight_formats: frozenset = frozenset()
+    #: Optional. How a user makes this backend keep quantized weights when it does not by
+    #: default (the size error of a dequantized checkpoint that would not fit says it).
+    keep_quantized_hint: str = ""
     #: Optional. ``--kv-cache-dtype`` values whose pools this backend's cache and attention ops
     #: take, besides the model's own dtype: ``fp8`` (float8_e4m3fn) and ``nvfp4`` (``uint8``
     #: packed rows, :mod:`atlas_core.ops.kv_quant`). The engine refuses the others up front.

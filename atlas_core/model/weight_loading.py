@@ -209,6 +209,12 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
                               f"of tensors: config.json does not match the checkpoint ({fields})")
     info = backend.device_info()
     if need > info.total_memory:
+        hint = getattr(backend, "keep_quantized_hint", "")
+        if quantized and not kept and hint and checkpoint.nbytes <= info.total_memory:
+            raise WeightLoadError(
+                f"{what}, more than the {_bytes(info.total_memory)} of {info.name}: the "
+                f"checkpoint is quantized ({_bytes(checkpoint.nbytes)}) but is being dequantized "
+                f"at load; {hint} (and drop --dequantize-weights if given)")
         raise WeightLoadError(f"{what}, more than the {_bytes(info.total_memory)} of {info.name}: "
                               f"use a smaller model or a device with more memory ({fields} if "
                               "the model should fit)")

@@ -91,6 +91,8 @@ class CudaBackend(DeviceTransfers, GraphCapture, GpuBackend):
     #: Quantized weight formats kept on the device (``atlas_cuda.ops_quant``): all of them with
     #: the policy's ``quant_weights``, else none (the loader dequantizes at load).
     quantized_weight_formats: frozenset = frozenset()
+    keep_quantized_hint = ("set ATLAS_CUDA_QUANT_WEIGHTS=1 to keep FP8 / NVFP4 weights quantized "
+                           "on the device")
     #: KV caches the cache-write and attention ops read: fp8, and nvfp4 rows (atlas_cuda.
     #: ops_kv_nvfp4: the CUDA-core decode kernel reads them; prefill dequantizes to scratch).
     kv_cache_dtypes = frozenset({"bf16", "fp8", "nvfp4"})
