@@ -205,3 +205,41 @@ def test_host_clock_times_phases_only_when_on(caplog):
     with caplog.at_level("WARNING"):
         on.report()
     assert "engine host time over" in caplog.text and "sending launch" in caplog.text
+
+
+@pytest.mark.parametrize("quant", [None, FP8_BLOCK, NVFP4])
+def test_random_weights_are_counted_and_refused_before_allocating(quant):
+    """--load-format dummy: the bytes counted before materializing are the bytes allocated;
+    a device too small is refused with both sizes (and, for a quantized config the backend
+    would dequantize, how to keep it quantized) instead of running out of memory."""
+    from atlas_core.backends.numpy_backend import NumpyBackend
+    from atlas_core.bench.random_model import (build_random_model, check_random_fits,
+                                               fill_random_params, random_weight_bytes)
+    from atlas_core.bench.shapes import shape_config
+    from atlas_core.interfaces import DeviceInfo
+    from atlas_core.model.decoder_loader import model_dtype
+    from atlas_core.model.loader import architecture, create_loader
+    from atlas_core.model.weight_loading import WeightLoadError
+    from atlas_core.plugins import Registry
+    registry = Registry()
+    config = dict(shape_config("tiny-moe"))
+    if quant:
+        config["quantization_config"] = dict(quant)
+    be = NumpyBackend()
+    dtype = model_dtype(config, None)
+    loader = create_loader(registry, architecture(config))
+    need, packed = random_weight_bytes(loader.build(config), config, be, dtype)
+    model = build_random_model(config, be, registry)
+    assert need == fill_random_params(model, be)
+    assert packed == need  # the numpy backend keeps every quantized format
+    be.device_info = lambda: DeviceInfo("a small device", "cpu", need - 1)
+    with pytest.raises(WeightLoadError, match="--load-format dummy: this config's weights need"):
+        check_random_fits(loader.build(config), config, be, dtype)
+    if quant:  # the backend dequantizes; kept quantized it would fit
+        be.quantized_weight_formats = frozenset()
+        be.keep_quantized_hint = "set KEEP=1"
+        plain, _ = random_weight_bytes(loader.build(config), config, be, dtype)
+        be.device_info = lambda: DeviceInfo("a small device", "cpu", packed)
+        with pytest.raises(WeightLoadError, match=r"projections are being dequantized .*set KEEP=1"):
+            check_random_fits(loader.build(config), config, be, dtype)
+        assert plain > packed

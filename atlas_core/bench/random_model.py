@@ -57,21 +57,74 @@ def empty_quantized(backend: Any, fmt: str, block_size: tuple[int, int] | None,
                     shape: tuple[int, ...], dtype: Any) -> QuantizedWeight:
     """A :class:`QuantizedWeight` of ``shape`` in ``fmt`` whose arrays are uninitialised
     ``backend`` allocations (fill them with :func:`fill_random_quantized`)."""
-    shapes = layout(fmt, shape, block_size)
-    dtypes = {"data": "uint8" if fmt == "nvfp4" else "float8_e4m3fn",
-              "scale": "float8_e4m3fn" if fmt == "nvfp4" else "float32",
-              "global_scale": "float32"}
-    arrays = {k: None if shapes[k] is None else backend.empty(shapes[k], _dtype(dtypes[k]))
+    shapes, dtypes = layout(fmt, shape, block_size), _quant_dtypes(fmt)
+    arrays = {k: None if shapes[k] is None else backend.empty(shapes[k], dtypes[k])
               for k in dtypes}
     return QuantizedWeight(fmt, arrays["data"], arrays["scale"], shape, dtype, block_size,
                            arrays["global_scale"])
 
 
-def _dtype(name: str) -> Any:
+def _quant_dtypes(fmt: str) -> dict[str, Any]:
+    """The dtype of each array of a :class:`QuantizedWeight` in ``fmt``."""
     import numpy as np
 
     from atlas_core.ops._dtypes import float8_e4m3fn
-    return float8_e4m3fn if name == "float8_e4m3fn" else np.dtype(name)
+    if fmt == "nvfp4":
+        return {"data": np.dtype(np.uint8), "scale": float8_e4m3fn,
+                "global_scale": np.dtype(np.float32)}
+    return {"data": float8_e4m3fn, "scale": np.dtype(np.float32),
+            "global_scale": np.dtype(np.float32)}
+
+
+def random_weight_bytes(model: Any, config: dict[str, Any], backend: Any,
+                        dtype: Any) -> tuple[int, int]:
+    """``(bytes materialize will allocate, bytes if every quantizable projection were kept
+    quantized)`` for ``model`` (built, not materialized; ``dtype`` its model dtype) on
+    ``backend``: a quantized config's projections count packed where the backend keeps the
+    format (:func:`quantized_allocator`), in ``dtype`` where it would dequantize them."""
+    import numpy as np
+    fmt = quant_format(config)
+    formats = getattr(backend, "quantized_weight_formats", ()) or ()
+    need = quantized = 0
+    for _name, _module, local, spec in model.named_specs():
+        plain = math.prod(spec.shape) * np.dtype(spec.dtype or dtype).itemsize
+        if fmt is not None and spec.quantizable and local.endswith(QUANTIZED_SUFFIXES):
+            shapes, dtypes = layout(fmt[0], spec.shape, fmt[1]), _quant_dtypes(fmt[0])
+            packed = sum(math.prod(shapes[k]) * np.dtype(dtypes[k]).itemsize
+                         for k in shapes if shapes[k] is not None)
+            quantized += packed
+            need += packed if fmt[0] in formats else plain
+        else:
+            quantized += plain
+            need += plain
+    return need, quantized
+
+
+def check_random_fits(model: Any, config: dict[str, Any], backend: Any, dtype: Any) -> None:
+    """Refuse, before allocating, random weights that cannot fit the device (the check a
+    checkpoint gets from ``weight_loading.check_size``); under ``-tp`` ``model`` is one rank's
+    shard.
+
+    Raises:
+        WeightLoadError: the bytes needed and the device's, and how to keep a quantized config
+            quantized when the backend would dequantize it and the quantized bytes would fit.
+    """
+    from atlas_core.model.weight_loading import WeightLoadError
+    fmt = quant_format(config)
+    formats = getattr(backend, "quantized_weight_formats", ()) or ()
+    need, quantized = random_weight_bytes(model, config, backend, dtype)
+    info = backend.device_info()
+    if need <= info.total_memory:
+        return
+    gib = 2 ** 30
+    message = (f"--load-format dummy: this config's weights need {need / gib:,.1f} GiB (one "
+               f"rank's share under -tp), more than the {info.total_memory / gib:,.1f} GiB of "
+               f"{info.name}")
+    hint = getattr(backend, "keep_quantized_hint", "")
+    if fmt is not None and fmt[0] not in formats and hint and quantized <= info.total_memory:
+        raise WeightLoadError(f"{message}: its {fmt[0]} projections are being dequantized "
+                              f"({quantized / gib:,.1f} GiB kept quantized); {hint}")
+    raise WeightLoadError(f"{message}: use more GPUs (-tp) or a smaller config")
 
 
 def fill_random_quantized(backend: Any, w: QuantizedWeight, seed: int, std: float) -> None:
@@ -126,6 +179,7 @@ def build_random_model(config: dict[str, Any], backend: Any, registry: Any, *,
     """
     loader = create_loader(registry, architecture(config))
     model = loader.build(config)
+    check_random_fits(model, config, backend, model_dtype(config, dtype))
     model.materialize(backend, model_dtype(config, dtype), quantized_allocator(config, backend))
     fill_random_params(model, backend, seed)
     backend.synchronize()

@@ -92,12 +92,14 @@ def build_random_shard(loader: Any, config: dict[str, Any], backend: Any, comm: 
     replicated KV heads) is the same on every rank, as with a real checkpoint; the split parts
     repeat one another, which is as meaningless as any random value.
     """
-    from atlas_core.bench.random_model import fill_random_params, quantized_allocator
+    from atlas_core.bench.random_model import (check_random_fits, fill_random_params,
+                                               quantized_allocator)
     _check_generic(loader)
     resolved, plan = _plan(loader, config, comm, expert_parallel)
     model = loader.build(plan.local_config(resolved))
     check_supported(model)
     reshard_specs(model, plan)
+    check_random_fits(model, resolved, backend, model_dtype(resolved, dtype))
     allocate = quantized_allocator(resolved, backend)
     model.materialize(backend, model_dtype(resolved, dtype), allocate)
     nbytes = fill_random_params(model, backend, seed)
