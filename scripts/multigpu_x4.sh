@@ -45,6 +45,7 @@
 #   DRY=1 bash scripts/multigpu_x4.sh                    # CPU: numpy backend, tiny shapes, 2 ranks
 #   DRY=1 DRY_GPUS=4 DEADLINE_S=300 bash scripts/multigpu_x4.sh   # the 4-GPU plan on CPU
 # Other knobs: PY (python3; DRY: .venv/bin/python), LOG_DIR (/tmp/multigpu_x4[-dry]),
+# TPS (step 4's TP sizes; "1 2 4"), EPS (step 5's EP sizes, 1 = one GPU; "1 2 4"),
 # MOE_SHAPES, COMPARE_MOE_SHAPE (tiny-moe; qwen3-30b-a3b writes a 61 GB checkpoint first),
 # BIG (the 235B shape), TIMEOUT_PCT (every step's timeout in % of the above; default 100).
 set -uo pipefail
@@ -208,7 +209,8 @@ else
   export N MEM DEVICE DENSE=qwen3-8b MOE_SHAPES=${MOE_SHAPES:-qwen3-30b-a3b qwen3.5-35b-a3b}
   export CTX=1024 BIGB=32 DEC_BIG=32 DEC_DENSE=48 MAXLEN=4096
 fi
-if ((N >= 4)); then export MAXTP=4 TPS="1 2 4" EPS="2 4"; else export MAXTP=2 TPS="1 2" EPS="2"; fi
+if ((N >= 4)); then export MAXTP=4 TPS=${TPS:-1 2 4} EPS=${EPS:-1 2 4}
+else export MAXTP=2 TPS=${TPS:-1 2} EPS=${EPS:-1 2}; fi
 export GMU=0.93 MOE_GMU=0.9 HEALTH_S=$((180 * TIMEOUT_PCT / 100)) WORK=${LOG_DIR}-work
 export COMPARE_MOE_SHAPE=${COMPARE_MOE_SHAPE:-tiny-moe} TOKENIZER_DIR=${TOKENIZER_DIR:-fx}
 mkdir -p "$LOG_DIR" "$WORK"
@@ -276,13 +278,12 @@ if wanted 4; then
 fi
 if wanted 5; then
   for shape in $MOE_SHAPES; do
-    run_step "5-$shape-ep1" 150 "bench $shape one GPU" bench "$shape-ep1" --model "$shape" \
-      --gpu-memory-utilization "$MOE_GMU" --batch "1,$BIGB" --context "$CTX" \
-      --decode-tokens "$DEC_BIG"
-    runs=("EP=1@$LOG_DIR/$shape-ep1.json")
+    runs=()
     for ep in $EPS; do
+      parallel=()
+      ((ep > 1)) && parallel=(-tp "$ep" --enable-expert-parallel)
       run_step "5-$shape-ep$ep" 150 "bench $shape EP=$ep" bench "$shape-ep$ep" \
-        --model "$shape" -tp "$ep" --enable-expert-parallel --gpu-memory-utilization "$MOE_GMU" \
+        --model "$shape" "${parallel[@]}" --gpu-memory-utilization "$MOE_GMU" \
         --batch "1,$BIGB" --context "$CTX" --decode-tokens "$DEC_BIG"
       runs+=("EP=$ep@$LOG_DIR/$shape-ep$ep.json")
     done
