@@ -37,7 +37,7 @@ OPS = (
      f"{_CUDA}.mamba2_ssd_recurrent"),
     (_spec("mamba2_gated_norm", _MAMBA), None, f"{_CUDA}.mamba2_gated_norm"),
     (_spec("mamba2_decode", _MAMBA, stateful=True, unfused=f"{_MAMBA}:compose_mamba2_decode"),
-     None, None),
+     None, f"{_CUDA}.mamba2_decode"),
     (_spec("relu2", _FFN), None, f"{_CUDA}.relu2"),
     (_spec("nemotron_h_moe_route", _FFN), None, f"{_CUDA_MOE}.nemotron_h_moe_route"),
     (_spec("nemotron_h_moe_experts", _FFN), None, f"{_CUDA_MOE}.nemotron_h_moe_experts"),

@@ -166,3 +166,25 @@ def test_chunked_time_scan_matches_the_token_scan_on_cuda(cuda_backend, monkeypa
     scale = max(1.0, float(np.abs(want).max()))
     assert np.abs(y_chk - y_tok).max() <= tol * scale
     assert np.abs(y_chk - want).max() <= tol * scale
+
+
+def test_fused_cuda_decode_plan_and_its_wave_rule(monkeypatch):
+    """The fused CUDA decode kernel's block plan (no GPU needed): a cluster per SSM group of at
+    most 8 blocks, the block's channels within a build's registers; the separate kernels where
+    nothing fits or its blocks pass one an SM; the environment knob checked."""
+    mamba2_ops = pytest.importorskip("atlas_nemotron_h.cuda.mamba2_ops")
+    plan = mamba2_ops.decode_plan
+    assert plan(64, 64, 8, 128) == (1, 8, 4)      # Nemotron-3 Nano: 8 heads a group
+    assert plan(128, 64, 8, 128) == (2, 16, 4)    # 16 heads a group: two a block, 8 blocks
+    assert plan(8, 64, 1, 256) is None            # conv channels past the block's threads
+    assert plan(128, 80, 8, 128) is None          # 160 channels a block: no build holds them
+    assert plan(6, 8, 4, 16) is None              # heads not a multiple of the groups
+    fits = mamba2_ops.fused_fits
+    assert fits(2, 64, 1, 132) and not fits(3, 64, 1, 132)
+    assert fits(2, 128, 2, 132) and not fits(3, 128, 2, 132)
+    for kind in ("auto", "fused", "ops"):
+        monkeypatch.setenv(mamba2_ops.DECODE_KERNEL_ENV, kind)
+        assert mamba2_ops.decode_kernel() == kind
+    monkeypatch.setenv(mamba2_ops.DECODE_KERNEL_ENV, "fast")
+    with pytest.raises(ValueError, match="ATLAS_MAMBA2_DECODE='fast'"):
+        mamba2_ops.decode_kernel()

@@ -7,6 +7,7 @@
 // (ceil(Dv / (blockDim / lanes)), Hv, num_seqs); dynamic shared memory 4 * Dk floats (q and k
 // of the current and the next token). Serves decode and, as a first version, prefill.
 #include "common.cuh"
+#include "cluster.cuh"
 
 #define DR_ROWS 32
 
@@ -180,37 +181,6 @@ __device__ void gdn_decode_norm_impl(T* out, const T* qkv, const T* z, const flo
 #define DS_MAX_COLS 64
 #define DS_MAX_CLUSTER 8
 
-__device__ __forceinline__ void ds_cluster_arrive(bool relaxed) {
-#if __CUDA_ARCH__ >= 900
-  if (relaxed) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
-  else asm volatile("barrier.cluster.arrive;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ds_cluster_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait;\n" ::: "memory");
-#endif
-}
-// This block's rank in its cluster and the cluster's block count.
-__device__ __forceinline__ void ds_cluster_rank(u32& rank, u32& size) {
-  rank = 0;
-  size = 1;
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(size));
-#endif
-}
-// `*p = v` in the shared memory of block `rank` of this cluster.
-__device__ __forceinline__ void ds_store_remote(float* p, u32 rank, float v) {
-#if __CUDA_ARCH__ >= 900
-  u32 local = (u32)__cvta_generic_to_shared(p), remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;\n" :: "r"(remote), "f"(v) : "memory");
-#else
-  *p = v;
-#endif
-}
-
 __device__ __forceinline__ float4 f4_fma(float4 a, float s, float4 acc) {
   return make_float4(fmaf(a.x, s, acc.x), fmaf(a.y, s, acc.y), fmaf(a.z, s, acc.z),
                      fmaf(a.w, s, acc.w));
@@ -249,7 +219,7 @@ __device__ void gdn_decode_split_impl(T* out, const T* qkv, const T* z, const fl
   int b = blockIdx.z, h = blockIdx.y, cq = cols >> 2, quad = threadIdx.x % cq;
   int rg = threadIdx.x / cq, R = blockDim.x / cq, j = blockIdx.x * cols + quad * 4;
   long long head = (long long)b * num_v_heads + h;
-  ds_cluster_arrive(true);  // #1: this block runs, its shared memory may be written
+  cluster_arrive(true);  // #1: this block runs, its shared memory may be written
   pdl_trigger();
   // Before the wait: the slot and length (host-written), this block's state slab (written by
   // this layer's kernel of an earlier step, an earlier launch) and the norm weight (static)
@@ -315,11 +285,11 @@ __device__ void gdn_decode_split_impl(T* out, const T* qkv, const T* z, const fl
     sq = warp_sum(sq);
   }
   u32 rank, csize;
-  ds_cluster_rank(rank, csize);
-  ds_cluster_wait();  // #1: every member has started
-  if (threadIdx.x < csize) ds_store_remote(&parts[rank], threadIdx.x, sq);
-  ds_cluster_arrive(false);  // #2: this block's sum is in every member
-  ds_cluster_wait();
+  cluster_rank(rank, csize);
+  cluster_wait();  // #1: every member has started
+  if (threadIdx.x < csize) cluster_store_f32(&parts[rank], threadIdx.x, sq);
+  cluster_arrive(false);  // #2: this block's sum is in every member
+  cluster_wait();
   if (threadIdx.x >= cq) return;
   float total = 0.f;
   for (u32 r = 0; r < csize; r++) total += parts[r];
