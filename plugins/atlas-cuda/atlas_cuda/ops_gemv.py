@@ -24,7 +24,8 @@ _MIN_BLOCKS = 128
 #: Kernels after which DRAM idles (one decode token's attention, a GDN or Mamba-2 step): the next
 #: GEMV loads two weight groups before its PDL wait (:meth:`GemvOps._preload_two`).
 _LATENCY_BOUND_MODULES = frozenset({"attention_rope_decode", "attention_decode",
-                                    "attention_decode_mma", "delta_rule", "mamba2"})
+                                    "attention_decode_mma", "delta_rule", "mamba2",
+                                    "mamba2_decode"})
 #: Output columns from which a GEMV with K <= 2,048 (a small model's lm_head) takes two columns
 #: per warp and no K split, so each warp keeps two weight groups in flight instead of one:
 #: H200 batch 1, qwen3-30b-a3b's lm_head (151,936 x 2,048) 415.5 -> 421.6 tok/s against one

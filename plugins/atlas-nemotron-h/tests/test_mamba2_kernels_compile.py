@@ -19,7 +19,7 @@ pytest.importorskip("cuda.core")
 compiler = pytest.importorskip("atlas_cuda.compiler")
 
 ARCHS = ("sm_90a", "sm_121")
-MODULES = ("mamba2", "nemotron_moe")
+MODULES = ("mamba2", "mamba2_decode", "nemotron_moe")
 
 
 def _sources():

@@ -1,5 +1,5 @@
-"""Mamba-2 ops on the cuda backend (``cuda/kernels/mamba2.cu`` of this package), registered as
-the ``cuda`` implementations by :mod:`atlas_nemotron_h.plugin` and bound to the backend's op
+"""Mamba-2 ops on the cuda backend (``cuda/kernels/mamba2.cu`` and ``mamba2_decode.cu`` of this
+package), registered as the ``cuda`` implementations by :mod:`atlas_nemotron_h.plugin` and bound to the backend's op
 context (``ctx.kernel`` compiles through the NVRTC disk cache, ``ctx.out`` takes outputs from
 the step workspace, ``ctx.launch`` launches on the backend's stream).
 
@@ -240,7 +240,8 @@ class Mamba2CudaOps:
         hpb, cpw, spl = plan
         wf32 = "wf32_" if norm_weight.dtype != xbc.dtype else ""
         channels = hpb * head_dim + 2 * state_size
-        ctx.launch(ctx.kernel("mamba2", xbc.dtype, f"mamba2_decode_{wf32}c{cpw}s{spl}"),
+        name = f"mamba2_decode_{wf32}c{cpw}s{spl}"
+        ctx.launch(ctx.kernel("mamba2_decode", xbc.dtype, name),
                    (n_groups, n), 32 * DECODE_WARPS, out, xbc, z, dt, conv_weight, conv_bias,
                    ctx.f32(A_log), ctx.f32(dt_bias), ctx.f32(D), norm_weight, conv_states,
                    ssm_states, seq_lens, state_indices, num_heads, head_dim, n_groups,
