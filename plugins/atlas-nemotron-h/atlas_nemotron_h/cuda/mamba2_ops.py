@@ -1,7 +1,7 @@
 """Mamba-2 ops on the cuda backend (``cuda/kernels/mamba2.cu`` and ``mamba2_decode.cu`` of this
-package), registered as the ``cuda`` implementations by :mod:`atlas_nemotron_h.plugin` and bound
-to the backend's op context (``ctx.kernel`` compiles through the NVRTC disk cache, ``ctx.out`` takes outputs from
-the step workspace, ``ctx.launch`` launches on the backend's stream).
+package), registered as the ``cuda`` implementations by :mod:`atlas_nemotron_h.plugin` and bound to
+the backend's op context (``ctx.kernel`` compiles through the NVRTC disk cache, ``ctx.out`` takes
+outputs from the step workspace, ``ctx.launch`` launches on the backend's stream).
 
 Same signatures and semantics as :mod:`atlas_nemotron_h.mamba2_reference`: state pools are
 float32, updated in place. Every launch takes device arrays and scalars only (no host sync),
