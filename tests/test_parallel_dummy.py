@@ -243,3 +243,8 @@ def test_random_weights_are_counted_and_refused_before_allocating(quant):
         with pytest.raises(WeightLoadError, match=r"projections are being dequantized .*set KEEP=1"):
             check_random_fits(loader.build(config), config, be, dtype)
         assert plain > packed
+        # a backend that can keep them does, instead of refusing
+        be.keep_quantized = lambda: setattr(be, "quantized_weight_formats",
+                                            NumpyBackend.quantized_weight_formats) or True
+        check_random_fits(loader.build(config), config, be, dtype)
+        assert random_weight_bytes(loader.build(config), config, be, dtype)[0] == packed

@@ -208,6 +208,50 @@ def test_size_check_counts_the_quantized_bytes(tmp_path, registry):
         load_model(q, backend, registry=registry)
 
 
+def test_a_checkpoint_that_fits_only_quantized_is_kept_quantized(tmp_path, registry, caplog):
+    """A backend that dequantizes by default but can keep the format (cuda without
+    ATLAS_CUDA_QUANT_WEIGHTS) keeps an NVFP4 checkpoint quantized when dequantized it would not
+    fit, with a warning; a fitting one stays dequantized; --dequantize-weights still refuses."""
+    from atlas_core.interfaces import DeviceInfo
+    from atlas_core.model.quantized_loading import dequantize_all
+    from atlas_core.model.weight_loading import WeightLoadError
+    q = write_quantized_checkpoint("Qwen3MoeForCausalLM", tmp_path / "q", "nvfp4_modelopt",
+                                   registry=registry)
+    size = Checkpoint.open(q).nbytes
+
+    def backend_of(total: int):
+        backend = registry.create("gpu_backends", "numpy")
+        formats, backend.quantized_weight_formats = backend.quantized_weight_formats, frozenset()
+        backend.keep_quantized_hint = "set KEEP=1 to keep them"
+        backend.asked = 0
+
+        def keep() -> bool:
+            backend.asked += 1
+            backend.quantized_weight_formats = formats
+            return True
+        backend.keep_quantized = keep
+        backend.device_info = lambda: DeviceInfo(name="a small device", kind="cpu",
+                                                 total_memory=total)
+        return backend
+
+    small = backend_of(size + 1024)
+    with caplog.at_level("WARNING", logger="atlas_core.model.quantized_loading"):
+        assert _kept(load_model(q, small, registry=registry))
+    assert small.asked == 1
+    assert "keeping them quantized" in caplog.text and "a small device" in caplog.text
+    large = backend_of(1 << 40)
+    assert not _kept(load_model(q, large, registry=registry)) and large.asked == 0
+    refused = backend_of(size + 1024)
+    dequantize_all(refused)
+    with pytest.raises(WeightLoadError, match="being dequantized at load; set KEEP=1"):
+        load_model(q, refused, registry=registry)
+    assert refused.asked == 0
+    tiny = backend_of(size // 2)  # fits neither way: the plain size error
+    with pytest.raises(WeightLoadError, match="use a smaller model"):
+        load_model(q, tiny, registry=registry)
+    assert tiny.asked == 0
+
+
 def test_an_fp8_scale_of_no_known_layout_fails_before_allocating(tmp_path, registry):
     q = write_quantized_checkpoint("Qwen3ForCausalLM", tmp_path / "q", "fp8_block",
                                    registry=registry)

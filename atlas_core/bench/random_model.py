@@ -103,18 +103,23 @@ def random_weight_bytes(model: Any, config: dict[str, Any], backend: Any,
 def check_random_fits(model: Any, config: dict[str, Any], backend: Any, dtype: Any) -> None:
     """Refuse, before allocating, random weights that cannot fit the device (the check a
     checkpoint gets from ``weight_loading.check_size``); under ``-tp`` ``model`` is one rank's
-    shard.
+    shard. A quantized config the backend would dequantize is kept quantized instead
+    (``backend.keep_quantized()``) when only that fits.
 
     Raises:
         WeightLoadError: the bytes needed and the device's, and how to keep a quantized config
             quantized when the backend would dequantize it and the quantized bytes would fit.
     """
+    from atlas_core.model.quantized_loading import keeps_quantized_to_fit
     from atlas_core.model.weight_loading import WeightLoadError
     fmt = quant_format(config)
     formats = getattr(backend, "quantized_weight_formats", ()) or ()
     need, quantized = random_weight_bytes(model, config, backend, dtype)
     info = backend.device_info()
-    if need <= info.total_memory:
+    if need <= info.total_memory or (
+            fmt is not None and fmt[0] not in formats
+            and keeps_quantized_to_fit(backend, need, quantized, info.total_memory,
+                                       f"--load-format dummy on {info.name}")):
         return
     gib = 2 ** 30
     message = (f"--load-format dummy: this config's weights need {need / gib:,.1f} GiB (one "

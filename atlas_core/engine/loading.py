@@ -89,7 +89,8 @@ def load_engine_parts(args, backend=None) -> EngineParts:
         # before load: the mode decides how quantized weights load (dequantized on cuda)
         backend.set_batch_invariant(True)
     if args.dequantize_weights:
-        backend.quantized_weight_formats = frozenset()
+        from atlas_core.model.quantized_loading import dequantize_all
+        dequantize_all(backend)
     source = model_path_or_demo(args.model)
     start = time.perf_counter()
     log.info("loading %s on the %s backend", source, getattr(backend, "name", backend))

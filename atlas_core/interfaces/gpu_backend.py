@@ -102,6 +102,17 @@ class GpuBackend(ABC):
     #: Optional. How a user makes this backend keep quantized weights when it does not by
     #: default (the size error of a dequantized checkpoint that would not fit says it).
     keep_quantized_hint: str = ""
+    #: Set by ``--dequantize-weights`` (:func:`atlas_core.model.quantized_loading.
+    #: dequantize_all`): keep no quantized format, whatever a policy or the size check says.
+    dequantize_requested: bool = False
+
+    def keep_quantized(self) -> bool:
+        """Optional. Start keeping quantized weights on the device (the formats the backend
+        computes with but does not keep by default; see ``keep_quantized_hint``) and return
+        True, or return False when it cannot (the default). The loaders call it when a
+        quantized checkpoint fits the device only kept quantized, unless
+        ``dequantize_requested``."""
+        return False
     #: Optional. ``--kv-cache-dtype`` values whose pools this backend's cache and attention ops
     #: take, besides the model's own dtype: ``fp8`` (float8_e4m3fn) and ``nvfp4`` (``uint8``
     #: packed rows, :mod:`atlas_core.ops.kv_quant`). The engine refuses the others up front.

@@ -32,6 +32,28 @@ log = logging.getLogger(__name__)
 PLAIN_SUFFIXES = ("embed_tokens.weight",)
 
 
+def dequantize_all(backend: Any) -> None:
+    """``--dequantize-weights``: ``backend`` keeps no quantized format, whatever its policy
+    says when it binds a model, and not even where a checkpoint would fit the device only kept
+    quantized (the size error says so instead)."""
+    backend.quantized_weight_formats = frozenset()
+    backend.dequantize_requested = True
+
+
+def keeps_quantized_to_fit(backend: Any, need: int, kept: int, room: int, what: str) -> bool:
+    """Whether ``backend`` now keeps quantized weights because, dequantized, they (``need``
+    bytes) would not fit ``room`` while kept quantized (``kept``) they would; logs it. False
+    when they fit either way, fit neither way, or the backend cannot keep them."""
+    keep = getattr(backend, "keep_quantized", None)
+    if (need <= room or kept > room or keep is None
+            or getattr(backend, "dequantize_requested", False) or not keep()):
+        return False
+    gib = 2 ** 30
+    log.warning("%s: dequantized the weights would need %.1f GiB, more than the %.1f GiB at hand; "
+                "keeping them quantized (%.1f GiB)", what, need / gib, room / gib, kept / gib)
+    return True
+
+
 def quantized_formats(backend: Any) -> frozenset[str]:
     """The quantized formats ``backend``'s weight-taking ops accept
     (``backend.quantized_weight_formats``; none when the backend does not say)."""

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from atlas_core.model.params import Module
-from atlas_core.model.quantized_loading import (QuantPlan, fill_quantized, new_plan,
-                                                quantized_formats, read_dequantized)
+from atlas_core.model.quantized_loading import (QuantPlan, fill_quantized, keeps_quantized_to_fit,
+                                                new_plan, quantized_formats, read_dequantized)
 from atlas_core.ops.quant import QuantizedWeight
 from atlas_core.weights.checkpoint import Checkpoint
 from atlas_core.weights.quant_tensors import (QuantizedTensorError, find_quantized,
@@ -192,7 +192,8 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
     build for minutes, then fail allocating).
 
     A quantized checkpoint (NVFP4: half a byte a parameter) kept quantized by the backend
-    needs about its own size.
+    needs about its own size. One the backend would dequantize is kept quantized instead
+    (``backend.keep_quantized()``, with a warning) when only that fits.
 
     Raises:
         WeightLoadError: naming the parameter count and the memory the weights would need.
@@ -201,13 +202,23 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
     kept = quantized and bool(quantized_formats(backend))
     need = checkpoint.nbytes if kept else num_params * np.dtype(dtype).itemsize
     count = f"{num_params / 1e9:,.2f}B" if num_params >= 1e9 else f"{num_params / 1e6:,.2f}M"
-    what = (f"config.json describes a model of {count} parameters, {_bytes(need)} of "
-            f"{'quantized' if kept else np.dtype(dtype).name} weights")
     fields = "check num_hidden_layers, hidden_size, intermediate_size and vocab_size"
     if num_params > (4 if quantized else 2) * checkpoint.nbytes:
-        raise WeightLoadError(f"{what}, but the checkpoint holds only {_bytes(checkpoint.nbytes)} "
-                              f"of tensors: config.json does not match the checkpoint ({fields})")
+        raise WeightLoadError(f"config.json describes a model of {count} parameters, but the "
+                              f"checkpoint holds only {_bytes(checkpoint.nbytes)} of tensors: "
+                              f"config.json does not match the checkpoint ({fields})")
     info = backend.device_info()
+    unified = getattr(info, "unified_memory", False)
+    if quantized and not kept:  # the backend would dequantize: keep them if only that fits
+        room = info.total_memory
+        if unified:
+            from atlas_core.engine.kv_sizing import system_reserve
+            room = min(room, backend.memory_info()[0] - system_reserve(info.total_memory))
+        if keeps_quantized_to_fit(backend, need, checkpoint.nbytes, room,
+                                  f"{info.name}, a {count}-parameter model"):
+            kept, need = True, checkpoint.nbytes
+    what = (f"config.json describes a model of {count} parameters, {_bytes(need)} of "
+            f"{'quantized' if kept else np.dtype(dtype).name} weights")
     if need > info.total_memory:
         hint = getattr(backend, "keep_quantized_hint", "")
         if quantized and not kept and hint and checkpoint.nbytes <= info.total_memory:
@@ -218,7 +229,7 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
         raise WeightLoadError(f"{what}, more than the {_bytes(info.total_memory)} of {info.name}: "
                               f"use a smaller model or a device with more memory ({fields} if "
                               "the model should fit)")
-    if getattr(info, "unified_memory", False):
+    if unified:
         from atlas_core.engine.kv_sizing import system_reserve
         free = backend.memory_info()[0]
         room = free - system_reserve(info.total_memory)

@@ -95,7 +95,8 @@ def load_rank(spec: WorkerSpec, store: StoreClient) -> tuple[Any, Any, Any, dict
     # as one GPU's loader does, for either way of loading: the quantization decides the
     # backend's kernels, and --dequantize-weights how quantized weights are kept
     if args.dequantize_weights:
-        backend.quantized_weight_formats = frozenset()
+        from atlas_core.model.quantized_loading import dequantize_all
+        dequantize_all(backend)
     backend.bind_model(config.get("model_type"), quant_method(config))
     if args.load_format == "dummy":
         from atlas_core.parallel.transform import build_random_shard

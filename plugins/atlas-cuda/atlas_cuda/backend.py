@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -115,8 +116,7 @@ class CudaBackend(DeviceTransfers, GraphCapture, GpuBackend):
         self.kernels = self._library(model, quant)
         self._batch_invariant = False
         self.policy = policy or target_policy(self.target, model, quant)
-        self.quantized_weight_formats = (frozenset(QUANT_FORMATS) if self.policy.quant_weights
-                                         else frozenset())
+        self.quantized_weight_formats = self._kept_formats(self.policy)
         log.info("cuda kernel policy (%s target): %s", self.target.name, self.policy.summary())
         self._init_transfers()
         self.num_sms = self.device.properties.multiprocessor_count
@@ -187,9 +187,25 @@ class CudaBackend(DeviceTransfers, GraphCapture, GpuBackend):
             self._batch_invariant = True
         self.policy = policy
         self.ctx.set_policy(policy)
-        self.quantized_weight_formats = (frozenset(QUANT_FORMATS) if policy.quant_weights
-                                         else frozenset())
+        self.quantized_weight_formats = self._kept_formats(policy)
         log.info("cuda kernel policy now: %s", policy.summary())
+
+    def _kept_formats(self, policy: KernelPolicy) -> frozenset:
+        """The quantized formats kept on the device under ``policy`` (none after
+        ``--dequantize-weights``)."""
+        if policy.quant_weights and not self.dequantize_requested:
+            return frozenset(QUANT_FORMATS)
+        return frozenset()
+
+    def keep_quantized(self) -> bool:
+        """Keep FP8 / NVFP4 weights quantized from now on (the policy's ``quant_weights``, as
+        ``ATLAS_CUDA_QUANT_WEIGHTS=1``): the loaders ask when a checkpoint fits only so. Not in
+        batch-invariant mode, whose linears all take the bf16 mma GEMM."""
+        if self._batch_invariant or self.dequantize_requested:
+            return False
+        if not self.policy.quant_weights:
+            self.set_policy(replace(self.policy, quant_weights=True))
+        return True
 
     @property
     def workspace(self) -> Workspace:
