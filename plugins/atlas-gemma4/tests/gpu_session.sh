@@ -14,6 +14,10 @@
 #      Batch 32 at 32k (a million prompt tokens, est. over a minute of prefill with the
 #      untuned mma.sync tile kernel) is left out; a timeout records how far a cell got. Prefill chunks of 2,048 tokens: a chunk's keys must
 #      all fit the sliding-window pool at once (16k-token chunks would need 14 GB of it on 31b).
+#   3. HF transformers eager beside Atlas, batch 1 at 1k (8 baseline tokens; builds the random
+#      model on the GPU in its own process): the baseline the issue asks for.
+# The tests read the real chat templates: on a machine without ../shared, carry
+# fixtures/real-models/gemma-4 and set ATLAS_FIXTURES_DIR to the folder holding it.
 set -uo pipefail
 OUT=${OUT:-$PWD/gemma4_gpu_out}
 mkdir -p "$OUT"
@@ -40,3 +44,12 @@ bench 40 gemma-4-26b-a4b 1,32 1024
 bench 40 gemma-4-31b 1,32 1024
 bench 30 gemma-4-26b-a4b 1 32768
 bench 30 gemma-4-31b 1 32768
+for shape in gemma-4-26b-a4b gemma-4-31b; do
+  log="$OUT/bench-$shape-hf"
+  timeout -s INT 240 $PY -m atlas_core bench --model "$shape" --backend cuda --batch 1 \
+    --context 1024 --decode-tokens 32 --max-prefill-tokens 2048 --gpu-memory-utilization 0.92 \
+    --baseline hf --baseline-decode-tokens 8 --baseline-timeout 180 --json "$log.json" \
+    >"$log.log" 2>&1
+  echo "$shape beside HF, batch 1 context 1024: exit $?"
+  tail -8 "$log.log"
+done

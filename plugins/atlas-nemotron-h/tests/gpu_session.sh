@@ -7,8 +7,11 @@
 #      the tiny model's greedy tokens on cuda = numpy, bf16 logits near float32.
 #   2. atlas bench nemotron-3-nano-30b-a3b (all 52 blocks, bf16, random weights on the device,
 #      62.5 GB: H100 80 GB or H200): batch 1, 8, 32 at 1k context; then batch 1 at 32k (prefill
-#      runs the token-by-token scan: slow). No baseline here: the compiled baseline is a Qwen3
-#      and HF eager builds a 31B model for minutes; run one in a session of its own.
+#      runs the token-by-token scan: slow). No baseline here: the compiled baseline is a Qwen3;
+#      HF eager beside it (`--baseline hf --baseline-decode-tokens 8`, batch 1 and 8 at 1k) took
+#      25 s on an H200 in session 20 (docs/benchmarks.md).
+# The tests read the real chat templates: on a machine without ../shared, carry
+# fixtures/real-models/nemotron and set ATLAS_FIXTURES_DIR to the folder holding it.
 set -uo pipefail
 OUT=${OUT:-$PWD/nemotron_gpu_out}
 mkdir -p "$OUT"
