@@ -9,6 +9,9 @@ leaving anything out (compare scripts/decode_leave_one_out.py). Per kernel (modu
 of that grid shape): launches a step, median and total microseconds a step, and how early the
 block reached its wait (lead: the pre-wait work overlapped with the kernel before).
 
+Kernels captured into the graph that left no trace (no ``pdl_wait()``, so their time lands in the
+row before them) are listed after the table.
+
 ``--tp N`` times rank 0 of a TP=N split alone, its collectives left out (bench/rank_model);
 ``--ranks N`` runs the real split on N GPUs, one process a rank over NCCL (and the peer-memory
 all-reduce), every rank replaying the same graphs so the collectives pair up, and prints each
@@ -29,9 +32,14 @@ import numpy as np
 SLOTS = 8192
 
 
+#: (module, grid, kernel) of every launch made while a graph was being captured.
+CAPTURED: list[tuple[str, tuple, str]] = []
+
+
 def name_launches() -> dict:
     """Record every launch's (module, grid) -> kernel names, by hooking the kernel library's
-    class (a backend re-binds its library per model, so instance hooks would be lost)."""
+    class (a backend re-binds its library per model, so instance hooks would be lost), and the
+    launches captured into graphs (:data:`CAPTURED`)."""
     from atlas_cuda.kernels_loader import KernelLibrary, kernel_family
     names: dict[tuple[str, tuple], set] = defaultdict(set)
     kernel, launch = KernelLibrary.kernel, KernelLibrary.launch
@@ -46,6 +54,8 @@ def name_launches() -> dict:
         module, name = meta.get(id(k), ("?", "?"))
         g = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
         names[(module, (g + (1, 1))[:3])].add(name)
+        if getattr(self.backend, "capturing", False):
+            CAPTURED.append((module, (g + (1, 1))[:3], name))
         launch(self, k, grid, *args, **kw)
 
     KernelLibrary.kernel, KernelLibrary.launch = named_kernel, noting_launch
@@ -113,7 +123,31 @@ def timeline(be, model, names: dict, a, tag: str = "") -> None:
         dt = f"{(nxt - t1) / 1e3:7.2f}" if nxt is not None else "      -"
         lines.append(f"{tag}  {label[:66]:66s} wait {(t0 - base) / 1e3:9.2f} -> "
                      f"{(t1 - base) / 1e3:9.2f} (+{dt})")
+    lines += untraced(last, tag)
     print("\n".join(lines), flush=True)
+
+
+def untraced(last: list, tag: str) -> list[str]:
+    """Lines naming the captured kernels that left no trace (no ``pdl_wait()``: their time
+    shows in the row of the traced kernel before them), by (module, grid) counts."""
+    traced: dict[tuple, int] = defaultdict(int)
+    for _t1, _t0, label in last:
+        module, rest = label.split(":", 1)
+        traced[(module, rest[rest.rindex(" (") + 1:])] += 1
+    captured: dict[tuple, int] = defaultdict(int)
+    kernels: dict[tuple, set] = defaultdict(set)
+    for module, grid, name in CAPTURED:
+        captured[(module, str(grid))] += 1
+        kernels[(module, str(grid))].add(name)
+    missing = {k: n - traced.get(k, 0) for k, n in captured.items() if n > traced.get(k, 0)}
+    if not missing:
+        return []
+    out = [f"{tag}launches captured but not traced ({sum(captured.values())} captured in all, "
+           f"{len(last)} traced a step; a kernel without pdl_wait() is timed with the one "
+           "before it):"]
+    for (module, grid), n in sorted(missing.items(), key=lambda kv: -kv[1]):
+        out.append(f"{tag}  {module}:{'/'.join(sorted(kernels[(module, grid)]))} {grid} x{n}")
+    return out
 
 
 def _rank(rank: int, a, store_port: int) -> None:
