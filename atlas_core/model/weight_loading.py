@@ -203,10 +203,15 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
     need = checkpoint.nbytes if kept else num_params * np.dtype(dtype).itemsize
     count = f"{num_params / 1e9:,.2f}B" if num_params >= 1e9 else f"{num_params / 1e6:,.2f}M"
     fields = "check num_hidden_layers, hidden_size, intermediate_size and vocab_size"
+
+    def described() -> str:  # read when called: the check below may keep the weights packed
+        return (f"config.json describes a model of {count} parameters, {_bytes(need)} of "
+                f"{'quantized' if kept else np.dtype(dtype).name} weights")
+
     if num_params > (4 if quantized else 2) * checkpoint.nbytes:
-        raise WeightLoadError(f"config.json describes a model of {count} parameters, but the "
-                              f"checkpoint holds only {_bytes(checkpoint.nbytes)} of tensors: "
-                              f"config.json does not match the checkpoint ({fields})")
+        raise WeightLoadError(f"{described()}, but the checkpoint holds only "
+                              f"{_bytes(checkpoint.nbytes)} of tensors: config.json does not "
+                              f"match the checkpoint ({fields})")
     info = backend.device_info()
     unified = getattr(info, "unified_memory", False)
     if quantized and not kept:  # the backend would dequantize: keep them if only that fits
@@ -217,8 +222,7 @@ def check_size(num_params: int, dtype: Any, checkpoint: Checkpoint, backend: Any
         if keeps_quantized_to_fit(backend, need, checkpoint.nbytes, room,
                                   f"{info.name}, a {count}-parameter model"):
             kept, need = True, checkpoint.nbytes
-    what = (f"config.json describes a model of {count} parameters, {_bytes(need)} of "
-            f"{'quantized' if kept else np.dtype(dtype).name} weights")
+    what = described()
     if need > info.total_memory:
         hint = getattr(backend, "keep_quantized_hint", "")
         if quantized and not kept and hint and checkpoint.nbytes <= info.total_memory:
