@@ -1,4 +1,5 @@
-"""What each kernel of a batch-1 decode step adds to the step, in the replayed graph.
+"""What each kernel of a decode step (batch 1, or ``--batch N``) adds to the step, in the replayed
+graph.
 
 Builds the bench model with ``ATLAS_CUDA_NVRTC_DEFINES=ATLAS_TRACE`` (a separate kernel-cache
 entry): every launch's block 0 records when it reached ``pdl_wait()`` and when the wait returned
@@ -17,7 +18,7 @@ row before them) are listed after the table.
 all-reduce), every rank replaying the same graphs so the collectives pair up, and prints each
 rank's table: the all-reduce kernels' rows are what communication costs inside the step.
 
-    python scripts/decode_timeline.py qwen3-30b-a3b [--prompt 512] [--reps 20] [--show 12]
+    python scripts/decode_timeline.py qwen3-30b-a3b [--prompt 512] [--batch 8] [--reps 20]
     python scripts/decode_timeline.py qwen3-8b --ranks 2 [--ep]
 """
 
@@ -67,10 +68,10 @@ def timeline(be, model, names: dict, a, tag: str = "") -> None:
     from atlas_core.bench.graph_timing import decode_graph, replay_ms
     from atlas_cuda.driver import check, drv
     from atlas_cuda.kernels_loader import module_global
-    _engine, graph = decode_graph(model, be, a.prompt)
+    _engine, graph = decode_graph(model, be, a.prompt, batch=a.batch)
     step_ms = replay_ms(be, graph, 50)
-    print(f"{tag}{a.model}: decode graph {step_ms:.3f} ms (tracing build), "
-          f"{model.num_layers} layers")
+    print(f"{tag}{a.model}: decode graph of {a.batch} {step_ms:.3f} ms (tracing build), "
+          f"{model.num_layers} layers, {a.prompt} tokens of context")
     d = drv()
     lib = be.kernels
     arrays = [(module, ptr) for (module, _v), mod in lib.modules.items()
@@ -173,7 +174,8 @@ def _rank(rank: int, a, store_port: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("model")
-    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--prompt", type=int, default=128, help="tokens of context a sequence")
+    p.add_argument("--batch", type=int, default=1, help="sequences in the step")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--show", type=int, default=12, help="print the step's last N launches")
     p.add_argument("--tp", type=int, default=1,

@@ -49,6 +49,8 @@ def test_decode_graph_is_the_batch1_decode_graph_after_a_prompt():
     model = build_random_model(shape_config("tiny"), be, registry)
     engine, graph = decode_graph(model, be, 20)
     assert graph is engine.runner.graphs[1][0] and not engine.has_unfinished_requests()
+    engine, graph = decode_graph(model, be, 20, batch=3)  # a step of all three was captured
+    assert graph is engine.runner.graphs[3][0] and not engine.has_unfinished_requests()
     np_be, registry = create_backend("numpy")
     with pytest.raises(ValueError, match="no decode graph"):
         decode_graph(build_random_model(shape_config("tiny"), np_be, registry), np_be, 20)

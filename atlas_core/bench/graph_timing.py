@@ -26,21 +26,25 @@ def graph_ms(backend: Any, fn: Callable[[], Any], reps: int = 200) -> float:
     return replay_ms(backend, backend.capture(fn), reps)
 
 
-def decode_graph(model: Any, backend: Any, prompt: int = 128, **engine_args: Any):
-    """``(engine, graph)``: an engine for one sequence after a ``prompt``-token request has been
-    prefilled and decoded a few tokens, and its batch-1 decode graph (the setup every decode
-    timing script under ``scripts/`` shares). ``engine_args`` override the
+def decode_graph(model: Any, backend: Any, prompt: int = 128, batch: int = 1, **engine_args: Any):
+    """``(engine, graph)``: an engine for ``batch`` sequences after ``prompt``-token requests
+    have been prefilled together and decoded a few tokens, and its decode graph for that batch
+    (the setup every decode timing script under ``scripts/`` shares; a replay reruns the last
+    step over those sequences' KV cache). ``engine_args`` override the
     :class:`~atlas_core.engine.EngineArgs` defaults (a KV cache just big enough)."""
     from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
-    args = {"model": None, "max_num_seqs": 1, "max_prefill_tokens": min(prompt, 4096),
-            "max_seq_len": prompt + 384, "num_kv_blocks": -(-(prompt + 384) // 16) + 8,
+    per_seq = -(-(prompt + 384) // 16)
+    args = {"model": None, "max_num_seqs": batch,
+            "max_prefill_tokens": min(prompt * batch, max(prompt, 16384)),
+            "max_seq_len": prompt + 384, "num_kv_blocks": batch * per_seq + 8,
             "enable_prefix_caching": False, **engine_args}
     engine = LLMEngine(model, backend, EngineArgs(**args))
-    engine.add_request("r", list(range(1, prompt + 1)),
-                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    for i in range(batch):  # enough tokens that every sequence is still running once all are in
+        engine.add_request(f"r{i}", list(range(1, prompt + 1)),
+                           SamplingParams(temperature=0, max_tokens=4 + batch, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    if 1 not in engine.runner.graphs:
-        raise ValueError(f"{type(backend).__name__} captured no decode graph; these timings "
-                         "need a backend with graphs (cuda)")
-    return engine, engine.runner.graphs[1][0]
+    if batch not in engine.runner.graphs:
+        raise ValueError(f"{type(backend).__name__} captured no decode graph of {batch} "
+                         "sequences; these timings need a backend with graphs (cuda)")
+    return engine, engine.runner.graphs[batch][0]
