@@ -34,14 +34,17 @@ def decode_graph(model: Any, backend: Any, prompt: int = 128, batch: int = 1, **
     :class:`~atlas_core.engine.EngineArgs` defaults (a KV cache just big enough)."""
     from atlas_core.engine import EngineArgs, LLMEngine, SamplingParams
     per_seq = -(-(prompt + 384) // 16)
-    args = {"model": None, "max_num_seqs": batch,
-            "max_prefill_tokens": min(prompt * batch, max(prompt, 16384)),
+    args = {"model": None, "max_num_seqs": batch, "max_prefill_tokens": min(prompt, 4096),
             "max_seq_len": prompt + 384, "num_kv_blocks": batch * per_seq + 8,
             "enable_prefix_caching": False, **engine_args}
     engine = LLMEngine(model, backend, EngineArgs(**args))
-    for i in range(batch):  # enough tokens that every sequence is still running once all are in
+    # enough tokens that every sequence still runs once the last prompt is in (a prefill step
+    # a chunk, while the sequences already in decode a token each)
+    chunk = args["max_prefill_tokens"] or prompt
+    tokens = 4 + -(-prompt * batch // chunk) if batch > 1 else 4
+    for i in range(batch):
         engine.add_request(f"r{i}", list(range(1, prompt + 1)),
-                           SamplingParams(temperature=0, max_tokens=4 + batch, ignore_eos=True))
+                           SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
     if batch not in engine.runner.graphs:
