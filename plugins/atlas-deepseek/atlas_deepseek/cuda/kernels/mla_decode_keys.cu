@@ -49,11 +49,8 @@ __device__ void mla_decode_keys_impl(float* part_o, float* part_ml, const T* q_l
   const MlaTileGather<T, W, BN, THREADS> gather(cache, tables + (long long)b * max_blocks,
                                                 block_size, k1);
   mla_load_queries<T, RANK, ROPE, HT, THREADS>(sq, q_lat, q_pe, b, h0, heads, tid);
-  // Group g holds tile g (group 0 also the queries).
-  for (int s = 0; s < stages - 1; s++) {
-    if (s < ntiles) gather(skv + s * BN * LD, k0 + s * BN, tid);
-    asm volatile("cp.async.commit_group;\n");
-  }
+  auto load = [&](int buf, int tile) { gather(skv + buf * BN * LD, k0 + tile * BN, tid); };
+  mla_ring_prime(stages, ntiles, load);
 
   float o[ND][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 #pragma unroll
@@ -67,9 +64,7 @@ __device__ void mla_decode_keys_impl(float* part_o, float* part_ml, const T* q_l
   for (int it = 0; it < ntiles; it++) {
     mla_wait_ring(stages);
     __syncthreads();  // every copy visible; every warp done with tile it - 1's buffer
-    int nx = it + stages - 1;
-    if (nx < ntiles) gather(skv + (nx % stages) * BN * LD, k0 + nx * BN, tid);
-    asm volatile("cp.async.commit_group;\n");
+    mla_ring_next(it, stages, ntiles, load);
     int j0 = k0 + it * BN + kb;  // this warp's first key
     if (!active || j0 >= k1) continue;  // warp-uniform: no heads or no keys of its own
     const T* tile = skv + (it % stages) * BN * LD;

@@ -64,11 +64,8 @@ __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_la
       cp_async16(dst + r * LD + col, cache + row * W + col, ok);
     }
   };
-  // Group g holds tile g (group 0 also the queries).
-  for (int s = 0; s < stages - 1; s++) {
-    if (s < ntiles) load_tile(s, k0 + s * BN);
-    asm volatile("cp.async.commit_group;\n");
-  }
+  auto load = [&](int buf, int tile) { load_tile(buf, k0 + tile * BN); };
+  mla_ring_prime(stages, ntiles, load);
 
   float o[ND][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 #pragma unroll
@@ -82,9 +79,7 @@ __device__ void mla_decode_mma_impl(float* part_o, float* part_ml, const T* q_la
   for (int it = 0; it < ntiles; it++) {
     mla_wait_ring(stages);
     __syncthreads();  // every copy visible; every warp done with tile it - 1 and its partials
-    int nx = it + stages - 1;
-    if (nx < ntiles) load_tile(nx % stages, k0 + nx * BN);  // into tile it - 1's buffer
-    asm volatile("cp.async.commit_group;\n");
+    mla_ring_next(it, stages, ntiles, load);  // into tile it - 1's buffer
     if constexpr (QREG) {
       if (it == 0) {
 #pragma unroll

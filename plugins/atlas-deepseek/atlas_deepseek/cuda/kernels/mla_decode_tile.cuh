@@ -35,6 +35,23 @@ __device__ __forceinline__ void mla_load_queries(T* sq, const T* q_lat, const T*
 
 // Waits until the ring's oldest tile has landed: `stages` - 1 + it groups committed when tile
 // `it` is needed, so stages - 2 may stay in flight.
+// The ring's copies: load(buffer, tile) issues tile `tile`'s copies into ring buffer `buffer`,
+// one commit group a tile (empty past ntiles). mla_ring_prime before the loop: tiles 0 ..
+// stages - 2 (group 0 also holds the queries); mla_ring_next in iteration it, after the barrier
+// that frees tile it - 1's buffer: tile it + stages - 1 into it.
+template <typename Load>
+__device__ __forceinline__ void mla_ring_prime(int stages, int ntiles, const Load& load) {
+  for (int s = 0; s < stages - 1; s++) {
+    if (s < ntiles) load(s, s);
+    asm volatile("cp.async.commit_group;\n");
+  }
+}
+template <typename Load>
+__device__ __forceinline__ void mla_ring_next(int it, int stages, int ntiles, const Load& load) {
+  int nx = it + stages - 1;
+  if (nx < ntiles) load(nx % stages, nx);
+  asm volatile("cp.async.commit_group;\n");
+}
 __device__ __forceinline__ void mla_wait_ring(int stages) {
   if (stages >= 4) asm volatile("cp.async.wait_group 2;\n");
   else if (stages == 3) asm volatile("cp.async.wait_group 1;\n");
