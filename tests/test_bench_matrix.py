@@ -105,6 +105,40 @@ def test_cells_that_cannot_fit_are_skipped_not_run():
     assert "max_position_embeddings 2048" in status[1, 4000]
 
 
+def test_a_cell_whose_step_fails_says_failed_and_why(monkeypatch, capsys):
+    # gemma-4 on the H200 ran out of device memory in every step; the cells said "skipped: 0
+    # decode steps of the whole batch timed; raise --decode-tokens" and the bench exited 0.
+    engine = _engine()
+    real_execute = engine.runner.execute
+
+    def execute(sched, rows_of):
+        if any(s.seq.num_prompt_tokens >= 100 for s in sched.scheduled):
+            raise RuntimeError("CUDA driver error CUDA_ERROR_OUT_OF_MEMORY")
+        return real_execute(sched, rows_of)
+
+    monkeypatch.setattr(engine.runner, "execute", execute)
+    logs = []
+    cells = runner.measure(engine, batches=[1], contexts=[40, 120], decode_tokens=5,
+                           bandwidth_gbs=10.0, log=logs.append)
+    status = {c["context"]: c["status"] for c in cells}
+    assert status[40] == "ok"
+    assert status[120].startswith("failed: ") and "OUT_OF_MEMORY" in status[120]
+    assert any("warm-up of batch 1 at context 120 failed" in m for m in logs)
+    assert not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_bench_cli_exits_1_when_a_cell_failed(monkeypatch, capsys):
+    def measure(engine, **kw):
+        return [{"batch": 1, "context": 16, "status": "failed: out of memory"}]
+
+    monkeypatch.setattr(runner, "measure", measure)
+    assert main(["bench", "--model", "tiny", "--backend", "numpy", "--batch", "1",
+                 "--context", "16", "--decode-tokens", "4", "--bandwidth", "50"]) == 1
+    out = capsys.readouterr().out
+    assert "failed: out of memory" in out and "1 of 1 cells failed" in out
+
+
 def test_bench_cli_matrix_csv_and_json(tmp_path, capsys):
     out_json, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
     assert main(["bench", "--model", "tiny", "--backend", "numpy", "--batch", "2,1",

@@ -43,6 +43,10 @@ class BenchResult:
     per_rank: int = 0
 
 
+class CellFailed(RuntimeError):
+    """A request of a bench cell finished with an engine error (the message says which)."""
+
+
 def _run(engine: Any, prompts: list[list[int]], max_tokens: int,
          full_steps: int | None = None) -> tuple[float, list[tuple]]:
     """Submit ``prompts`` together; return (seconds until every one has its first token,
@@ -62,6 +66,13 @@ def _run(engine: Any, prompts: list[list[int]], max_tokens: int,
         now = time.perf_counter()
         if not outs:
             continue
+        error = next((o.error for o in outs if getattr(o, "error", None)), None)
+        if error:  # an engine step failed (out of memory, a kernel error): stop the cell
+            for rid in ids:
+                engine.abort_request(rid)
+            while engine.has_unfinished_requests():
+                engine.step()
+            raise CellFailed(str(error))
         was_full = len(started) == len(ids)
         started.update(o.request_id for o in outs if o.outputs[0].token_ids)
         if not was_full and len(started) == len(ids):
@@ -126,7 +137,11 @@ def measure_cell(engine: Any, step_bytes: StepBytes, batch: int, context: int,
     vocab = engine.model.vocab_size
     prompts = [rng.integers(0, vocab, context).tolist() for _ in range(batch)]
     lead = lead_tokens(engine.args.max_prefill_tokens, batch, context)
-    ttft, stamps = _run(engine, prompts, decode_tokens + lead, full_steps=decode_tokens)
+    try:
+        ttft, stamps = _run(engine, prompts, decode_tokens + lead, full_steps=decode_tokens)
+    except CellFailed as exc:
+        cell["status"] = f"failed: {exc}"
+        return cell
     decode = [s for s in stamps if s[2] and s[1] == batch]
     if len(decode) < 3:
         cell["status"] = (f"skipped: {len(decode)} decode steps of the whole batch timed; "
@@ -157,12 +172,13 @@ def measure(engine: Any, *, batches: list[int], contexts: list[int], decode_toke
     # the engine's own count: under -tp, the busiest rank's shard (BusiestRankBytes)
     step_bytes = engine.decode_timer.step_bytes
     log("warm-up")
-    for b in batches:
-        if skip_reason(engine, b, 16, 8) is None:
-            _run(engine, [rng.integers(0, vocab, 16).tolist() for _ in range(b)], 8)
-    for c in contexts:
-        if skip_reason(engine, 1, c, 1) is None:
-            _run(engine, [rng.integers(0, vocab, c).tolist()], 1)
+    warm = [(b, 16, 8) for b in batches] + [(1, c, 1) for c in contexts]
+    for b, c, n in warm:
+        if skip_reason(engine, b, c, n) is None:
+            try:
+                _run(engine, [rng.integers(0, vocab, c).tolist() for _ in range(b)], n)
+            except CellFailed as exc:  # the cell itself reports it
+                log(f"warm-up of batch {b} at context {c} failed: {exc}")
     cells = []
     for c in contexts:
         for b in batches:

@@ -252,4 +252,8 @@ def run(args) -> int:
         print(measure_vision(engine, args.image_size, log=_progress).to_text())
     _write(args.json, report.to_json(result))
     _write(args.csv, report.to_csv(result))
+    failed = [c for c in cells if c["status"].startswith("failed")]
+    if failed:
+        print(f"error: {len(failed)} of {len(cells)} cells failed (their rows say why)")
+        return 1
     return 0

@@ -91,7 +91,7 @@ class CausalLM(Module):
             Final-normed hidden states ``[num_tokens, hidden_size]`` in the model dtype.
         """
         ops = self.ops
-        hidden = ops.embedding(input_ids, self.params["model.embed_tokens.weight"])
+        hidden = self.embed(input_ids)
         residual = None
         # the backend may reuse each layer's op outputs once the next layer has its inputs
         scope = self.backend.layer_scope(2 * hidden.nbytes)
@@ -104,6 +104,11 @@ class CausalLM(Module):
             return ops.rms_norm(hidden, norm, self.eps, zero_centered=self.zero_centered_norm)
         hidden, _ = ops.rms_norm(hidden, norm, self.eps, residual, zero_centered=self.zero_centered_norm)
         return hidden
+
+    def embed(self, input_ids: Any) -> Any:
+        """The input embeddings ``[num_tokens, hidden_size]`` of ``input_ids`` (a family that
+        scales or adds to them overrides this, keeping the generic layer loop)."""
+        return self.ops.embedding(input_ids, self.params["model.embed_tokens.weight"])
 
     def compute_logits(self, hidden: Any, logits_indices: Any) -> Any:
         """Logits of the rows ``logits_indices`` of ``hidden``.

@@ -53,8 +53,14 @@ class Workspace:
 
     def reset(self) -> None:
         if len(self.chunks) > 1:
-            total = sum(c.nbytes for c in self.chunks)
-            self.chunks = [DeviceAllocation(total)]
+            sizes = [c.nbytes for c in self.chunks]
+            self.chunks = []  # give the chunks back before taking their sum in one piece
+            try:
+                self.chunks = [DeviceAllocation(sum(sizes))]
+            except CudaError:  # fragmented or short of memory: grow chunk by chunk again
+                log.warning("step workspace: no room for one %.0f MiB arena; keeping %.0f MiB "
+                            "and growing it as steps need", sum(sizes) / 2**20, sizes[0] / 2**20)
+                self.chunks = [DeviceAllocation(sizes[0])]
         self.cur = self.offset = 0
 
     def mark(self) -> tuple[int, int]:

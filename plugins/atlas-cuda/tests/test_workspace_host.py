@@ -92,3 +92,41 @@ def test_layer_scope_leaves_arrays_larger_than_its_slot():
     mark = be.workspace.mark()
     assert scope.carry(big, None) == (big, None)
     assert be.workspace.mark() == mark and not be.copies
+
+
+
+def _grown():
+    ws = Workspace(4 * MB)
+    ws.alloc((3 * MB,), np.uint8)
+    ws.alloc((6 * MB,), np.uint8)  # does not fit the first chunk: a second one
+    assert [c.nbytes for c in ws.chunks] == [4 * MB, 6 * MB]
+    return ws
+
+
+def test_reset_lets_the_old_chunks_go_before_taking_their_sum(monkeypatch):
+    # gemma-4 on the H200: merging a grown arena held the old chunks and the merged one at once.
+    ws, held = _grown(), []
+
+    class Probe(FakeAllocation):
+        def __init__(self, nbytes):
+            held.append(list(ws.chunks))  # what the workspace still holds at that moment
+            super().__init__(nbytes)
+
+    monkeypatch.setattr(memory, "DeviceAllocation", Probe)
+    ws.reset()
+    assert held == [[]] and [c.nbytes for c in ws.chunks] == [10 * MB]
+
+
+def test_reset_without_room_for_the_sum_keeps_the_first_size_and_grows_again(monkeypatch):
+    ws = _grown()
+
+    class Short(FakeAllocation):
+        def __init__(self, nbytes):
+            if nbytes > 4 * MB:
+                raise memory.CudaError("CUDA driver error CUDA_ERROR_OUT_OF_MEMORY")
+            super().__init__(nbytes)
+
+    monkeypatch.setattr(memory, "DeviceAllocation", Short)
+    ws.reset()
+    assert [c.nbytes for c in ws.chunks] == [4 * MB]
+    assert ws.alloc((MB,), np.uint8).ptr == ws.chunk.ptr

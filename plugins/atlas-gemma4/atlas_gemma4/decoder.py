@@ -87,6 +87,7 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
                  "post_feedforward_layernorm"]
         if experts is not None:
             experts.declare(self)
+            self.top_k = experts.top_k  # the step-bytes count reads the experts a token touches
             norms += ["pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
                       "post_feedforward_layernorm_2"]
         for name in norms:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.api import CausalLM, StepMetadata
+from atlas_core.api import CausalLM
 
 from atlas_gemma4.attention import gemma4_cos_sin_cache
 
@@ -41,16 +41,11 @@ class Gemma4CausalLM(CausalLM):
                     attention.head_dim, self.max_position_embeddings, attention.rope))
             attention.set_rotary(tables[key])
 
-    def forward(self, input_ids: Any, meta: StepMetadata) -> Any:
-        """Scaled embeddings -> every block -> final RMSNorm: ``[num_tokens, hidden_size]``."""
-        ops = self.ops
-        hidden = ops.mul(ops.embedding(input_ids, self.params["model.embed_tokens.weight"]),
-                         self.embed_scale)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer.forward(hidden, residual, meta)
-        return ops.rms_norm(hidden, self.params["model.norm.weight"], self.eps,
-                            zero_centered=self.zero_centered_norm)
+    def embed(self, input_ids: Any) -> Any:
+        """Embeddings times ``sqrt(hidden_size)`` (in the model dtype, as HF rounds it); the
+        generic loop of :meth:`CausalLM.forward` (with its per-layer workspace reuse) does the
+        rest, as every Gemma-4 block returns its residual already added."""
+        return self.ops.mul(super().embed(input_ids), self.embed_scale)
 
     def compute_logits(self, hidden: Any, logits_indices: Any) -> Any:
         """As :meth:`CausalLM.compute_logits`, then the soft cap (float32)."""

@@ -31,7 +31,7 @@ def test_routing_op_matches_its_reference_on_cuda(cuda):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_routing_at_a_prefill_batch_spans_several_blocks(cuda, dtype):
-    """300 tokens (three blocks of 128 threads), M2's 256 experts top-8, float32 bias."""
+    """300 tokens (75 blocks of four tokens, a warp each), M2's 256 experts top-8, float32 bias."""
     from atlas_core.testing.contracts_cases import OpCase
     from atlas_core.testing.contracts_ops import make_rng, randn
 

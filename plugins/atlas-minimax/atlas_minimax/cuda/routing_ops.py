@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-#: Threads per block (a thread per token).
-THREADS = 128
+#: Tokens per block (a warp per token; ROUTE_WARPS in the kernel).
+TOKENS_PER_BLOCK = 4
 
 
 class MiniMaxCudaOps:
@@ -37,6 +37,7 @@ class MiniMaxCudaOps:
         ids = self.ctx.out((t, top_k), np.int32)
         if t:
             kernel = self.ctx.kernel("moe_route_biased", router_logits.dtype, "moe_route_biased")
-            self.ctx.launch(kernel, -(-t // THREADS), THREADS, weights, ids, router_logits, bias,
-                            np.int32(t), np.int32(e), np.int32(top_k), np.int32(int(renormalize)))
+            self.ctx.launch(kernel, -(-t // TOKENS_PER_BLOCK), 32 * TOKENS_PER_BLOCK, weights, ids,
+                            router_logits, bias, np.int32(t), np.int32(e), np.int32(top_k),
+                            np.int32(int(renormalize)), pdl=self.ctx.pdl)
         return weights, ids
