@@ -1,9 +1,12 @@
-// Embedding gather, RMSNorm (+ fused residual add), add, gated activations.
+// Embedding gather, RMSNorm (+ fused residual add), add, gated activations. Every kernel may be
+// launched with PDL: it lets the next kernel launch, then waits for the previous one's writes.
 #include "common.cuh"
 
 // One block per row; hidden must be a multiple of 8 (every model dim is).
 template <typename T>
 __device__ void embedding_impl(T* out, const int* ids, const T* table, int hidden) {
+  pdl_trigger();
+  pdl_wait();
   const T* src = table + (long long)ids[blockIdx.x] * hidden;
   T* dst = out + (long long)blockIdx.x * hidden;
   for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
@@ -18,6 +21,7 @@ __device__ void rms_norm_impl(T* y, T* r_out, const T* x, const T* residual, con
                               float eps, int hidden, int zero_centered) {
   __shared__ float scratch[32];
   pdl_trigger();
+  pdl_wait();
   long long row = (long long)blockIdx.x * hidden;
   float v[MAXV][8];
   float ss = 0.f;
@@ -52,6 +56,8 @@ __device__ void rms_norm_impl(T* y, T* r_out, const T* x, const T* residual, con
 // Scalar gather for rows that are not 16-byte multiples (e.g. one logprob per row).
 template <typename T>
 __device__ void embedding_scalar_impl(T* out, const int* ids, const T* table, int hidden) {
+  pdl_trigger();
+  pdl_wait();
   const T* src = table + (long long)ids[blockIdx.x] * hidden;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[(long long)blockIdx.x * hidden + i] = src[i];
 }
@@ -59,6 +65,8 @@ __device__ void embedding_scalar_impl(T* out, const int* ids, const T* table, in
 // out = a + b in float32, stored as A (b may be narrower: widening add of logits).
 template <typename A, typename B>
 __device__ void add_impl(A* out, const A* a, const B* b, long long n) {
+  pdl_trigger();
+  pdl_wait();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     out[i] = from_f32<A>(to_f32(a[i]) + to_f32(b[i]));
@@ -67,6 +75,8 @@ __device__ void add_impl(A* out, const A* a, const B* b, long long n) {
 
 template <typename T, int GELU>
 __device__ void act_and_mul_scalar_impl(T* out, const T* x, int d, long long n) {
+  pdl_trigger();
+  pdl_wait();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     long long t = i / d, j = i % d;
@@ -79,6 +89,7 @@ __device__ void act_and_mul_scalar_impl(T* out, const T* x, int d, long long n) 
 template <typename T, int GELU>
 __device__ void act_and_mul_impl(T* out, const T* x, int d) {
   pdl_trigger();
+  pdl_wait();
   int i = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (i >= d) return;
   const T* row = x + (long long)blockIdx.y * 2 * d;
@@ -108,6 +119,8 @@ __device__ void act_and_mul_impl(T* out, const T* x, int d) {
     add_impl<float, T>(out, a, b, n);                                                         \
   }                                                                                           \
   extern "C" __global__ void to_f32_##S(float* out, const T* x, long long n) {                \
+    pdl_trigger();                                                                            \
+    pdl_wait();                                                                               \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;               \
          i += (long long)gridDim.x * blockDim.x) out[i] = to_f32(x[i]);                       \
   }                                                                                           \

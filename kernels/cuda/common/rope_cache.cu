@@ -39,6 +39,8 @@ __device__ void rope_qkv_impl(T* q_out, C* k_out, C* v_out, const T* q, const T*
 template <typename T, typename C>
 __device__ void reshape_and_cache_impl(C* k_cache, C* v_cache, const T* k, const T* v,
                                        const int* slots, int row, float inv_scale) {
+  pdl_trigger();
+  pdl_wait();
   long long slot = slots[blockIdx.x];
   if (slot < 0) return;
   for (int i = threadIdx.x; i < row; i += blockDim.x) {

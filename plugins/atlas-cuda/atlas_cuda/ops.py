@@ -41,7 +41,7 @@ class DenseOps:
             name = "embedding" if vec else "embedding_scalar"
             threads = _threads(-(-hidden // 8) if vec else hidden, 256)
             self.ctx.launch(self.ctx.kernel("elementwise", table.dtype, name), ids.size, threads,
-                            out, ids, table, hidden)
+                            out, ids, table, hidden, pdl=self.ctx.pdl)
         return out
 
     def rms_norm(self, x: DeviceArray, weight: DeviceArray, eps: float,
@@ -56,7 +56,8 @@ class DenseOps:
         threads = _threads(-(-hidden // 32), 512)
         if rows:
             self.ctx.launch(self.ctx.kernel("elementwise", x.dtype, "rms_norm"), rows, threads,
-                            y, r, x, residual, weight, float(eps), hidden, int(zero_centered))
+                            y, r, x, residual, weight, float(eps), hidden, int(zero_centered),
+                            pdl=self.ctx.pdl)
         return (y, r) if residual is not None else y
 
     def linear(self, x: DeviceArray, weight: DeviceArray, bias: DeviceArray | None = None):
@@ -96,7 +97,8 @@ class DenseOps:
         else:
             raise TypeError(f"add: unsupported dtype pair {a.dtype} + {b.dtype}")
         if a.size:
-            self.ctx.launch(k, min(-(-a.size // 256), 8192), 256, out, a, b, np.int64(a.size))
+            self.ctx.launch(k, min(-(-a.size // 256), 8192), 256, out, a, b, np.int64(a.size),
+                            pdl=self.ctx.pdl)
         return out
 
     def _act_and_mul(self, x: DeviceArray, name: str) -> DeviceArray:
@@ -105,10 +107,11 @@ class DenseOps:
         out = self.ctx.out((*x.shape[:-1], d), x.dtype)
         if rows and (d % 8 or x.ptr % 16):
             self.ctx.launch(self.ctx.kernel("elementwise", x.dtype, f"{name}_scalar"),
-                            min(-(-out.size // 256), 8192), 256, out, x, d, np.int64(out.size))
+                            min(-(-out.size // 256), 8192), 256, out, x, d, np.int64(out.size),
+                            pdl=self.ctx.pdl)
         elif rows:
             self.ctx.launch(self.ctx.kernel("elementwise", x.dtype, name),
-                            (-(-d // 1024), rows), 128, out, x, d)
+                            (-(-d // 1024), rows), 128, out, x, d, pdl=self.ctx.pdl)
         return out
 
     def silu_and_mul(self, x: DeviceArray) -> DeviceArray:

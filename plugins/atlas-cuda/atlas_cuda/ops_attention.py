@@ -84,7 +84,8 @@ class AttentionOps:
         if t:
             name = "reshape_and_cache" + _cache_suffix(k_cache, k)
             self.ctx.launch(self.ctx.kernel("rope_cache", k.dtype, name), t, 128, k_cache,
-                            v_cache, k, v, slot_mapping, k.size // t, float(1.0 / kv_scale))
+                            v_cache, k, v, slot_mapping, k.size // t, float(1.0 / kv_scale),
+                            pdl=self.ctx.pdl)
 
     def qk_norm_rope_and_cache(self, qkv: DeviceArray, positions: DeviceArray,
                                cos_sin_cache: DeviceArray, k_cache: DeviceArray,

@@ -95,7 +95,8 @@ class Gemma4CudaOps:
                 b = self.ctx.f32(b)
                 kernel = self.ctx.kernel("gemma4_elementwise", a.dtype, "g4_mul_wf32")
             self.ctx.launch(kernel, self._grid(a.size), 256, out, a, b, mode,
-                            int(a.shape[-1]) if a.shape else 1, np.int64(a.size))
+                            int(a.shape[-1]) if a.shape else 1, np.int64(a.size),
+                            pdl=self.ctx.pdl)
         return out
 
     def softcap(self, x: DeviceArray, cap: float) -> DeviceArray:
@@ -104,7 +105,8 @@ class Gemma4CudaOps:
         out = self.ctx.out(x.shape, x.dtype)
         if x.size:
             self.ctx.launch(self.ctx.kernel("gemma4_elementwise", x.dtype, "g4_softcap"),
-                            self._grid(x.size), 256, out, x, float(cap), np.int64(x.size))
+                            self._grid(x.size), 256, out, x, float(cap), np.int64(x.size),
+                            pdl=self.ctx.pdl)
         return out
 
     def sliding_window_attention(self, q: DeviceArray, k_cache: DeviceArray,
@@ -165,10 +167,12 @@ class Gemma4CudaOps:
             part_ml = self.ctx.out((t * h * splits * 2,), np.float32)
         kernel = self.ctx.kernels.kernel("gemma4_attention", var, f"swa_split_{var}_d{d}_h{hb}")
         self.ctx.launch(kernel, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
-                        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *args)
+                        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *args,
+                        pdl=self.ctx.pdl)
         if splits > 1:
             combine = self.ctx.kernels.kernel("gemma4_attention", var, f"swa_combine_{var}")
-            self.ctx.launch(combine, (t, h), 128, out, part_acc, part_ml, h, d, splits)
+            self.ctx.launch(combine, (t, h), 128, out, part_acc, part_ml, h, d, splits,
+                            pdl=self.ctx.pdl)
 
     def _tile(self, out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
               window) -> None:

@@ -28,6 +28,8 @@ __device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, const T*
   constexpr int EPL = L::EPL, LPK = L::LPK, NG = L::NG;
   __shared__ float sm_acc[NG][HB][D];
   __shared__ float sm_m[NG][HB], sm_l[NG][HB];
+  pdl_trigger();  // launched with PDL (decode): the rows of q come from the kernel before
+  pdl_wait();
   int t = blockIdx.x, split = blockIdx.z, S = a.num_splits;
   int lane = threadIdx.x & 31, dl = lane % LPK, g = (threadIdx.x >> 5) * L::KPW + lane / LPK;
   int H = a.num_heads, KH = a.num_kv_heads, chunks = H / KH / HB;
@@ -121,6 +123,8 @@ __device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, const T*
 template <typename T>
 __device__ void swa_combine_impl(T* out, const float* part_acc, const float* part_ml, int H,
                                  int D, int S) {
+  pdl_trigger();
+  pdl_wait();
   long long th = (long long)blockIdx.x * H + blockIdx.y;
   const float* ml = part_ml + th * S * 2;
   float mx = NEG_INF;

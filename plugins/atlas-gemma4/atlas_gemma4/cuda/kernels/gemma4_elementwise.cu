@@ -12,6 +12,8 @@
 
 template <typename A, typename B>
 __device__ void mul_impl(A* out, const A* a, const B* b, int mode, int d, long long n) {
+  pdl_trigger();  // both kernels may be launched with PDL
+  pdl_wait();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     long long j = mode == MUL_SCALAR ? 0 : mode == MUL_ROW ? i % d : mode == MUL_COLUMN ? i / d : i;
@@ -21,6 +23,8 @@ __device__ void mul_impl(A* out, const A* a, const B* b, int mode, int d, long l
 
 template <typename T>
 __device__ void softcap_impl(T* out, const T* x, float cap, long long n) {
+  pdl_trigger();
+  pdl_wait();
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     out[i] = from_f32<T>(cap * tanhf(to_f32(x[i]) / cap));
