@@ -115,7 +115,7 @@ class OpContext:
         out = self.workspace.alloc(tuple(x.shape), np.float32)
         if x.size:
             self.launch(self.kernel("elementwise", x.dtype, "to_f32"),
-                        min(-(-x.size // 256), 8192), 256, out, x, np.int64(x.size))
+                        min(-(-x.size // 256), 8192), 256, out, x, np.int64(x.size), pdl=self.pdl)
         return out
 
     def sync_counters(self) -> DeviceArray:
@@ -140,6 +140,8 @@ class OpContext:
                 except CublasLtUnavailable as exc:
                     if mode == "cublaslt":
                         raise
-                    log.info("%s; large matmuls use the mma.sync kernel", exc)
+                    log.warning("%s; matmuls of more than one row use the own mma.sync GEMM, "
+                                "which decodes batches of 8-32 about 2.5x slower (H200, qwen3-8b "
+                                "at 1,024 tokens, docs/benchmarks.md)", exc)
         # a policy swapped to ``mma`` after the handle was made (batch-invariant mode) wins
         return None if self.policy.gemm == "mma" else (self._lt or None)
