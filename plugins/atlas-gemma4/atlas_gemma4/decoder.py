@@ -106,8 +106,11 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
             hidden = ops.add(hidden, residual)
         attn, _ = self.attention.forward(self._norm("input_layernorm", hidden), None, meta)
         attn = self._norm("post_attention_layernorm", attn)
-        x, hidden = self._norm("pre_feedforward_layernorm", attn, hidden)
-        ffn, _ = self.mlp.forward(x, None, meta)
+        # pre_feedforward_layernorm(attn + hidden) and the GeGLU's gate/up as one op (one
+        # kernel at decode on cuda), rounding as the separate norm and projection do
+        ffn, hidden = self.mlp.forward_prenorm(attn, hidden,
+                                               p["pre_feedforward_layernorm.weight"], self.eps,
+                                               self.zero_centered, meta)
         if self.moe is not None:
             ffn = self._norm("post_feedforward_layernorm_1", ffn)
             experts_in = self._norm("pre_feedforward_layernorm_2", hidden)
