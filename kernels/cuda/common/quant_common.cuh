@@ -153,13 +153,16 @@ template <typename T> __device__ __forceinline__ u32 fp4_pair(u32 v, int i) {
 __device__ __forceinline__ int qchunk_offset(int t, int v) { return 16 * t + 64 * v; }
 // The lane's 32 elements of x row `row` (zeros past M) for the step at K offset k0, in the
 // order of its codes: FP8 k0 + 16 t + [0, 16) then k0 + 64 + 16 t + [0, 16); NVFP4 (two codes
-// a byte) k0 + 32 t + [0, 32).
+// a byte) k0 + 32 t + [0, 32); dense (FMT 2, weights in the activation dtype: the FP8 byte
+// offsets, two bytes an element) k0 + 8 t + 32 c + [0, 8) for c = 0..3.
 template <typename T, int FMT>
 __device__ __forceinline__ void qx_load(uint4 (&xv)[4], const T* x, int row, int M, int K, int k0,
                                         int t) {
 #pragma unroll
   for (int c = 0; c < 4; c++) {
-    int k = FMT == 0 ? k0 + 16 * t + 64 * (c >> 1) + 8 * (c & 1) : k0 + 32 * t + 8 * c;
+    int k = FMT == 0   ? k0 + 16 * t + 64 * (c >> 1) + 8 * (c & 1)
+            : FMT == 1 ? k0 + 32 * t + 8 * c
+                       : k0 + 8 * t + 32 * c;
     xv[c] = row < M ? *reinterpret_cast<const uint4*>(x + (long long)row * K + k)
                     : make_uint4(0, 0, 0, 0);
   }
@@ -201,11 +204,12 @@ __device__ __forceinline__ void qdecode_nvfp4(const uint4 (&w)[2][1], const u32 
 }
 // The B fragment of mma st from the lane's 32 elements of one x row (xv, K order): FP8 pairs
 // codes 4 st + {0, 2} and 4 st + {1, 3} (x words 2 st, 2 st + 1); NVFP4 codes 8 wi + {p, p + 4}
-// and 8 wi + {p + 1, p + 5}, wi = st / 2, p = 2 (st % 2).
+// and 8 wi + {p + 1, p + 5}, wi = st / 2, p = 2 (st % 2). Dense (FMT 2) pairs as FP8, and the
+// A fragments of its weight rows are made the same way from their words.
 template <int FMT>
 __device__ __forceinline__ void qx_frag(const uint4 (&xv)[4], int st, u32 (&b)[2]) {
-  int wlo = FMT == 0 ? 2 * st : 4 * (st >> 1) + (st & 1);
-  int whi = FMT == 0 ? 2 * st + 1 : wlo + 2;
+  int wlo = FMT != 1 ? 2 * st : 4 * (st >> 1) + (st & 1);
+  int whi = FMT != 1 ? 2 * st + 1 : wlo + 2;
   u32 lo = word_of(xv[wlo >> 2], wlo & 3), hi = word_of(xv[whi >> 2], whi & 3);
   b[0] = prmt(lo, hi, 0x5410);
   b[1] = prmt(lo, hi, 0x7632);

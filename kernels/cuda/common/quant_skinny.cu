@@ -1,6 +1,10 @@
-// Quantized linears for decode batches on the tensor cores, 1 to 64 rows (W8A16 / W4A16):
+// Quantized linears for decode batches on the tensor cores, 1 to 64 rows (W8A16 / W4A16), and
+// the same kernel over weights already in the activation dtype (dense, FMT 2):
 //   qskinny_{fp8,nvfp4}_*_n{NT}_d{D}  y[M, N] = x[M, K] @ dequant(W)^T (+ bias), M <= 8 * NT,
 //                                     D steps of weight loads in flight a lane
+//   qskinny_dense_*_n{NT}_d{D}        y = x @ W^T (+ bias): a lane's 32 elements of a row a step
+//                                     at the FP8 byte offsets (four 16-byte loads), paired for
+//                                     the mma the way qx_frag pairs x, so no decode at all
 // The weight is the A operand of mma.sync m16n8k16 (16 weight rows a warp) and x the B operand
 // (8 rows of x an n-tile), so the weight decode is paid once however many rows x has: 1 to 8
 // rows cost the same. Each step a lane reads 32 codes of its two weight rows (FP8: 2 x 16 B,
@@ -46,7 +50,17 @@ template <typename T, int FMT, int NT> struct QSkinnyLane {
     load_x(xv[0], 0, k0);
     u32 a[8][4];
     float fs[2] = {1.f, 1.f};
-    if constexpr (FMT == 0) {
+    if constexpr (FMT == 2) {
+#pragma unroll
+      for (int st = 0; st < 8; st++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          u32 pair[2];
+          qx_frag<FMT>(buf[r], st, pair);
+          a[st][r] = pair[0];
+          a[st][2 + r] = pair[1];
+        }
+    } else if constexpr (FMT == 0) {
       int blk = (int)(((float)s + 0.5f) * inv_steps);
 #pragma unroll
       for (int r = 0; r < 2; r++) fs[r] = srow[r][blk];
@@ -89,7 +103,7 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
                              const T* __restrict__ bias, int M, int N, int K, int S,
                              QNorm nq = QNorm{}) {
   using P = QPair<T>;
-  constexpr int V = FMT == 0 ? 2 : 1;  // 16-byte loads of one row a step
+  constexpr int V = FMT == 0 ? 2 : FMT == 1 ? 1 : 4;  // 16-byte loads of one row a step
   __shared__ float red[8][NT][4][32];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   int part = warp % S, n0 = (blockIdx.x * (8 / S) + warp / S) * 16;
@@ -98,7 +112,7 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
   L.rows[0] = min(n0 + L.g, N - 1);
   L.rows[1] = min(n0 + L.g + 8, N - 1);
   const unsigned char* wr[2];
-  long long row_bytes = FMT == 0 ? K : K / 2;
+  long long row_bytes = FMT == 0 ? K : FMT == 1 ? K / 2 : (long long)K * sizeof(T);
 #pragma unroll
   for (int r = 0; r < 2; r++) wr[r] = w + (long long)L.rows[r] * row_bytes + qchunk_offset(L.t, 0);
   int steps = n0 < N ? K / 128 : 0;
@@ -205,6 +219,16 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
     qskinny_impl<T, 1, 1, D, true>(y, x, w, q, bias, M, N, K, s,                              \
                                    QNorm{r_out, residual, nw, eps, zc});                      \
   }
+#define QSKINNY_DENSE(T, S, NT, D)                                                            \
+  extern "C" __global__ void __launch_bounds__(256) qskinny_dense_##S##_n##NT##_d##D(        \
+      T* y, const T* x, const unsigned char* w, const T* bias, int M, int N, int K, int s) {  \
+    QScale q{nullptr, nullptr, 1, 1, 0};                                                      \
+    qskinny_impl<T, 2, NT, D>(y, x, w, q, bias, M, N, K, s);                                  \
+  }
+// The dense variants ops.DENSE_SKINNY_DEPTH can pick (policy gemm=skinny; not measured yet).
+#define QSKINNY_DENSES(T, S)                                                                  \
+  QSKINNY_DENSE(T, S, 1, 1) QSKINNY_DENSE(T, S, 2, 1) QSKINNY_DENSE(T, S, 4, 1)               \
+  QSKINNY_DENSE(T, S, 1, 2) QSKINNY_DENSE(T, S, 2, 2) QSKINNY_DENSE(T, S, 4, 2)
 // The depths ops_quant.SKINNY_DEPTH picks.
 #define QSKINNYS(T, S)                                                                        \
   QSKINNY_FP8(T, S, 1, 1) QSKINNY_FP8(T, S, 2, 1) QSKINNY_FP8(T, S, 4, 1)                     \
@@ -213,4 +237,5 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
   QSKINNY_NORM_FP4(T, S, 3)
 #if ATLAS_MMA
 INSTANTIATE(QSKINNYS)
+INSTANTIATE(QSKINNY_DENSES)
 #endif

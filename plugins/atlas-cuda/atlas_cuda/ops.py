@@ -10,10 +10,24 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext, need_vec
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_gemv import GemvOps, gemv_rows
-from atlas_cuda.ops_quant import QuantOps, QuantizedWeight
+from atlas_cuda.ops_quant import QuantOps, QuantizedWeight, skinny_splits
 
 #: (max M, BM, BN, threads, stages) of the tensor-core GEMM tiles, smallest first.
 GEMM_TILES = ((32, 32, 64, 128, 4), (128, 64, 128, 256, 3), (1 << 62, 128, 128, 256, 3))
+#: Rows up to which policy ``gemm=skinny`` serves a bf16 / f16 linear with ``qskinny_dense_*``
+#: (quant_skinny.cu over weights in the activation dtype: 16 weight rows a warp as the mma A
+#: operand, 8 rows of x an n-tile, so 1-8 rows cost one weight read).
+DENSE_SKINNY_MAX_M = 32
+#: Weight steps in flight a lane by n-tiles (instantiated: 1 and 2). Not measured yet: the
+#: fewest registers where the tile is wide (n4 d1: 166, n1 d2: 128 registers on sm_90a).
+DENSE_SKINNY_DEPTH = {1: 2, 2: 1, 4: 1}
+
+
+def dense_skinny_servable(x: DeviceArray, weight: DeviceArray) -> bool:
+    """Whether ``qskinny_dense_*`` takes ``x @ weight.T``: bf16 / f16 both, one ``[N, K]``
+    matrix, ``K`` a multiple of 128, 16-byte aligned."""
+    return (x.dtype.itemsize == 2 and weight.dtype == x.dtype and len(weight.shape) == 2
+            and weight.shape[1] % 128 == 0 and x.ptr % 16 == 0 and weight.ptr % 16 == 0)
 
 
 def _threads(n: int, cap: int) -> int:
@@ -76,6 +90,10 @@ class DenseOps:
         if M <= gemv_rows(self.ctx.policy) or v == "f32":
             self.gemv.gemv(y, x, weight, bias, M, N, K)
             return y
+        if (self.ctx.policy.gemm == "skinny" and M <= DENSE_SKINNY_MAX_M
+                and dense_skinny_servable(x, weight)):
+            self._skinny(y, x, weight, bias, M, N, K)
+            return y
         lt = self.ctx.cublaslt()
         if lt is not None and lt(y, x, weight, bias, M, N, K):
             return y
@@ -85,6 +103,19 @@ class DenseOps:
         self.ctx.launch(k, (-(-N // bn), -(-M // bm)), threads, y, x, weight, bias, M, N, K,
                         shmem=shmem)
         return y
+
+    def _skinny(self, y: DeviceArray, x: DeviceArray, weight: DeviceArray,
+                bias: DeviceArray | None, M: int, N: int, K: int) -> None:
+        """One ``qskinny_dense_*`` launch: 8 warps a block, each 16 weight rows and a 1/S share
+        of K (:func:`~atlas_cuda.ops_quant.skinny_splits`), ``8 * NT`` rows of x."""
+        ctx = self.ctx
+        v = variant_of(x.dtype)
+        nt = next(t for t in (1, 2, 4) if 8 * t >= M)
+        s = skinny_splits(N, K, ctx.num_sms)
+        name = f"qskinny_dense_{v}_n{nt}_d{DENSE_SKINNY_DEPTH[nt]}"
+        k = ctx.kernels.kernel("quant_skinny", v, name)
+        ctx.launch(k, -(-(-(-N // 16)) * s // 8), 256, y, x, weight, bias, M, N, K, s,
+                   pdl=ctx.pdl)
 
     def add(self, a: DeviceArray, b: DeviceArray) -> DeviceArray:
         if a.size != b.size:

@@ -30,9 +30,11 @@ class Knob:
 
 
 KNOBS = (
-    Knob("gemm", "ATLAS_CUDA_GEMM", ("auto", "cublaslt", "mma"),
-         "matmuls of more than 8 rows: auto (cuBLASLt when nvmath-python is installed, else the "
-         "own mma.sync kernel), cublaslt (required) or mma"),
+    Knob("gemm", "ATLAS_CUDA_GEMM", ("auto", "cublaslt", "mma", "skinny"),
+         "matmuls of more than one row: auto (cuBLASLt when nvmath-python is installed, else the "
+         "own mma.sync kernel), cublaslt (required), mma, or skinny (2-32 rows of a bf16 / f16 "
+         "linear on the quantized skinny kernel's dense variant, qskinny_dense; more rows as "
+         "auto; opt-in, not yet measured)"),
     Knob("attention", "ATLAS_CUDA_ATTENTION", ("auto", "flash", "simt"),
          "multi-token attention: auto/flash (tensor-core flash kernel where it applies) or simt"),
     Knob("decode_plan", "ATLAS_CUDA_DECODE_PLAN", ("auto", "shared", "split", "mma"),
