@@ -23,21 +23,11 @@ from atlas_core.api import reference as ref
 from atlas_cuda import ops
 from atlas_cuda.backend import CudaBackend
 from atlas_cuda.policy import KernelPolicy
+from quant_skinny_bench import time_graph  # scripts/ is on sys.path when run as a script
 
 FLOOR_BPS = 4.25e12
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 DEPTHS = (1, 2)
-
-
-def time_graph(be, fn, reps: int = 20) -> float:
-    g = be.capture(fn)
-    for _ in range(3):
-        g.replay()
-    a = be.event()
-    for _ in range(reps):
-        g.replay()
-    b = be.event()
-    return be.elapsed_ms(a, b) / reps
 
 
 def main() -> None:
