@@ -152,15 +152,22 @@ def qk_norm_rope_and_cache(qkv: np.ndarray, positions: np.ndarray, cos_sin_cache
                            num_heads: int, num_kv_heads: int, head_dim: int,
                            q_norm: np.ndarray | None = None, k_norm: np.ndarray | None = None,
                            eps: float = 1e-6, rotary_dim: int | None = None, is_neox: bool = True,
-                           kv_scale: float = 1.0) -> np.ndarray:
-    """Fused attention prologue: split QKV, per-head RMSNorm of q and k, rotary, cache write.
+                           kv_scale: float = 1.0, v_norm: np.ndarray | None = None,
+                           k_eq_v: bool = False) -> np.ndarray:
+    """Fused attention prologue: split QKV, per-head RMSNorm of q and k (and v), rotary, cache
+    write.
 
     Args:
         qkv: ``[num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]`` output of the fused
-            QKV projection (q heads, then k heads, then v heads).
+            QKV projection (q heads, then k heads, then v heads); with ``k_eq_v`` only q and k
+            heads, ``[num_tokens, (num_heads + num_kv_heads) * head_dim]``.
         positions, cos_sin_cache, rotary_dim, is_neox: as :func:`rotary_embedding`.
         k_cache, v_cache, slot_mapping, kv_scale: as :func:`reshape_and_cache` (written in place).
         q_norm, k_norm: optional ``[head_dim]`` RMSNorm weights applied per head (Qwen3).
+        v_norm: optional ``[head_dim]`` RMSNorm weight of the value heads (Gemma-4 passes ones:
+            its value norm has no weight); values are never rotated.
+        k_eq_v: the values are the key heads as projected (before ``k_norm`` and rotary;
+            Gemma-4's full-attention layers).
 
     Returns:
         ``q``: ``[num_tokens, num_heads, head_dim]`` normed and rotated, ready for attention.
@@ -168,24 +175,27 @@ def qk_norm_rope_and_cache(qkv: np.ndarray, positions: np.ndarray, cos_sin_cache
     return compose_qk_norm_rope_and_cache(
         sys.modules[__name__], qkv, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
         num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm,
-        k_norm=k_norm, eps=eps, rotary_dim=rotary_dim, is_neox=is_neox, kv_scale=kv_scale)
+        k_norm=k_norm, eps=eps, rotary_dim=rotary_dim, is_neox=is_neox, kv_scale=kv_scale,
+        v_norm=v_norm, k_eq_v=k_eq_v)
 
 
 def compose_qk_norm_rope_and_cache(ops, qkv, positions, cos_sin_cache, k_cache, v_cache,
                                    slot_mapping, *, num_heads, num_kv_heads, head_dim,
                                    q_norm=None, k_norm=None, eps=1e-6, rotary_dim=None,
-                                   is_neox=True, kv_scale=1.0):
+                                   is_neox=True, kv_scale=1.0, v_norm=None, k_eq_v=False):
     """:func:`qk_norm_rope_and_cache` through the ``rms_norm``, ``rotary_embedding`` and
     ``reshape_and_cache`` of ``ops`` (the references, or a backend's ``backend.ops``)."""
     t = qkv.shape[0]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q = qkv[:, :q_size].reshape(t, num_heads, head_dim)
     k = qkv[:, q_size:q_size + kv_size].reshape(t, num_kv_heads, head_dim)
-    v = qkv[:, q_size + kv_size:].reshape(t, num_kv_heads, head_dim)
+    v = k if k_eq_v else qkv[:, q_size + kv_size:].reshape(t, num_kv_heads, head_dim)
     if q_norm is not None:
         q = ops.rms_norm(q, q_norm, eps)
     if k_norm is not None:
         k = ops.rms_norm(k, k_norm, eps)
+    if v_norm is not None:
+        v = ops.rms_norm(v, v_norm, eps)
     q, k = ops.rotary_embedding(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
     ops.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, kv_scale)
     return q

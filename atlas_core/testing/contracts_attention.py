@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from atlas_core.ops import reference as ref
+from atlas_core.ops._dtypes import as_dtype
 from atlas_core.ops.rotary import rope_cos_sin_cache
 from atlas_core.testing.contracts_ops import (BLOCK_SIZE, DTYPES, TOLERANCES, assert_close,
                                               check_op, make_block_tables, make_rng, poisoned,
@@ -193,6 +194,31 @@ class AttentionContract:
                                             cache_dtype, num_blocks, (num_kv_heads, head_dim),
                                             kv_scale)
         assert_close(got, want, "qk_norm_rope_and_cache q")
+
+    @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+    @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,k_eq_v",
+                             [(8, 4, 256, False), (8, 2, 512, True), (4, 1, 64, True)])
+    def test_qk_norm_rope_and_cache_value_norm(self, backend, dtype, num_heads, num_kv_heads,
+                                               head_dim, k_eq_v):
+        """Gemma-4's prologue: the value heads RMS-normed (its weightless norm: ones) and, on
+        full-attention layers, the values taken from the key projection before its norm and
+        rotary."""
+        rng = make_rng("qk_norm_rope_and_cache_vn", dtype, num_heads, head_dim, k_eq_v)
+        num_tokens, num_blocks = 13, 3
+        width = (num_heads + (1 if k_eq_v else 2) * num_kv_heads) * head_dim
+        cache = rope_cos_sin_cache(head_dim, 512, {"rope_type": "default", "rope_theta": 1e4})
+        slots = rng.permutation(num_blocks * BLOCK_SIZE)[:num_tokens].astype(np.int32)
+        slots[3] = -1
+        kwargs = dict(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                      rotary_dim=head_dim, is_neox=True, eps=1e-6,
+                      q_norm=randn(rng, (head_dim,), dtype, 0.3) + 1,
+                      k_norm=randn(rng, (head_dim,), dtype, 0.3) + 1,
+                      v_norm=np.ones(head_dim, dtype=as_dtype(dtype)), k_eq_v=k_eq_v)
+        args = (randn(rng, (num_tokens, width), dtype, 2.0),
+                rng.integers(0, 512, num_tokens).astype(np.int32), cache)
+        got, want = self._check_cache_write(backend, "qk_norm_rope_and_cache", args, kwargs, slots,
+                                            dtype, num_blocks, (num_kv_heads, head_dim), 1.0)
+        assert_close(got, want, "qk_norm_rope_and_cache q (value norm)")
 
     @pytest.mark.parametrize("dtype,cache_dtype,kv_scale",
                              [("float32", "float32", 1.0), ("bfloat16", "bfloat16", 1.0),

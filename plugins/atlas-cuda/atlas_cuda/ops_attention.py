@@ -39,7 +39,7 @@ class AttentionOps:
         self._nvfp4_scratch = nvfp4.GatherScratch()
 
     def _rope(self, q_out, k_out, v_out, q, k, v, strides, positions, cos_sin_cache, slots,
-              q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale) -> None:
+              q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale, v_norm=None) -> None:
         num_heads, num_kv_heads, head_dim = heads
         t = positions.shape[0]
         if not t:
@@ -47,15 +47,19 @@ class AttentionOps:
         rows = num_heads + (2 if v is not None else 1) * num_kv_heads
         warps = min(4, rows)
         groups = -(-rows // warps)
-        norm_dtype = q_norm.dtype if q_norm is not None else q.dtype
-        if norm_dtype not in (q.dtype, np.float32):
-            raise TypeError(f"qk_norm_rope_and_cache: q/k norm weights in {norm_dtype}; use "
-                            f"{q.dtype} or float32")
-        name = "rope_qkv" + _cache_suffix(k_out, q) + ("" if norm_dtype == q.dtype else "_nf32")
+        norms = [n for n in (q_norm, k_norm, v_norm) if n is not None]
+        norm_dtype = norms[0].dtype if norms else q.dtype
+        if norm_dtype not in (q.dtype, np.float32) or any(n.dtype != norm_dtype for n in norms):
+            raise TypeError(f"qk_norm_rope_and_cache: norm weights in "
+                            f"{sorted({str(n.dtype) for n in norms})}; use one of {q.dtype} or "
+                            "float32 for all of them")
+        vn = () if v_norm is None else (v_norm,)
+        name = ("rope_qkv" + ("_vn" if vn else "") + _cache_suffix(k_out, q)
+                + ("" if norm_dtype == q.dtype else "_nf32"))
         kern = self.ctx.kernel("rope_cache", q.dtype, name)
         self.ctx.launch(kern, (t, groups), 32 * warps, q_out, k_out, v_out, q, k, v,
                         *(np.int64(s) for s in strides), positions, cos_sin_cache, slots, q_norm,
-                        k_norm, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
+                        k_norm, *vn, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
                         int(is_neox), float(eps), float(1.0 / kv_scale), shmem=warps * head_dim * 4,
                         pdl=self.ctx.pdl)
 
@@ -93,24 +97,28 @@ class AttentionOps:
                                num_kv_heads: int, head_dim: int, q_norm: DeviceArray | None = None,
                                k_norm: DeviceArray | None = None, eps: float = 1e-6,
                                rotary_dim: int | None = None, is_neox: bool = True,
-                               kv_scale: float = 1.0) -> DeviceArray:
+                               kv_scale: float = 1.0, v_norm: DeviceArray | None = None,
+                               k_eq_v: bool = False) -> DeviceArray:
         self._check_cache("qk_norm_rope_and_cache", qkv, k_cache)
         t = qkv.shape[0]
         q_out = self.ctx.out((t, num_heads, head_dim), qkv.dtype)
         item = qkv.dtype.itemsize
         k = DeviceArray(qkv.ptr + num_heads * head_dim * item, (t,), qkv.dtype, qkv.owner)
-        v = DeviceArray(k.ptr + num_kv_heads * head_dim * item, (t,), qkv.dtype, qkv.owner)
-        row = (num_heads + 2 * num_kv_heads) * head_dim
+        v = k if k_eq_v else DeviceArray(k.ptr + num_kv_heads * head_dim * item, (t,), qkv.dtype,
+                                         qkv.owner)
+        row = (num_heads + (1 if k_eq_v else 2) * num_kv_heads) * head_dim
         heads = (num_heads, num_kv_heads, head_dim)
         if nvfp4.is_nvfp4(k_cache):  # rope into dense rows (no slots: every token), then pack
             dense = (t, num_kv_heads, head_dim)
             k_rows, v_rows = self.ctx.out(dense, qkv.dtype), self.ctx.out(dense, qkv.dtype)
             self._rope(q_out, k_rows, v_rows, qkv, k, v, (row, row, row), positions,
-                       cos_sin_cache, None, q_norm, k_norm, heads, eps, rotary_dim, is_neox, 1.0)
+                       cos_sin_cache, None, q_norm, k_norm, heads, eps, rotary_dim, is_neox, 1.0,
+                       v_norm)
             nvfp4.write(self.ctx, k_rows, v_rows, k_cache, v_cache, slot_mapping, kv_scale)
             return q_out
         self._rope(q_out, k_cache, v_cache, qkv, k, v, (row, row, row), positions, cos_sin_cache,
-                   slot_mapping, q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale)
+                   slot_mapping, q_norm, k_norm, heads, eps, rotary_dim, is_neox, kv_scale,
+                   v_norm)
         return q_out
 
     def rope_cache_attention(self, qkv: DeviceArray, positions: DeviceArray,

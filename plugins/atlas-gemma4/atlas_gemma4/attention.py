@@ -76,14 +76,17 @@ class Gemma4Attention(Module, TransformerLayer):
         self.sliding_window, self.k_eq_v = sliding_window, k_eq_v
         self.scale, self.has_v_norm, self.zero_centered = scale, v_norm, zero_centered
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        # Three projections, not one packed: backends slice device arrays on the first axis only.
-        self.declare("q_proj.weight", (q_size, hidden_size))
-        self.declare("k_proj.weight", (kv_size, hidden_size))
+        # One packed projection (q, k, then v unless the keys are the values): the prologue op
+        # reads each head where it sits in a row of it.
+        parts = [("q_proj.weight", (q_size, hidden_size)), ("k_proj.weight", (kv_size, hidden_size))]
         if not k_eq_v:
-            self.declare("v_proj.weight", (kv_size, hidden_size))
+            parts.append(("v_proj.weight", (kv_size, hidden_size)))
+        self.declare("qkv_proj.weight", (sum(shape[0] for _, shape in parts), hidden_size), parts)
         self.declare("o_proj.weight", (hidden_size, q_size))
-        self.declare("q_norm.weight", (head_dim,))
-        self.declare("k_norm.weight", (head_dim,))
+        # zero-centred norms (Gemma-3) are kept in float32 with the + 1 folded in (exact)
+        norm_dtype = np.float32 if zero_centered else None
+        self.declare("q_norm.weight", (head_dim,), dtype=norm_dtype)
+        self.declare("k_norm.weight", (head_dim,), dtype=norm_dtype)
         self.cos_sin_cache: Any = None
         self.v_norm: Any = None
         self.state: Any = None
@@ -99,6 +102,13 @@ class Gemma4Attention(Module, TransformerLayer):
     def setup(self) -> None:
         self.v_norm = self.backend.from_host(np.ones(self.head_dim, dtype=self.dtype))
 
+    def post_load(self) -> None:
+        """Fold the ``+ 1`` of zero-centred q/k norm weights in (float32, exact)."""
+        if self.zero_centered:
+            for name in ("q_norm.weight", "k_norm.weight"):
+                param = self.params[name]
+                self.backend.copy_from_host(param, self.backend.to_host(param) + np.float32(1.0))
+
     def state_spec(self) -> KVCacheSpec:
         if self.sliding_window:
             return SlidingWindowCacheSpec(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
@@ -111,25 +121,34 @@ class Gemma4Attention(Module, TransformerLayer):
         self.state = state
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
+        return self._attend(self.ops.linear(hidden, self.params["qkv_proj.weight"]), meta), residual
+
+    def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
+                        zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
+        """The block's input norm folded into ``qkv_proj`` (``ops.rms_norm_linear``: one
+        kernel at decode on cuda)."""
+        qkv, residual = self.ops.rms_norm_linear(hidden, residual, norm_weight, eps,
+                                                 self.params["qkv_proj.weight"], None,
+                                                 zero_centered)
+        return self._attend(qkv, meta), residual
+
+    def _attend(self, qkv: Any, meta: StepMetadata) -> Any:
+        """q/k/v norms, rotary and the KV write as one ``qk_norm_rope_and_cache``, then
+        ``sliding_window_attention`` and ``o_proj``."""
         if self.state is None:
             raise RuntimeError("attention layer has no KV cache; call model.bind_kv_caches() first")
         ops, p, t = self.ops, self.params, meta.num_tokens
-        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
-        q = ops.linear(hidden, p["q_proj.weight"]).reshape(t, self.num_heads, self.head_dim)
-        k_raw = ops.linear(hidden, p["k_proj.weight"]).reshape(t, self.num_kv_heads,
-                                                               self.head_dim)
-        v_raw = k_raw if self.k_eq_v else ops.linear(hidden, p["v_proj.weight"]).reshape(
-            t, self.num_kv_heads, self.head_dim)
-        q = ops.rms_norm(q, p["q_norm.weight"], self.eps, zero_centered=self.zero_centered)
-        k = ops.rms_norm(k_raw, p["k_norm.weight"], self.eps, zero_centered=self.zero_centered)
-        v = ops.rms_norm(v_raw, self.v_norm, self.eps) if self.has_v_norm else v_raw
-        q, k = ops.rotary_embedding(q, k, meta.positions, self.cos_sin_cache, self.head_dim, True)
         k_cache, v_cache = self.state
         tables, slots = meta.block_tables, meta.slot_mapping
         if self.sliding_window and meta.window_block_tables is not None:
             tables, slots = meta.window_block_tables, meta.window_slot_mapping
-        ops.reshape_and_cache(k, v, k_cache, v_cache, slots)
+        # q: [num_tokens, num_heads, head_dim]
+        q = ops.qk_norm_rope_and_cache(
+            qkv, meta.positions, self.cos_sin_cache, k_cache, v_cache, slots,
+            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            q_norm=p["q_norm.weight"], k_norm=p["k_norm.weight"], eps=self.eps,
+            rotary_dim=self.head_dim, is_neox=True,
+            v_norm=self.v_norm if self.has_v_norm else None, k_eq_v=self.k_eq_v)
         out = ops.sliding_window_attention(q, k_cache, v_cache, tables, meta.seq_lens,
                                            meta.cu_seqlens_q, self.scale, self.sliding_window or 0)
-        out = out.reshape(t, self.num_heads * self.head_dim)
-        return ops.linear(out, p["o_proj.weight"]), residual
+        return ops.linear(out.reshape(t, self.num_heads * self.head_dim), p["o_proj.weight"])

@@ -104,7 +104,8 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
         ops, p = self.ops, self.params
         if residual is not None:
             hidden = ops.add(hidden, residual)
-        attn, _ = self.attention.forward(self._norm("input_layernorm", hidden), None, meta)
+        attn, _ = self.attention.forward_prenorm(hidden, None, p["input_layernorm.weight"],
+                                                 self.eps, self.zero_centered, meta)
         attn = self._norm("post_attention_layernorm", attn)
         # pre_feedforward_layernorm(attn + hidden) and the GeGLU's gate/up as one op (one
         # kernel at decode on cuda), rounding as the separate norm and projection do
