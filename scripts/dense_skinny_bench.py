@@ -1,6 +1,7 @@
-"""Decode-size bf16 linears on one GPU (#21): ``qskinny_dense`` (policy ``gemm=skinny``, each
-weight-steps-in-flight depth) beside cuBLASLt (policy ``gemm=auto`` with nvmath-python installed)
-and the own mma.sync GEMM (``gemm=mma``), on qwen3-8b's four projections, 1 to 32 rows.
+"""Decode-size bf16 linears on one GPU (#21): ``qskinny_dense`` (policy ``gemm=skinny``: the
+register ring at each depth, and the shared-memory ring form ``qskinny2_dense``) beside
+cuBLASLt (policy ``gemm=auto`` with nvmath-python installed) and the own mma.sync GEMM
+(``gemm=mma``), on qwen3-8b's four projections, 1 to 32 rows.
 
   python3 scripts/dense_skinny_bench.py [--layers 4] [--rows 1,2,4,8,16,32]
 
@@ -9,8 +10,8 @@ and depth, then times a CUDA graph of ``--layers`` copies of the projections (qk
 o 4096x4096, gate_up 24576x4096, down 4096x12288: 386 MB of bf16 a layer, more than L2 holds).
 Bytes per layer: the weights (x and y are negligible); FLOPs 2 * rows * 193 M a layer. Floor:
 bytes / 4.25 TB/s (H200 measured copy rate, docs/benchmarks.md). One row takes the GEMV under
-every policy (the control). The best depth per n-tile count is what ops.DENSE_SKINNY_DEPTH
-should say."""
+every policy (the control). The best form per n-tile count is what ops.DENSE_SKINNY_DEPTH /
+ops.DENSE_SKINNY2_CONFIG should say."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from quant_skinny_bench import time_graph  # scripts/ is on sys.path when run as
 FLOOR_BPS = 4.25e12
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 DEPTHS = (1, 2)
+#: (MT, D) of the shared-memory ring form (qskinny2_dense) the default build instantiates.
+RING = ((1, 3), (1, 4))
 
 
 def main() -> None:
@@ -59,10 +62,13 @@ def main() -> None:
               for s in SHAPES}
         x = rng.standard_normal((m, 1280)).astype(bfloat16)
         want = np.asarray(ref.linear(x, wo, bo), np.float32)
-        runs = [("auto", None), ("mma", None)] + [("skinny", d) for d in DEPTHS]
+        runs = ([("auto", None), ("mma", None)] + [("skinny", d) for d in DEPTHS]
+                + [("skinny", ring) for ring in RING])
         for gemm, depth in runs:
             be.set_policy(KernelPolicy(gemm=gemm))
-            if depth is not None:
+            if isinstance(depth, tuple):
+                ops.DENSE_SKINNY2_CONFIG[nt] = depth
+            elif depth is not None:
                 ops.DENSE_SKINNY_DEPTH[nt] = depth
             y = np.asarray(be.to_host(be.ops.linear(be.from_host(x), be.from_host(wo),
                                                      be.from_host(bo))), np.float32)
@@ -71,11 +77,13 @@ def main() -> None:
             def fn():
                 return [be.ops.linear(xs[s], w) for layer in ws for s, w in zip(SHAPES, layer)]
             us = time_graph(be, fn) * 1e3 / args.layers
-            tag = gemm if depth is None else f"skinny d{depth}"
+            tag = (gemm if depth is None else f"ring m{depth[0]}d{depth[1]}"
+                   if isinstance(depth, tuple) else f"skinny d{depth}")
             print(f"{m:4d} {tag:>10s} {us:9.1f} {100 * floor_us / us:7.1f}%  "
                   f"{'ok' if err < 1e-2 else 'WRONG'} {err:.1e}")
             ops.DENSE_SKINNY_DEPTH.clear()
             ops.DENSE_SKINNY_DEPTH.update(base_depth)
+            ops.DENSE_SKINNY2_CONFIG.pop(nt, None)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-// Quantized linears for decode batches on the tensor cores, shared-memory ring (W8A16 / W4A16):
+// Quantized linears for decode batches on the tensor cores, shared-memory ring (W8A16 / W4A16,
+// and dense weights in the activation dtype, FMT 2):
 //   qskinny2_{fp8,nvfp4}[_norm]_*_n{NT}_m{MT}_d{D}   y[M, N] = x[M, K] @ dequant(W)^T (+ bias)
+//   qskinny2_dense_*_n{NT}_m{MT}_d{D}                 y = x @ W^T (+ bias)
 // The decode and MMA layout of quant_skinny.cu (read its header), with the weights streamed
 // by cp.async and MT weight tiles a warp; ops_quant.SKINNY2_CONFIG says which (format, NT)
 // take these kernels (measured per configuration: scripts/quant_skinny_bench.py --sweep).
@@ -21,7 +23,7 @@ __device__ void qskinny2_impl(T* __restrict__ y, const T* x,
                               const T* __restrict__ bias, int M, int N, int K, int S,
                               QNorm nq = QNorm{}) {
   using P = QPair<T>;
-  constexpr int V = FMT == 0 ? 2 : 1;  // 16-byte chunks of one row a step
+  constexpr int V = FMT == 0 ? 2 : FMT == 1 ? 1 : 4;  // 16-byte chunks of one row a step
   constexpr int CH = MT * 2 * V;       // chunks a lane copies a step
   extern __shared__ uint4 qs_ring[];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -30,7 +32,7 @@ __device__ void qskinny2_impl(T* __restrict__ y, const T* x,
   uint4* ring = qs_ring + warp * D * CH * 32 + lane;  // slot u, chunk c: ring[(u CH + c) 32]
   int rows[MT][2];
   const unsigned char* wr[MT][2];
-  long long row_bytes = FMT == 0 ? K : K / 2;
+  long long row_bytes = FMT == 0 ? K : FMT == 1 ? K / 2 : (long long)K * sizeof(T);
 #pragma unroll
   for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -97,7 +99,17 @@ __device__ void qskinny2_impl(T* __restrict__ y, const T* x,
       for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int v = 0; v < V; v++) buf[r][v] = slot[((m * 2 + r) * V + v) * 32];
-      if constexpr (FMT == 0) {
+      if constexpr (FMT == 2) {  // dense: the weight words paired as x's (quant_skinny.cu)
+#pragma unroll
+        for (int st = 0; st < 8; st++)
+#pragma unroll
+          for (int r = 0; r < 2; r++) {
+            u32 pair[2];
+            qx_frag<FMT>(buf[r], st, pair);
+            a[m][st][r] = pair[0];
+            a[m][st][2 + r] = pair[1];
+          }
+      } else if constexpr (FMT == 0) {
         int blk = (int)(((float)s + 0.5f) * inv_steps);
 #pragma unroll
         for (int r = 0; r < 2; r++) fs[m][r] = srow[m][r][blk];
@@ -202,6 +214,17 @@ __device__ void qskinny2_impl(T* __restrict__ y, const T* x,
     QScale q{scale, gscale, 1, 16, 0};                                                        \
     qskinny2_impl<T, 1, NT, MT, D>(y, x, w, q, bias, M, N, K, s);                             \
   }
+// Weights in the activation dtype (qskinny_dense's ring form; policy gemm=skinny with an
+// ops.DENSE_SKINNY2_CONFIG entry; not measured yet).
+#define QSKINNY2_DENSE(T, S, NT, MT, D)                                                       \
+  extern "C" __global__ void __launch_bounds__(256) qskinny2_dense_##S##_n##NT##_m##MT##_d##D( \
+      T* y, const T* x, const unsigned char* w, const T* bias, int M, int N, int K, int s) {  \
+    QScale q{nullptr, nullptr, 1, 1, 0};                                                      \
+    qskinny2_impl<T, 2, NT, MT, D>(y, x, w, q, bias, M, N, K, s);                             \
+  }
+#define QSKINNY2_DENSES(T, S)                                                                 \
+  QSKINNY2_DENSE(T, S, 1, 1, 3) QSKINNY2_DENSE(T, S, 2, 1, 3) QSKINNY2_DENSE(T, S, 4, 1, 3)   \
+  QSKINNY2_DENSE(T, S, 1, 1, 4) QSKINNY2_DENSE(T, S, 2, 1, 4) QSKINNY2_DENSE(T, S, 4, 1, 4)
 // The sweep (scripts/quant_skinny_bench.py --sweep builds with QSKINNY_SWEEP): every n-tile
 // count with MT 1-2 and depths 3-8; the default build: the configurations ops_quant picks.
 #define QSKINNY2_BOTH(T, S, NT, MT, D) QSKINNY2_FP8(T, S, NT, MT, D) QSKINNY2_FP4(T, S, NT, MT, D)
@@ -225,4 +248,5 @@ INSTANTIATE(QSKINNY2_DEFAULT)
 #endif
 #if ATLAS_MMA
 INSTANTIATE(QSKINNY2_NORMS)
+INSTANTIATE(QSKINNY2_DENSES)
 #endif

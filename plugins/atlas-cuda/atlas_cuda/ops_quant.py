@@ -132,9 +132,10 @@ def skinny_splits(N: int, K: int, num_sms: int, rows: int = 16) -> int:
 
 def skinny2_smem(fmt: str, nt: int, mt: int, depth: int, splits: int) -> int:
     """Dynamic shared memory of one ``qskinny2_*`` block: 8 warps' rings (``depth`` steps of
-    ``2 MT`` weight rows, 32 B a row for FP8, 16 for NVFP4, per lane), or the K-split
-    reduction (8 warps x ``MT NT`` fragments of 4 floats per lane) if that is larger."""
-    v = 1 if fmt == "nvfp4" else 2
+    ``2 MT`` weight rows, 32 B a row for FP8, 16 for NVFP4, 64 for ``dense`` bf16 / f16, per
+    lane), or the K-split reduction (8 warps x ``MT NT`` fragments of 4 floats per lane) if
+    that is larger."""
+    v = {"nvfp4": 1, "dense": 4}.get(fmt, 2)
     ring = 8 * depth * mt * 2 * v * 512
     return max(ring, 8 * mt * nt * 512 if splits > 1 else 0)
 

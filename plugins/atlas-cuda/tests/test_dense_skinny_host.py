@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from atlas_core.api import as_dtype
+from atlas_cuda import ops
 from atlas_cuda.ops import DENSE_SKINNY_MAX_M, DenseOps
 from atlas_cuda.ops_quant import skinny_splits
 from atlas_cuda.policy import KernelPolicy, resolve, with_batch_invariance
@@ -63,3 +64,15 @@ def test_everything_else_keeps_its_kernel(case):
 def test_the_environment_asks_for_it():
     assert resolve({}, {}, {"ATLAS_CUDA_GEMM": "skinny"}).gemm == "skinny"
     assert with_batch_invariance(SKINNY).gemm == "mma"
+
+
+@pytest.mark.parametrize("m, nt", [(4, 1), (12, 2), (30, 4)])
+@pytest.mark.parametrize("depth", [3, 4])
+def test_a_ring_configuration_takes_the_shared_memory_form(monkeypatch, m, nt, depth):
+    monkeypatch.setitem(ops.DENSE_SKINNY2_CONFIG, nt, (1, depth))
+    name, grid, shmem, args, pdl = _launch(SKINNY, m, n=4096, k=12288)
+    assert name == f"qskinny2_dense_bf16_n{nt}_m1_d{depth}"
+    s = skinny_splits(4096, 12288, 132, 16)
+    assert grid == -(-(4096 // 16) * s // 8) and args[-4:] == (m, 4096, 12288, s)
+    # 8 warps x depth steps x 2 rows x four 16-byte chunks x 32 lanes
+    assert shmem == max(8 * depth * 2 * 4 * 512, 8 * nt * 512 if s > 1 else 0) and pdl
