@@ -47,7 +47,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
         backend.synchronize()
         return eager, (time.perf_counter() - start) / 200
 
-    modes = ("pull", "push") if comm._p2p is not None else ()
+    modes = ("pull", "push", "ll") if comm._p2p is not None else ()
     for batch in (1, 8, 32, 128):
         x = backend.from_host(np.ones((batch, args.hidden), bfloat16))
         rows[batch] = list(timed(comm.nccl_all_reduce, x))

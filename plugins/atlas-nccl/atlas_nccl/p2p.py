@@ -15,8 +15,9 @@ handles, and the ranks agree through one NCCL all-reduce, so either all ranks us
 none does: a split decision would deadlock the first call.
 
 ``ATLAS_P2P_ALLREDUCE=0`` turns it off; ``ATLAS_P2P_ALLREDUCE_MAX_KB`` sets the size limit;
-``ATLAS_P2P_ALLREDUCE_MODE`` picks the protocol (``push``, the default, or ``pull``), read once at
-set-up. It is off when ``NCCL_P2P_DISABLE`` is set (runs that stand in for separate nodes). All
+``ATLAS_P2P_ALLREDUCE_MODE`` picks the protocol (``push``, the default, ``pull``, or ``ll``:
+epoch-tagged lines and no flags for tensors up to :data:`LL_MAX_BYTES`, push above; not yet
+measured), read once at set-up. It is off when ``NCCL_P2P_DISABLE`` is set (runs that stand in for separate nodes). All
 three must be the same on every rank; the ranks check the mode when they agree to use the path.
 """
 
@@ -43,7 +44,10 @@ TRAP_AFTER_S = 600.0
 THREADS = 256
 DTYPES = ("bfloat16", "float16", "float32")
 #: The protocols, in the order the ranks compare them by; their kernels are ``<name>_<dtype>``.
-MODES = {"pull": "p2p_allreduce", "push": "p2p_allreduce_push"}
+MODES = {"pull": "p2p_allreduce", "push": "p2p_allreduce_push", "ll": "p2p_allreduce_ll"}
+#: Largest tensor the ``ll`` protocol takes (its lines carry 8 bytes of data in 16); larger
+#: ones take ``push`` in that mode.
+LL_MAX_BYTES = 64 << 10
 KEY = "nccl/p2p/{}"
 
 
@@ -62,7 +66,7 @@ def max_bytes() -> int:
 
 def mode() -> str:
     """The protocol (``ATLAS_P2P_ALLREDUCE_MODE``: ``push``, the default: faster at every size
-    measured on 2 x H200, or ``pull``)."""
+    measured on 2 x H200, ``pull``, or ``ll``)."""
     name = os.environ.get("ATLAS_P2P_ALLREDUCE_MODE", "").strip().lower() or "push"
     if name not in MODES:
         raise ValueError(f"ATLAS_P2P_ALLREDUCE_MODE={name!r}: use one of {', '.join(MODES)}")
@@ -76,9 +80,21 @@ def region_bytes(limit: int) -> int:
     return 16 * max(THREADS, -(-(limit // 16) // MAX_BLOCKS))
 
 
+def ll_region_bytes() -> int:
+    """Bytes of one block's ``ll`` lines from one rank: two 16-byte lines a vector, for the most
+    vectors a block gets of a tensor up to :data:`LL_MAX_BYTES`."""
+    return 2 * region_bytes(LL_MAX_BYTES)
+
+
 def buffer_bytes(limit: int, world: int) -> int:
     """Bytes of a rank's shared buffer: the header, then two slots of ``world x MAX_BLOCKS``
-    regions (push lands rank r's part in region r; pull uses region 0 of its own buffer)."""
+    regions (push lands rank r's part in region r; pull uses region 0 of its own buffer), then
+    the ``ll`` area: two slots of ``world x MAX_BLOCKS`` line regions."""
+    return ll_base(limit, world) + 2 * world * MAX_BLOCKS * ll_region_bytes()
+
+
+def ll_base(limit: int, world: int) -> int:
+    """Byte offset of the ``ll`` area in a rank's buffer."""
     return HEADER + 2 * world * MAX_BLOCKS * region_bytes(limit)
 
 
@@ -217,11 +233,14 @@ class P2pAllReduce:
             raise ValueError("p2p all-reduce needs 16-byte aligned tensors (workspace arrays "
                              "are); set ATLAS_P2P_ALLREDUCE=0 to use NCCL")
         ctx = self.comm.backend.ctx
-        nvec = array.nbytes // 16
-        ctx.launch(ctx.kernel("p2p_allreduce", array.dtype, MODES[self.mode]), grid(nvec),
-                   THREADS, array, self.peers, np.int32(self.comm.rank),
-                   np.int32(self.comm.world_size), np.int64(nvec), np.int64(self.region),
-                   self.timeout_ns, pdl=ctx.pdl)
+        nvec, world = array.nbytes // 16, self.comm.world_size
+        if self.mode == "ll" and array.nbytes <= LL_MAX_BYTES:
+            kernel, area = MODES["ll"], (ll_base(self.limit, world), ll_region_bytes())
+        else:
+            kernel, area = MODES["push" if self.mode == "ll" else self.mode], (self.region,)
+        ctx.launch(ctx.kernel("p2p_allreduce", array.dtype, kernel), grid(nvec), THREADS, array,
+                   self.peers, np.int32(self.comm.rank), np.int32(world), np.int64(nvec),
+                   *(np.int64(a) for a in area), self.timeout_ns, pdl=ctx.pdl)
         self.calls += 1
         return array
 

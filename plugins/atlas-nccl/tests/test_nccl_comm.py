@@ -252,8 +252,10 @@ def test_peer_memory_all_reduce_mode_from_environment(monkeypatch):
     assert p2p.mode() == "pull"
     monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "")
     assert p2p.mode() == "push"
+    monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "LL")
+    assert p2p.mode() == "ll"
     monkeypatch.setenv("ATLAS_P2P_ALLREDUCE_MODE", "pool")
-    with pytest.raises(ValueError, match="pull, push"):
+    with pytest.raises(ValueError, match="pull, push, ll"):
         p2p.mode()
 
 
@@ -270,8 +272,43 @@ def test_peer_memory_buffer_holds_every_block_slice(kb):
     step = max(1, len(nvec) // 997)
     assert [p2p.grid(int(n)) for n in nvec[::step]] == blocks[::step].tolist()
     assert (-(-nvec // blocks) * 16 <= region).all()
+    # ll: two 16-byte lines a vector, for every tensor up to LL_MAX_BYTES
+    ll_nvec = nvec[nvec <= p2p.LL_MAX_BYTES // 16]
+    ll_blocks = blocks[:len(ll_nvec)]
+    assert (-(-ll_nvec // ll_blocks) * 32 <= p2p.ll_region_bytes()).all()
     for world in (2, 4, 8):
         slot = world * p2p.MAX_BLOCKS * region
         assert slot >= world * limit
-        assert p2p.buffer_bytes(limit, world) == p2p.HEADER + 2 * slot
-    assert p2p.buffer_bytes(1 << 20, 2) == p2p.HEADER + 4 * (1 << 20)  # the default: no waste
+        ll_area = 2 * world * p2p.MAX_BLOCKS * p2p.ll_region_bytes()
+        assert p2p.ll_base(limit, world) == p2p.HEADER + 2 * slot
+        assert p2p.buffer_bytes(limit, world) == p2p.HEADER + 2 * slot + ll_area
+    # the default: push / pull waste nothing; the ll area is 1 MiB a peer
+    assert p2p.buffer_bytes(1 << 20, 2) == p2p.HEADER + 4 * (1 << 20) + 2 * (1 << 20)
+
+
+@pytest.mark.parametrize("mode, nbytes, kernel", [
+    ("ll", 8 << 10, "p2p_allreduce_ll"), ("ll", 64 << 10, "p2p_allreduce_ll"),
+    ("ll", (64 << 10) + 16, "p2p_allreduce_push"), ("push", 8 << 10, "p2p_allreduce_push"),
+    ("pull", 8 << 10, "p2p_allreduce")])
+def test_peer_memory_all_reduce_kernel_per_call(mode, nbytes, kernel):
+    """ll takes tensors up to LL_MAX_BYTES with its own area, push the larger ones; the other
+    modes keep their kernel and region."""
+    from types import SimpleNamespace
+
+    from atlas_nccl import p2p
+
+    launches = []
+    ctx = SimpleNamespace(pdl=True, kernel=lambda module, dtype, name: name,
+                          launch=lambda k, grid, block, *args, pdl: launches.append((k, args)))
+    backend = SimpleNamespace(ctx=ctx, from_host=lambda a: a)
+    comm = SimpleNamespace(backend=backend, rank=1, world_size=2, timeout=1.0)
+    ar = p2p.P2pAllReduce(comm, None, [], [0, 0], 1 << 20, mode)
+    array = SimpleNamespace(ptr=0, nbytes=nbytes, dtype=np.dtype(np.float32))
+    ar.all_reduce(array)
+    (name, args), = launches
+    assert name == kernel
+    nvec = nbytes // 16
+    if kernel.endswith("_ll"):
+        assert args[4:7] == (nvec, p2p.ll_base(1 << 20, 2), p2p.ll_region_bytes())
+    else:
+        assert args[4:6] == (nvec, p2p.region_bytes(1 << 20))

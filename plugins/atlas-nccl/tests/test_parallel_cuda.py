@@ -121,7 +121,7 @@ def _p2p_want(case, scale=1.0):
 
 
 def _p2p_both_modes(backend, comm, rank):
-    """The peer-memory all-reduce in both protocols (switched on both ranks at the same call),
+    """The peer-memory all-reduce in every protocol (switched on both ranks at the same call),
     eager and replayed from a graph, against the rank-order sum (bit for bit, so pull and push
     agree bit for bit) and NCCL (within rounding). Returns failures and a digest per output."""
     import hashlib
@@ -134,7 +134,8 @@ def _p2p_both_modes(backend, comm, rank):
             failures.append(f"{label}: {bad.size} elements differ from the rank-order sum, "
                             f"first at {bad[:4]}")
 
-    for mode in ("pull", "push", "pull"):  # back to pull: switching keeps the epochs in step
+    # back to earlier modes: switching keeps the epochs in step (ll hands its 1 MB case to push)
+    for mode in ("pull", "push", "ll", "push", "pull"):
         comm._p2p.mode = mode
         for case, (dtype, _) in enumerate(P2P_CASES):
             x, ref = backend.from_host(_p2p_input(case, rank)), backend.from_host(
@@ -183,7 +184,9 @@ def test_nccl_collectives_across_two_gpus_eager_and_in_a_graph(tmp_path):
     assert got[0][5] == got[1][5], "ranks hold different sums"
     pull = {k.split(" ", 1)[1]: v for k, v in got[0][5].items() if k.startswith("pull")}
     push = {k.split(" ", 1)[1]: v for k, v in got[0][5].items() if k.startswith("push")}
+    ll = {k.split(" ", 1)[1]: v for k, v in got[0][5].items() if k.startswith("ll")}
     assert pull == push and len(push) == len(P2P_CASES) * (1 + REPLAYS), "push differs from pull"
+    assert ll == push, "ll differs from push"
 
 
 def _generate(path, tp, ep=False):

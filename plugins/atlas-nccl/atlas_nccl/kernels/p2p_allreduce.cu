@@ -37,6 +37,16 @@
 // (e + 1) & 1 while I may still read call e from slot e & 1; it reaches call e + 2's writes
 // into slot e & 1 only after my call-e + 1 flag, which I raise after my call-e reads ended.
 //
+// A third protocol, ll (p2p_allreduce_ll_*, tensors up to LL_MAX_BYTES in p2p.py): no flags
+// and no barrier. Each rank writes its slice into every peer's ll area as 16-byte lines that
+// carry 8 bytes of data and the call's epoch twice ({data, e, data, e}, one 16-byte store), and
+// each reading thread spins on the lines it needs until both epochs in them are e: a 16-byte
+// store is seen whole or not at all in each 8-byte half, so a line whose two epochs are e holds
+// that call's data. Two slots (e & 1) again; a rank reaches call e + 2 only after reading every
+// peer's call-e + 1 lines, which a peer writes after its call-e grid (and its reads) ended.
+// Lines from older calls carry older epochs, so no area is ever cleared. Half of every line is
+// epochs, which only pays for small tensors (one decode activation).
+//
 // A peer that never arrives (a dead process) traps after timeout_ns instead of hanging the GPU.
 #include "common.cuh"
 
@@ -137,6 +147,90 @@ __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int
   if (threadIdx.x == 0) epochs[b] = e;
 }
 
+__device__ __forceinline__ void p2p_store_line(uint4* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 p2p_load_line(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// ll: the vectors' 8-byte halves as lines {lo, e, hi, e}. ll_base: the byte offset of the ll
+// area in each rank's buffer; ll_region_bytes: one block's lines from one rank in one slot.
+template <typename T>
+__device__ void p2p_allreduce_ll_impl(T* data, const unsigned long long* peers, int rank,
+                                      int world, long long nvec, long long ll_base,
+                                      long long ll_region_bytes, unsigned long long timeout_ns) {
+  constexpr int E = 16 / sizeof(T);
+  unsigned long long mine = peers[rank];
+  unsigned* epochs = reinterpret_cast<unsigned*>(mine) + P2P_MAX_BLOCKS * P2P_MAX_RANKS;
+  int b = blockIdx.x;
+  __shared__ unsigned s_epoch;
+  pdl_trigger();  // as p2p_allreduce_impl: nothing is read before the wait
+  pdl_wait();
+  if (threadIdx.x == 0) s_epoch = epochs[b] + 1u;
+  __syncthreads();
+  unsigned e = s_epoch;
+  long long per = (nvec + gridDim.x - 1) / gridDim.x;
+  if (per * 32 > ll_region_bytes) __trap();  // the host sized the area for fewer vectors
+  long long v0 = b * per, n = min(nvec, v0 + per) - v0;
+  const uint4* src = reinterpret_cast<const uint4*>(data) + v0;
+  // lines of block b from rank r in this call's slot of the buffer at base
+  auto lines = [&](unsigned long long base, int r) {
+    long long i = ((long long)(e & 1u) * world + r) * P2P_MAX_BLOCKS + b;
+    return reinterpret_cast<uint4*>(base + ll_base + i * ll_region_bytes);
+  };
+  for (long long v = threadIdx.x; v < n; v += blockDim.x) {
+    uint4 x = src[v];
+    uint4 lo = make_uint4(x.x, e, x.y, e), hi = make_uint4(x.z, e, x.w, e);
+    for (int p = 0; p < world; p++)
+      if (p != rank) {
+        uint4* to = lines(peers[p], rank);
+        p2p_store_line(to + 2 * v, lo);
+        p2p_store_line(to + 2 * v + 1, hi);
+      }
+  }
+  unsigned long long start = 0;
+  for (long long v = threadIdx.x; v < n; v += blockDim.x) {
+    float acc[E];
+#pragma unroll
+    for (int i = 0; i < E; i++) acc[i] = 0.f;
+    for (int r = 0; r < world; r++) {
+      uint4 x;
+      if (r == rank) {
+        x = src[v];
+      } else {
+        const uint4* from = lines(mine, r) + 2 * v;
+        uint4 lo, hi;
+        while (true) {
+          lo = p2p_load_line(from);
+          hi = p2p_load_line(from + 1);
+          if (lo.y == e && lo.w == e && hi.y == e && hi.w == e) break;
+          if (!start) start = p2p_now_ns();
+          else if (p2p_now_ns() - start > timeout_ns) __trap();  // the peer is gone
+        }
+        x = make_uint4(lo.x, lo.z, hi.x, hi.z);
+      }
+      const T* xs = reinterpret_cast<const T*>(&x);
+#pragma unroll
+      for (int i = 0; i < E; i++) acc[i] += to_f32(xs[i]);
+    }
+    uint4 out;
+    T* os = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int i = 0; i < E; i++) os[i] = from_f32<T>(acc[i]);
+    reinterpret_cast<uint4*>(data)[v0 + v] = out;
+  }
+  if (threadIdx.x == 0) epochs[b] = e;
+}
+
 #define P2P_ALLREDUCE(T, S)                                                                    \
   extern "C" __global__ void __launch_bounds__(256) p2p_allreduce_##S(                         \
       T* data, const unsigned long long* peers, int rank, int world, long long nvec,           \
@@ -147,5 +241,11 @@ __device__ void p2p_allreduce_impl(T* data, const unsigned long long* peers, int
       T* data, const unsigned long long* peers, int rank, int world, long long nvec,           \
       long long region_bytes, unsigned long long timeout_ns) {                                 \
     p2p_allreduce_impl<T, true>(data, peers, rank, world, nvec, region_bytes, timeout_ns);     \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(256) p2p_allreduce_ll_##S(                      \
+      T* data, const unsigned long long* peers, int rank, int world, long long nvec,           \
+      long long ll_base, long long ll_region_bytes, unsigned long long timeout_ns) {           \
+    p2p_allreduce_ll_impl<T>(data, peers, rank, world, nvec, ll_base, ll_region_bytes,         \
+                             timeout_ns);                                                      \
   }
 INSTANTIATE(P2P_ALLREDUCE)
