@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One device call (one GPU, about 8 minutes on a fresh machine) for the work of session 21 that
+# was written after its device time ran out: each step checks, then measures.
+#   1. install: the wheels of scripts/fetch_device_wheels.sh (.whl, nvmath-python included, so
+#      cuBLASLt is the baseline) and the editable packages
+#   2. GPU tests: qskinny_dense / qskinny2_dense (test_dense_skinny_cuda.py), the new
+#      qk_norm_rope_and_cache options and the PDL'd elementwise kernels (contract cases), the
+#      Gemma-4 prologue through core ops and the fused MLP norm (Gemma-4 GPU tests), MiniMax
+#   3. scripts/dense_skinny_bench.py: qwen3-8b's projections, 1-32 rows, cuBLASLt / mma / every
+#      dense skinny form (what ops.DENSE_SKINNY_DEPTH / DENSE_SKINNY2_CONFIG should say)
+#   4. atlas bench qwen3-8b at 1,024 tokens, batches 1-32, default against ATLAS_CUDA_GEMM=skinny
+#      (the #21 matrix cells that are under 75%)
+#   5. atlas bench gemma-4-26b-a4b (batches 1, 8, 32) and gemma-4-31b (batch 1) at 1,024 tokens:
+#      against session 21's 5.40 / 18.90 / 36.23 and 20.75 ms (docs/benchmarks.md)
+# Run with carry [".whl"] and, for the chat-template tests, the fixtures:
+#   mkdir -p dev/real-models && cp -r ../shared/fixtures/real-models/{gemma-3,gemma-4,minimax-m2} \
+#     dev/real-models/   (dev/ in .git/info/exclude; carry "dev" too)
+# The 2-GPU half (the ll all-reduce) is plugins/atlas-nccl/tests/gpu_session.sh with
+# ATLAS_P2P_ALLREDUCE_MODE=ll beside push, and scripts/allreduce_bench.py -n 2.
+set -uo pipefail
+OUT=${OUT:-$PWD/pending_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
+[[ -d dev/real-models ]] && export ATLAS_FIXTURES_DIR=$PWD/dev/real-models
+T0=$SECONDS
+el() { echo "[+$((SECONDS - T0))s] $*"; }
+if [[ -d .whl ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >"$OUT/wheels.log" 2>&1 || tail -3 "$OUT/wheels.log"
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
+  -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-gemma4 -e plugins/atlas-minimax \
+  >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
+python3 -c "from nvmath.bindings import cublasLt as l; print('cuBLASLt', l.get_version())" 2>&1 | tail -1
+el installed
+
+timeout -s INT 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  plugins/atlas-cuda/tests/test_dense_skinny_cuda.py \
+  "plugins/atlas-cuda/tests/test_contract_cuda.py" -k "dense_skinny or qk_norm_rope or rms_norm or embedding or add or act_and_mul or rope_cache" \
+  >"$OUT/tests-core.log" 2>&1
+el "core GPU tests: $(tail -1 "$OUT/tests-core.log")"
+timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
+  plugins/atlas-minimax/tests >"$OUT/tests-families.log" 2>&1
+el "Gemma-4 / MiniMax GPU tests: $(tail -1 "$OUT/tests-families.log")"
+
+timeout -s INT 120 python3 scripts/dense_skinny_bench.py >"$OUT/dense_skinny_bench.log" 2>&1
+el "dense skinny bench: exit $?"; cat "$OUT/dense_skinny_bench.log" | tail -32
+
+bench() {  # TAG SECONDS SHAPE BATCHES [ENV=VALUE]
+  local log="$OUT/bench-$1"
+  env ${5:-} timeout -s INT "$2" python3 -m atlas_core bench --model "$3" --backend cuda \
+    --batch "$4" --context 1024 --decode-tokens 32 --max-prefill-tokens 2048 \
+    --gpu-memory-utilization 0.9 --json "$log.json" >"$log.log" 2>&1
+  el "$1: exit $?"
+  grep -E "^ +[0-9]+ \| +1024 \| +[0-9.]+ \| +[0-9,.]+ \||error|failed" "$log.log" | head -8
+}
+bench 8b-default 60 qwen3-8b 1,2,4,8,16,32
+bench 8b-skinny 60 qwen3-8b 1,2,4,8,16,32 ATLAS_CUDA_GEMM=skinny
+bench gemma26 45 gemma-4-26b-a4b 1,8,32
+bench gemma31 45 gemma-4-31b 1
+el done
