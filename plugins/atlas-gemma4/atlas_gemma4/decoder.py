@@ -41,10 +41,13 @@ class Gemma4Experts:
         block.declare("experts.down_proj", (e, h, i))
 
     def __call__(self, ops: Any, params: dict[str, Any], hidden: Any, experts_in: Any,
-                 root_size: Any, eps: float) -> Any:
-        """Route on ``hidden`` (the residual stream), run the experts on ``experts_in``."""
-        routed = ops.mul(ops.rms_norm(hidden, params["router.scale"], eps), root_size)
-        logits = ops.linear(routed, params["router.proj.weight"])
+                 eps: float) -> Any:
+        """Route on ``hidden`` (the residual stream), run the experts on ``experts_in``.
+        ``router.scale`` holds ``scale * hidden_size ** -0.5`` (folded at load, see
+        :meth:`Gemma4DecoderLayer.post_load`), so the norm and the router projection are one
+        ``rms_norm_linear``."""
+        logits, _ = ops.rms_norm_linear(hidden, None, params["router.scale"], eps,
+                                        params["router.proj.weight"])
         weights, ids = ops.moe_route(logits, self.top_k, True)
         # weights, ids: [num_tokens, top_k]
         scales = ops.embedding(ids.reshape(-1), params["router.per_expert_scale"].reshape(-1, 1))
@@ -82,7 +85,6 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
         self.hidden_size, self.zero_centered = hidden_size, zero_centered
         self.add("self_attn", attention)
         self.add("mlp", mlp)
-        self.root_size: Any = None
         norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                  "post_feedforward_layernorm"]
         if experts is not None:
@@ -95,10 +97,14 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
         if layer_scalar:
             self.declare("layer_scalar", (1,))
 
-    def setup(self) -> None:
+    def post_load(self) -> None:
+        """Fold the router's ``hidden_size ** -0.5`` into ``router.scale`` (one rounding to the
+        model dtype, where HF rounds the two products in turn)."""
         if self.moe is not None:
-            self.root_size = self.backend.from_host(
-                np.array([self.hidden_size ** -0.5], dtype=self.dtype))
+            param = self.params["router.scale"]
+            scale = self.backend.to_host(param).astype(np.float32)
+            self.backend.copy_from_host(
+                param, (scale * np.float32(self.hidden_size ** -0.5)).astype(param.dtype))
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         ops, p = self.ops, self.params
@@ -115,7 +121,7 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
         if self.moe is not None:
             ffn = self._norm("post_feedforward_layernorm_1", ffn)
             experts_in = self._norm("pre_feedforward_layernorm_2", hidden)
-            routed = self.moe(ops, p, hidden, experts_in, self.root_size, self.eps)
+            routed = self.moe(ops, p, hidden, experts_in, self.eps)
             ffn = ops.add(ffn, self._norm("post_feedforward_layernorm_2", routed))
         hidden = ops.add(hidden, self._norm("post_feedforward_layernorm", ffn))
         scalar = self.param("layer_scalar")
