@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (one GPU, about 8 minutes on a fresh machine) for the work of session 21 that
+# One or two device calls (one GPU) for the work of session 21 that
 # was written after its device time ran out: each step checks, then measures.
 #   1. install: the wheels of scripts/fetch_device_wheels.sh (.whl, nvmath-python included, so
 #      cuBLASLt is the baseline) and the editable packages
@@ -12,8 +12,11 @@
 #      (the #21 matrix cells that are under 75%)
 #   5. atlas bench gemma-4-26b-a4b (batches 1, 8, 32) and gemma-4-31b (batch 1) at 1,024 tokens:
 #      against session 21's 5.40 / 18.90 / 36.23 and 20.75 ms (docs/benchmarks.md)
+#   6. Nemotron: the fused router's GPU tests, nemotron-3-nano batch 1 / 8 with it and without
+# About 10 minutes on a fresh machine: split it (steps 1-4, then 1 and 5-6) if the call's limit
+# is near.
 # Run with carry [".whl"] and, for the chat-template tests, the fixtures:
-#   mkdir -p dev/real-models && cp -r ../shared/fixtures/real-models/{gemma-3,gemma-4,minimax-m2} \
+#   mkdir -p dev/real-models && cp -r ../shared/fixtures/real-models/{gemma-3,gemma-4,minimax-m2,nemotron} \
 #     dev/real-models/   (dev/ in .git/info/exclude; carry "dev" too)
 # The 2-GPU half (the ll all-reduce) is plugins/atlas-nccl/tests/gpu_session.sh with
 # ATLAS_P2P_ALLREDUCE_MODE=ll beside push, and scripts/allreduce_bench.py -n 2.
@@ -59,4 +62,13 @@ bench 8b-default 60 qwen3-8b 1,2,4,8,16,32
 bench 8b-skinny 60 qwen3-8b 1,2,4,8,16,32 ATLAS_CUDA_GEMM=skinny
 bench gemma26 45 gemma-4-26b-a4b 1,8,32
 bench gemma31 45 gemma-4-31b 1
+# 6. Nemotron's one-kernel router: its GPU tests, then batch 1 / 8 at 1,024 tokens against the
+#    two kernels (session 20: 2.67 ms = 57.8% at batch 1; the #23 target is 60%)
+python3 -m pip install -q --no-deps --no-build-isolation -e plugins/atlas-nemotron-h \
+  >>"$OUT/install.log" 2>&1
+timeout -s INT 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py >"$OUT/tests-nemotron.log" 2>&1
+el "Nemotron GPU tests: $(tail -1 "$OUT/tests-nemotron.log")"
+bench nemotron-two 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=two
+bench nemotron-fused 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=fused
 el done

@@ -214,4 +214,17 @@ __device__ __forceinline__ void qx_frag(const uint4 (&xv)[4], int st, u32 (&b)[2
   b[0] = prmt(lo, hi, 0x5410);
   b[1] = prmt(lo, hi, 0x7632);
 }
+// Dense weights (FMT 2, already in T): the A fragments of the lane's two rows (w[r]: 32
+// elements, the qx_load order) paired as qx_frag pairs x, so the K orders agree.
+__device__ __forceinline__ void qdecode_dense(const uint4 (&w)[2][4], u32 (&a)[8][4]) {
+#pragma unroll
+  for (int st = 0; st < 8; st++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      u32 pair[2];
+      qx_frag<2>(w[r], st, pair);
+      a[st][r] = pair[0];
+      a[st][2 + r] = pair[1];
+    }
+}
 

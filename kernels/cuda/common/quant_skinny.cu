@@ -51,15 +51,7 @@ template <typename T, int FMT, int NT> struct QSkinnyLane {
     u32 a[8][4];
     float fs[2] = {1.f, 1.f};
     if constexpr (FMT == 2) {
-#pragma unroll
-      for (int st = 0; st < 8; st++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-          u32 pair[2];
-          qx_frag<FMT>(buf[r], st, pair);
-          a[st][r] = pair[0];
-          a[st][2 + r] = pair[1];
-        }
+      qdecode_dense(buf, a);
     } else if constexpr (FMT == 0) {
       int blk = (int)(((float)s + 0.5f) * inv_steps);
 #pragma unroll

@@ -99,16 +99,8 @@ __device__ void qskinny2_impl(T* __restrict__ y, const T* x,
       for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int v = 0; v < V; v++) buf[r][v] = slot[((m * 2 + r) * V + v) * 32];
-      if constexpr (FMT == 2) {  // dense: the weight words paired as x's (quant_skinny.cu)
-#pragma unroll
-        for (int st = 0; st < 8; st++)
-#pragma unroll
-          for (int r = 0; r < 2; r++) {
-            u32 pair[2];
-            qx_frag<FMT>(buf[r], st, pair);
-            a[m][st][r] = pair[0];
-            a[m][st][2 + r] = pair[1];
-          }
+      if constexpr (FMT == 2) {
+        qdecode_dense(buf, a[m]);
       } else if constexpr (FMT == 0) {
         int blk = (int)(((float)s + 0.5f) * inv_steps);
 #pragma unroll

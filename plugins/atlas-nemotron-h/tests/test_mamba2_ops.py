@@ -188,3 +188,43 @@ def test_fused_cuda_decode_plan_and_its_wave_rule(monkeypatch):
     monkeypatch.setenv(mamba2_ops.DECODE_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match="ATLAS_MAMBA2_DECODE='fast'"):
         mamba2_ops.decode_kernel()
+
+
+@pytest.mark.parametrize("env, tokens, n_group, experts, kernels", [
+    ("auto", 1, 1, 128, ["nemotron_h_moe_logits", "nemotron_h_moe_select"]),
+    ("fused", 1, 1, 128, ["nemotron_h_moe_route1"]),
+    ("fused", 512, 1, 512, ["nemotron_h_moe_route1"]),
+    ("fused", 513, 1, 128, ["nemotron_h_moe_logits", "nemotron_h_moe_select"]),
+    ("fused", 4, 8, 256, ["nemotron_h_moe_logits", "nemotron_h_moe_select"]),
+    ("fused", 4, 1, 513, ["nemotron_h_moe_logits", "nemotron_h_moe_select"]),
+])
+def test_router_kernels_by_environment_and_shape(monkeypatch, env, tokens, n_group, experts,
+                                                 kernels):
+    """ATLAS_NEMOTRON_ROUTE=fused takes the one-kernel router where it applies (n_group 1, at
+    most 512 experts and 512 tokens: 64 counters of 8-token groups), the two kernels elsewhere
+    and by default (no GPU needed: the launches are recorded)."""
+    moe_ops = pytest.importorskip("atlas_nemotron_h.cuda.moe_ops")
+    monkeypatch.setenv(moe_ops.ROUTE_KERNEL_ENV, env)
+    launches = []
+
+    class Arr(types.SimpleNamespace):
+        pass
+
+    def out(shape, dtype):
+        return Arr(shape=tuple(shape), dtype=np.dtype(dtype))
+
+    backend = types.SimpleNamespace(capturing=False, zeros=lambda shape, dtype: out(shape, dtype))
+    ctx = types.SimpleNamespace(
+        pdl=True, backend=backend, out=out, f32=lambda a: a,
+        kernel=lambda module, dtype, name: name,
+        launch=lambda k, grid, block, *args, pdl: launches.append((k, grid)))
+    ops = moe_ops.NemotronMoeCudaOps(ctx)
+    x = out((tokens, 64), np.float32)
+    ops.nemotron_h_moe_route(x, out((experts, 64), np.float32), out((experts,), np.float32), 6,
+                             n_group=n_group, topk_group=1)
+    assert [k for k, _ in launches] == kernels
+    assert launches[0][1] == ((experts, -(-tokens // 8)) if kernels[0] != "nemotron_h_moe_select"
+                              else tokens)
+    monkeypatch.setenv(moe_ops.ROUTE_KERNEL_ENV, "fastest")
+    with pytest.raises(ValueError, match="ATLAS_NEMOTRON_ROUTE='fastest'"):
+        moe_ops.route_kernel()

@@ -153,3 +153,42 @@ def test_nano_shaped_moe_replays_from_a_graph(cuda_backend, nano_moe, num_tokens
     np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=1e-6)
     got, ref = out.astype(np.float32), want.astype(np.float32)
     assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("num_tokens", [1, 6, 8, 9, 33, 64])
+def test_fused_router_routes_as_the_two_kernels(cuda_backend, nano_moe, monkeypatch, num_tokens):
+    """ATLAS_NEMOTRON_ROUTE=fused (one kernel; its last block of each 8-token group selects) at
+    the nano router's shape: the same ids and weights as the two kernels, bit for bit, eager
+    and replayed from a graph several times (each call's last block resets its group's
+    counter, so a replay starts from zero)."""
+    from atlas_core.testing.contracts_ops import as_dtype
+    from atlas_nemotron_h import ffn_reference as fr
+
+    router, bias = nano_moe[:2]
+    rng = np.random.default_rng(100 + num_tokens)
+    x = rng.standard_normal((num_tokens, 2688)).astype(as_dtype("bfloat16"))
+    route = dict(top_k=6, n_group=1, topk_group=1, renormalize=True, routed_scaling_factor=2.5)
+    want_w, want_ids = fr.nemotron_h_moe_route(x, router, bias, **route)
+    dev = [cuda_backend.from_host(a) for a in (x, router, bias)]
+    ops = cuda_backend.ops
+    monkeypatch.setenv("ATLAS_NEMOTRON_ROUTE", "two")
+    two_w, two_ids = (cuda_backend.to_host(a) for a in ops.nemotron_h_moe_route(*dev, **route))
+    monkeypatch.setenv("ATLAS_NEMOTRON_ROUTE", "fused")
+    for _ in range(3):
+        got_w, got_ids = (cuda_backend.to_host(a) for a in ops.nemotron_h_moe_route(*dev, **route))
+        np.testing.assert_array_equal(got_ids, two_ids)
+        np.testing.assert_array_equal(got_w, two_w)
+    np.testing.assert_array_equal(got_ids, want_ids)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-5, atol=1e-6)
+    graph = cuda_backend.capture(lambda: ops.nemotron_h_moe_route(*dev, **route))
+    for _ in range(4):
+        graph.replay()
+        got_w, got_ids = (cuda_backend.to_host(a) for a in graph.output)
+        np.testing.assert_array_equal(got_ids, two_ids)
+        np.testing.assert_array_equal(got_w, two_w)
+
+
+def test_fused_router_decodes_the_same_tokens(checkpoint, monkeypatch):
+    """The tiny checkpoint's greedy tokens with the fused router are numpy's."""
+    monkeypatch.setenv("ATLAS_NEMOTRON_ROUTE", "fused")
+    test_cuda_greedy_matches_numpy(checkpoint)

@@ -70,6 +70,26 @@ __device__ __forceinline__ unsigned long long p2p_now_ns() {
   return t;
 }
 
+// acc += the E = 16 / sizeof(T) elements of x, in float32 (p2p_allreduce_impl writes these two
+// steps out itself: its machine code is the one measured on the GPUs; move it to them once a
+// GPU run can check it again).
+template <typename T, int E>
+__device__ __forceinline__ void p2p_add(float (&acc)[E], uint4 x) {
+  const T* xs = reinterpret_cast<const T*>(&x);
+#pragma unroll
+  for (int i = 0; i < E; i++) acc[i] += to_f32(xs[i]);
+}
+
+// dst = the sums rounded once to T (one 16-byte store).
+template <typename T, int E>
+__device__ __forceinline__ void p2p_store_sum(uint4* dst, const float (&acc)[E]) {
+  uint4 out;
+  T* os = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int i = 0; i < E; i++) os[i] = from_f32<T>(acc[i]);
+  *dst = out;
+}
+
 // This block's region from rank r in slot e & 1 of the buffer at base.
 __device__ __forceinline__ uint4* p2p_region(unsigned long long base, unsigned e, int r,
                                              int world, long long region_bytes) {
@@ -218,15 +238,9 @@ __device__ void p2p_allreduce_ll_impl(T* data, const unsigned long long* peers, 
         }
         x = make_uint4(lo.x, lo.z, hi.x, hi.z);
       }
-      const T* xs = reinterpret_cast<const T*>(&x);
-#pragma unroll
-      for (int i = 0; i < E; i++) acc[i] += to_f32(xs[i]);
+      p2p_add<T, E>(acc, x);
     }
-    uint4 out;
-    T* os = reinterpret_cast<T*>(&out);
-#pragma unroll
-    for (int i = 0; i < E; i++) os[i] = from_f32<T>(acc[i]);
-    reinterpret_cast<uint4*>(data)[v0 + v] = out;
+    p2p_store_sum<T, E>(reinterpret_cast<uint4*>(data) + v0 + v, acc);
   }
   if (threadIdx.x == 0) epochs[b] = e;
 }

@@ -3,7 +3,9 @@ sigmoid router and the non-gated experts, registered by :mod:`atlas_nemotron_h.p
 
 The router is two kernels: its logits as a GEMV with a block per expert (several tokens per
 block), then a one-warp-per-token grouped top-k; one block doing both was latency bound (a
-third of a millisecond per layer at decode).
+third of a millisecond per layer at decode). ``ATLAS_NEMOTRON_ROUTE=fused`` runs both in one
+kernel instead (the logits blocks, and the last of each token group selects), one launch fewer
+a MoE layer; not yet measured, so not the default.
 
 Decode batches (fewer than :data:`GROUPED_MIN_TOKENS` tokens) run the experts as two GEMV
 kernels over each token's chosen experts and the shared expert if passed: up + squared ReLU
@@ -19,6 +21,7 @@ passed, added by the same ops).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,22 @@ WARPS, ROUTER_TOKENS, MAX_EXPERTS, MAX_GROUPS = 4, 8, 1024, 64
 DOWN_TILE, DOWN_PIECE = 8, 2048
 #: Tokens from which the experts run as per-expert GEMMs (above any captured decode batch).
 GROUPED_MIN_TOKENS = 512
+#: Environment variable choosing the router: ``auto`` (default; the two kernels until the one
+#: kernel is measured), ``two`` (logits, then the selection) or ``fused`` (one kernel whose last
+#: block of each token group selects; n_group 1, at most :data:`ROUTE1_MAX_EXPERTS` experts
+#: and :data:`ROUTE1_MAX_TOKENS` tokens, else the two).
+ROUTE_KERNEL_ENV = "ATLAS_NEMOTRON_ROUTE"
+#: NM_ROUTE1_MAX_E of the kernel, and its counters' token groups x ROUTER_TOKENS.
+ROUTE1_MAX_EXPERTS, ROUTE1_GROUPS = 512, 64
+ROUTE1_MAX_TOKENS = ROUTE1_GROUPS * ROUTER_TOKENS
+
+
+def route_kernel() -> str:
+    """The router :data:`ROUTE_KERNEL_ENV` selects (read per call)."""
+    kind = os.environ.get(ROUTE_KERNEL_ENV, "auto")
+    if kind not in ("auto", "two", "fused"):
+        raise ValueError(f"{ROUTE_KERNEL_ENV}={kind!r}: use 'auto', 'two' or 'fused'")
+    return kind
 
 
 class NemotronMoeCudaOps:
@@ -41,6 +60,7 @@ class NemotronMoeCudaOps:
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
+        self._route_counters: Any = None
 
     def nemotron_h_moe_route(self, x: Any, router_weight: Any, correction_bias: Any, top_k: int,
                              n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
@@ -58,6 +78,13 @@ class NemotronMoeCudaOps:
             ctx = self.ctx
             w, bias = ctx.f32(router_weight), ctx.f32(correction_bias)
             logits = ctx.out((t, e), np.float32)
+            if (route_kernel() == "fused" and n_group == 1 and e <= ROUTE1_MAX_EXPERTS
+                    and t <= ROUTE1_MAX_TOKENS):
+                ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_route1"),
+                           (e, -(-t // ROUTER_TOKENS)), 32 * WARPS, weights, ids, logits,
+                           self._counters(), x, w, bias, t, hidden, e, top_k, int(renormalize),
+                           float(routed_scaling_factor), pdl=ctx.pdl)
+                return weights, ids
             ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_logits"),
                        (e, -(-t // ROUTER_TOKENS)), 32 * WARPS, logits, x, w, t, hidden, e,
                        pdl=ctx.pdl)
@@ -65,6 +92,15 @@ class NemotronMoeCudaOps:
                        weights, ids, logits, bias, e, top_k, n_group, topk_group,
                        int(renormalize), float(routed_scaling_factor), pdl=ctx.pdl)
         return weights, ids
+
+    def _counters(self) -> Any:
+        """The fused router's completion counters, one a token group (zero between calls:
+        each call's last block resets its own); allocated once, outside graph capture."""
+        if self._route_counters is None:
+            from atlas_cuda.memory import require_eager
+            require_eager(self.ctx.backend, "nemotron_h_moe_route counters")
+            self._route_counters = self.ctx.backend.zeros((ROUTE1_GROUPS,), np.int32)
+        return self._route_counters
 
     def nemotron_h_moe_experts(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any,
                                topk_ids: Any, shared_up: Any = None,

@@ -153,6 +153,29 @@ __device__ void nm_logits_impl(float* logits, const T* x, const float* w, int nt
   }
 }
 
+// One warp's top_k of one token: the largest keys (ties: lower index; a taken key becomes 0),
+// weighted by their score, renormalised (sum + 1e-20) and scaled; slot j is written by lane
+// j % 32. score / key: the token's E entries in this warp's shared memory.
+__device__ __forceinline__ void nm_pick_topk(float* wt, int* id, const float* score, u32* key,
+                                             int E, int top_k, int renorm, float scale,
+                                             int lane) {
+  float sum = 0.f;
+  for (int j = 0; j < top_k; j++) {
+    u32 best = 0u;
+    int bi = E;
+    for (int e = lane; e < E; e += 32)
+      if (key[e] > best) { best = key[e]; bi = e; }
+    u32 top = nm_reduce_u32<true>(best);
+    int idx = (int)nm_reduce_u32<false>(best == top ? (u32)bi : 0xffffffffu);
+    float s = score[idx];
+    sum += s;
+    if ((idx & 31) == lane) key[idx] = 0u;
+    if ((j & 31) == lane) { id[j] = idx; wt[j] = s; }
+    __syncwarp();
+  }
+  for (int j = lane; j < top_k; j += 32) wt[j] = (renorm ? wt[j] / (sum + 1e-20f) : wt[j]) * scale;
+}
+
 // Grid (num_tokens), block 32 (one warp per token): s = sigmoid(logit), choice = s + bias;
 // group scores (sum of the two best choices; the one when a group has one expert), the
 // topk_group best groups (ties: lower group), then the top_k best choices among their experts
@@ -199,23 +222,47 @@ __device__ void nm_select_impl(float* weights, int* ids, const float* logits, co
   for (int e = lane; e < E; e += 32)
     key[e] = nm_key(n_group <= 1 || keep[e / per] ? choice[e] : NEG_INF);
   __syncwarp();
-  float* wt = weights + (long long)t * top_k;
-  int* id = ids + (long long)t * top_k;
-  float sum = 0.f;
-  for (int j = 0; j < top_k; j++) {
-    u32 best = 0u;
-    int bi = E;
-    for (int e = lane; e < E; e += 32)
-      if (key[e] > best) { best = key[e]; bi = e; }
-    u32 top = nm_reduce_u32<true>(best);
-    int idx = (int)nm_reduce_u32<false>(best == top ? (u32)bi : 0xffffffffu);
-    float s = score[idx];
-    sum += s;
-    if ((idx & 31) == lane) key[idx] = 0u;
-    if ((j & 31) == lane) { id[j] = idx; wt[j] = s; }
-    __syncwarp();
+  nm_pick_topk(weights + (long long)t * top_k, ids + (long long)t * top_k, score, key, E, top_k,
+               renorm, scale, lane);
+}
+
+// The router in one kernel (n_group 1, at most NM_ROUTE1_MAX_E experts): the logits blocks of
+// nm_logits_impl, then the last block of each token group to finish (a counter per group,
+// counted up with atomicAdd after a fence, and reset by that block for the next call) picks
+// every token's top_k as nm_select_impl does, a warp per token, reading the logits from L2.
+// Same logits, same selection: the same routing as the two kernels, bit for bit.
+#define NM_ROUTE1_MAX_E 512
+template <typename T>
+__device__ void nm_route1_impl(float* weights, int* ids, float* logits, int* counters,
+                               const T* x, const float* w, const float* bias, int ntok,
+                               int hidden, int E, int top_k, int renorm, float scale) {
+  __shared__ float score[NM_WARPS][NM_ROUTE1_MAX_E];
+  __shared__ u32 key[NM_WARPS][NM_ROUTE1_MAX_E];
+  __shared__ int s_last;
+  nm_logits_impl<T>(logits, x, w, ntok, hidden, E);
+  __threadfence();  // this block's logits, before its arrival is counted
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s_last = atomicAdd(counters + blockIdx.y, 1) == E - 1;
+    if (s_last) counters[blockIdx.y] = 0;  // every block of the group has arrived
   }
-  for (int j = lane; j < top_k; j += 32) wt[j] = (renorm ? wt[j] / (sum + 1e-20f) : wt[j]) * scale;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int t0 = blockIdx.y * NM_TOK, nt = min(NM_TOK, ntok - t0);
+  for (int m = warp; m < nt; m += NM_WARPS) {
+    int t = t0 + m;
+    const float* lg = logits + (long long)t * E;
+    for (int e = lane; e < E; e += 32) {
+      float sc = 1.f / (1.f + expf(-__ldcg(lg + e)));
+      score[warp][e] = sc;
+      key[warp][e] = nm_key(sc + bias[e]);
+    }
+    __syncwarp();
+    nm_pick_topk(weights + (long long)t * top_k, ids + (long long)t * top_k, score[warp],
+                 key[warp], E, top_k, renorm, scale, lane);
+  }
 }
 
 // Grid (ceil((num_tokens * top_k * I + num_tokens * Is) / NM_WARPS)), a warp per row n of
@@ -406,6 +453,12 @@ __device__ void nm_combine_impl(T* out, const T* rows, const float* weights, con
       float* wt, int* ids, const float* logits, const float* bias, int E, int k, int n_group, \
       int topk_group, int renorm, float scale) {                                              \
     nm_select_impl(wt, ids, logits, bias, E, k, n_group, topk_group, renorm, scale);          \
+  }                                                                                           \
+  extern "C" __global__ void nemotron_h_moe_route1_##S(                                       \
+      float* wt, int* ids, float* logits, int* counters, const T* x, const float* w,          \
+      const float* bias, int ntok, int hidden, int E, int k, int renorm, float scale) {       \
+    nm_route1_impl<T>(wt, ids, logits, counters, x, w, bias, ntok, hidden, E, k, renorm,      \
+                      scale);                                                                 \
   }                                                                                           \
   extern "C" __global__ void nemotron_h_moe_up_##S(                                           \
       float* h, float* hs, int* cnt, const T* x, const T* w_up, const T* ws_up,               \
