@@ -24,3 +24,23 @@ def test_doctor_reports_an_invalid_policy_variable(monkeypatch, capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "kernel policy: INVALID (ATLAS_CUDA_GEMV_TILE='g3s9' is not valid" in out
+
+
+def test_doctor_says_whether_cublaslt_is_there_and_what_its_absence_costs(monkeypatch, capsys):
+    import builtins
+    import sys
+
+    real_import = builtins.__import__
+
+    def no_nvmath(name, *args, **kwargs):
+        if name.startswith("nvmath"):
+            raise ImportError("No module named 'nvmath'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "nvmath", raising=False)
+    monkeypatch.delitem(sys.modules, "nvmath.bindings", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_nvmath)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "cuBLASLt: not installed; pip install 'atlas-cuda[cublas]'" in out
+    assert "2.5x slower" in out

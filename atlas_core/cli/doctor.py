@@ -39,6 +39,18 @@ def _gpu_lines() -> list[str]:
     return lines
 
 
+def _cublas_line() -> str:
+    """Whether cuBLASLt (atlas-cuda's ``cublas`` extra) is usable: without it every matmul of more
+    than one row runs the own mma.sync GEMM (docs/benchmarks.md, session 21)."""
+    try:
+        from nvmath.bindings import cublasLt
+        return f"cuBLASLt: {cublasLt.get_version()} (nvmath-python)"
+    except Exception as exc:  # noqa: BLE001 - not installed, or no library: report either
+        why = "not installed" if isinstance(exc, ImportError) else f"unavailable ({exc})"
+        return (f"cuBLASLt: {why}; pip install 'atlas-cuda[cublas]': without it prefill and "
+                "decode batches above one run the own GEMM, about 2.5x slower at 8-32 sequences")
+
+
 def _kernel_lines(registry=None) -> list[str]:
     from atlas_core import env
     lines = []
@@ -52,6 +64,7 @@ def _kernel_lines(registry=None) -> list[str]:
         lines.append(f"NVRTC: {nvrtc_version()}")
     except Exception as exc:  # noqa: BLE001 - report, don't crash
         lines.append(f"NVRTC: unavailable ({exc})")
+    lines.append(_cublas_line())
     targets, broken = load_targets(registry)
     for t in targets + [generic_target((0, 0))]:
         mods = KernelSources(t.search_dirs()).modules()
