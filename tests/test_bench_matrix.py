@@ -128,6 +128,15 @@ def test_a_cell_whose_step_fails_says_failed_and_why(monkeypatch, capsys):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_the_report_says_what_ran_the_matmuls():
+    from atlas_core.bench.report import to_text
+    from atlas_core.bench.runner import BenchResult
+    result = BenchResult("m", "cuda", "GPU", matmul="the own mma.sync GEMM: nvmath-python "
+                         "(cuBLASLt) is not installed")
+    assert "matmuls of more than one row: the own mma.sync GEMM" in to_text(result)
+    assert "matmuls of more than one row" not in to_text(BenchResult("m", "numpy", "CPU"))
+
+
 def test_bench_cli_exits_1_when_a_cell_failed(monkeypatch, capsys):
     def measure(engine, **kw):
         return [{"batch": 1, "context": 16, "status": "failed: out of memory"}]

@@ -77,6 +77,8 @@ def to_text(result: BenchResult) -> str:
              f"cold start (weights + KV cache + first compile): {result.cold_start_s:.2f} s",
              f"decode: {result.decode_tokens} tokens per request after a prefill of the cell's "
              "context; floor = bytes read per step / bandwidth"]
+    if result.matmul:
+        lines.append(f"matmuls of more than one row: {result.matmul}")
     if result.per_rank:
         lines.append(f"split over {result.per_rank} GPUs: GB/step and the floor are PER RANK, "
                      "the rank that reads the most (its weight shard, its experts' share of the "

@@ -41,6 +41,9 @@ class BenchResult:
     cells: list[dict[str, Any]] = field(default_factory=list)
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
     per_rank: int = 0
+    #: What ran matmuls of more than one row (the backend's ``matmul_library()``; "" when it
+    #: does not say): a GPU run without cuBLASLt measures another configuration.
+    matmul: str = ""
 
 
 class CellFailed(RuntimeError):

@@ -243,9 +243,11 @@ def run(args) -> int:
     bw, source = _bandwidth(args, engine)
     cells = measure(engine, batches=args.batch, contexts=args.context,
                     decode_tokens=args.decode_tokens, bandwidth_gbs=bw, log=_progress)
+    describe = getattr(engine.backend, "matmul_library", None)
     result = BenchResult(args.model, engine.backend.name, info.name, bw, source, cold,
                          args.decode_tokens, cells, baselines,
-                         per_rank=args.tensor_parallel_size if parallel else 0)
+                         per_rank=args.tensor_parallel_size if parallel else 0,
+                         matmul=describe() if callable(describe) else "")
     print(report.to_text(result))
     from atlas_core.bench.vision import measure_vision, takes_images
     if takes_images(engine.model):

@@ -273,6 +273,23 @@ class CudaBackend(DeviceTransfers, GraphCapture, GpuBackend):
             self.device.set_current()
             self._current.ok = True
 
+    def matmul_library(self) -> str:
+        """What runs matmuls of more than one row, for bench reports: numbers taken without
+        cuBLASLt are not those of the shipped configuration."""
+        own = "the own mma.sync GEMM"
+        if self.policy.gemm == "mma":
+            return f"{own} (policy gemm=mma)"
+        try:
+            lt = self.ctx.cublaslt()
+        except Exception as exc:  # noqa: BLE001 - gemm=cublaslt without the library
+            return f"{own} (cuBLASLt unavailable: {exc})"
+        if lt is None:
+            return (f"{own}: nvmath-python (cuBLASLt) is not installed, "
+                    "pip install 'atlas-cuda[cublas]'")
+        if self.policy.gemm == "skinny":
+            return "cuBLASLt, 2-32 rows on qskinny_dense (policy gemm=skinny)"
+        return "cuBLASLt"
+
     def reset_workspace(self) -> None:
         self.ensure_current()
         self.workspace.reset()

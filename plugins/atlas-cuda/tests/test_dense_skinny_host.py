@@ -76,3 +76,17 @@ def test_a_ring_configuration_takes_the_shared_memory_form(monkeypatch, m, nt, d
     assert grid == -(-(4096 // 16) * s // 8) and args[-4:] == (m, 4096, 12288, s)
     # 8 warps x depth steps x 2 rows x four 16-byte chunks x 32 lanes
     assert shmem == max(8 * depth * 2 * 4 * 512, 8 * nt * 512 if s > 1 else 0) and pdl
+
+
+@pytest.mark.parametrize("gemm, lt, says", [
+    ("auto", object(), "cuBLASLt"), ("auto", None, "nvmath-python (cuBLASLt) is not installed"),
+    ("mma", object(), "the own mma.sync GEMM (policy gemm=mma)"),
+    ("skinny", object(), "2-32 rows on qskinny_dense")])
+def test_the_bench_report_names_what_ran_the_matmuls(gemm, lt, says):
+    from types import SimpleNamespace
+
+    from atlas_cuda.backend import CudaBackend
+
+    backend = SimpleNamespace(policy=KernelPolicy(gemm=gemm),
+                              ctx=SimpleNamespace(cublaslt=lambda: lt))
+    assert says in CudaBackend.matmul_library(backend)
