@@ -13,8 +13,9 @@
 #   5. atlas bench gemma-4-26b-a4b (batches 1, 8, 32) and gemma-4-31b (batch 1) at 1,024 tokens:
 #      against session 21's 5.40 / 18.90 / 36.23 and 20.75 ms (docs/benchmarks.md)
 #   6. Nemotron: the fused router's GPU tests, nemotron-3-nano batch 1 / 8 with it and without
-# About 10 minutes on a fresh machine: split it (steps 1-4, then 1 and 5-6) if the call's limit
-# is near.
+# About 15 minutes in all on a fresh machine, more than one call may take: `gpu_pending.sh 1`
+# runs steps 1-4 (the core: dense skinny, contract cases, qwen3-8b), `gpu_pending.sh 2` steps 1
+# and 5-6 plus the family GPU tests (Gemma-4, MiniMax, Nemotron); no argument runs both.
 # Run with carry [".whl"] and, for the chat-template tests, the fixtures:
 #   mkdir -p dev/real-models && cp -r ../shared/fixtures/real-models/{gemma-3,gemma-4,minimax-m2,nemotron} \
 #     dev/real-models/   (dev/ in .git/info/exclude; carry "dev" too)
@@ -38,37 +39,45 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-c
 python3 -c "from nvmath.bindings import cublasLt as l; print('cuBLASLt', l.get_version())" 2>&1 | tail -1
 el installed
 
-timeout -s INT 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
-  plugins/atlas-cuda/tests/test_dense_skinny_cuda.py \
-  "plugins/atlas-cuda/tests/test_contract_cuda.py" -k "dense_skinny or qk_norm_rope or rms_norm or embedding or add or act_and_mul or rope_cache" \
-  >"$OUT/tests-core.log" 2>&1
-el "core GPU tests: $(tail -1 "$OUT/tests-core.log")"
-timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
-  plugins/atlas-minimax/tests >"$OUT/tests-families.log" 2>&1
-el "Gemma-4 / MiniMax GPU tests: $(tail -1 "$OUT/tests-families.log")"
-
-timeout -s INT 120 python3 scripts/dense_skinny_bench.py >"$OUT/dense_skinny_bench.log" 2>&1
-el "dense skinny bench: exit $?"; cat "$OUT/dense_skinny_bench.log" | tail -32
-
+part=${1:-all}
+core() { [[ $part == all || $part == 1 ]]; }
+families() { [[ $part == all || $part == 2 ]]; }
 bench() {  # TAG SECONDS SHAPE BATCHES [ENV=VALUE]
   local log="$OUT/bench-$1"
   env ${5:-} timeout -s INT "$2" python3 -m atlas_core bench --model "$3" --backend cuda \
     --batch "$4" --context 1024 --decode-tokens 32 --max-prefill-tokens 2048 \
     --gpu-memory-utilization 0.9 --json "$log.json" >"$log.log" 2>&1
   el "$1: exit $?"
-  grep -E "^ +[0-9]+ \| +1024 \| +[0-9.]+ \| +[0-9,.]+ \||error|failed" "$log.log" | head -8
+  grep -E "^ +[0-9]+ \| +1024 \| +[0-9.]+ \| +[0-9,.]+ \||matmuls|error|failed" "$log.log" | head -9
 }
-bench 8b-default 60 qwen3-8b 1,2,4,8,16,32
-bench 8b-skinny 60 qwen3-8b 1,2,4,8,16,32 ATLAS_CUDA_GEMM=skinny
-bench gemma26 45 gemma-4-26b-a4b 1,8,32
-bench gemma31 45 gemma-4-31b 1
-# 6. Nemotron's one-kernel router: its GPU tests, then batch 1 / 8 at 1,024 tokens against the
-#    two kernels (session 20: 2.67 ms = 57.8% at batch 1; the #23 target is 60%)
-python3 -m pip install -q --no-deps --no-build-isolation -e plugins/atlas-nemotron-h \
-  >>"$OUT/install.log" 2>&1
-timeout -s INT 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
-  plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py >"$OUT/tests-nemotron.log" 2>&1
-el "Nemotron GPU tests: $(tail -1 "$OUT/tests-nemotron.log")"
-bench nemotron-two 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=two
-bench nemotron-fused 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=fused
+if core; then
+  timeout -s INT 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    plugins/atlas-cuda/tests/test_dense_skinny_cuda.py \
+    plugins/atlas-cuda/tests/test_contract_cuda.py \
+    -k "dense_skinny or qk_norm_rope or rms_norm or embedding or add or act_and_mul or rope_cache" \
+    >"$OUT/tests-core.log" 2>&1
+  el "core GPU tests: $(tail -1 "$OUT/tests-core.log")"
+
+  timeout -s INT 120 python3 scripts/dense_skinny_bench.py >"$OUT/dense_skinny_bench.log" 2>&1
+  el "dense skinny bench: exit $?"; cat "$OUT/dense_skinny_bench.log" | tail -32
+
+  bench 8b-default 60 qwen3-8b 1,2,4,8,16,32
+  bench 8b-skinny 60 qwen3-8b 1,2,4,8,16,32 ATLAS_CUDA_GEMM=skinny
+fi
+if families; then
+  timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
+    plugins/atlas-minimax/tests >"$OUT/tests-families.log" 2>&1
+  el "Gemma-4 / MiniMax GPU tests: $(tail -1 "$OUT/tests-families.log")"
+  bench gemma26 45 gemma-4-26b-a4b 1,8,32
+  bench gemma31 45 gemma-4-31b 1
+  # 6. Nemotron's one-kernel router: its GPU tests, then batch 1 / 8 at 1,024 tokens against the
+  #    two kernels (session 20: 2.67 ms = 57.8% at batch 1; the #23 target is 60%)
+  python3 -m pip install -q --no-deps --no-build-isolation -e plugins/atlas-nemotron-h \
+    >>"$OUT/install.log" 2>&1
+  timeout -s INT 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py >"$OUT/tests-nemotron.log" 2>&1
+  el "Nemotron GPU tests: $(tail -1 "$OUT/tests-nemotron.log")"
+  bench nemotron-two 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=two
+  bench nemotron-fused 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=fused
+fi
 el done
