@@ -33,14 +33,17 @@ import numpy as np
 SLOTS = 8192
 
 
-#: (module, grid, kernel) of every launch made while a graph was being captured.
+#: (module, grid, kernel) of every launch of the graph being captured now, and each captured
+#: graph's list by ``id(graph)`` (a decode_graph engine captures every bucket up to the batch).
 CAPTURED: list[tuple[str, tuple, str]] = []
+GRAPH_LAUNCHES: dict[int, list] = {}
 
 
 def name_launches() -> dict:
     """Record every launch's (module, grid) -> kernel names, by hooking the kernel library's
     class (a backend re-binds its library per model, so instance hooks would be lost), and the
-    launches captured into graphs (:data:`CAPTURED`)."""
+    launches captured into each graph (:data:`GRAPH_LAUNCHES`)."""
+    from atlas_cuda.graphs import GraphCapture
     from atlas_cuda.kernels_loader import KernelLibrary, kernel_family
     names: dict[tuple[str, tuple], set] = defaultdict(set)
     kernel, launch = KernelLibrary.kernel, KernelLibrary.launch
@@ -59,7 +62,16 @@ def name_launches() -> dict:
             CAPTURED.append((module, (g + (1, 1))[:3], name))
         launch(self, k, grid, *args, **kw)
 
+    capture = GraphCapture.capture
+
+    def noting_capture(self, fn):
+        CAPTURED.clear()
+        graph = capture(self, fn)
+        GRAPH_LAUNCHES[id(graph)] = list(CAPTURED)
+        return graph
+
     KernelLibrary.kernel, KernelLibrary.launch = named_kernel, noting_launch
+    GraphCapture.capture = noting_capture
     return names
 
 
@@ -124,20 +136,21 @@ def timeline(be, model, names: dict, a, tag: str = "") -> None:
         dt = f"{(nxt - t1) / 1e3:7.2f}" if nxt is not None else "      -"
         lines.append(f"{tag}  {label[:66]:66s} wait {(t0 - base) / 1e3:9.2f} -> "
                      f"{(t1 - base) / 1e3:9.2f} (+{dt})")
-    lines += untraced(last, tag)
+    lines += untraced(GRAPH_LAUNCHES.get(id(graph), []), last, tag)
     print("\n".join(lines), flush=True)
 
 
-def untraced(last: list, tag: str) -> list[str]:
-    """Lines naming the captured kernels that left no trace (no ``pdl_wait()``: their time
-    shows in the row of the traced kernel before them), by (module, grid) counts."""
+def untraced(launches: list, last: list, tag: str) -> list[str]:
+    """Lines naming the kernels captured into the timed graph (``launches``) that left no trace
+    (no ``pdl_wait()``: their time shows in the row of the traced kernel before them), by
+    (module, grid) counts."""
     traced: dict[tuple, int] = defaultdict(int)
     for _t1, _t0, label in last:
         module, rest = label.split(":", 1)
         traced[(module, rest[rest.rindex(" (") + 1:])] += 1
     captured: dict[tuple, int] = defaultdict(int)
     kernels: dict[tuple, set] = defaultdict(set)
-    for module, grid, name in CAPTURED:
+    for module, grid, name in launches:
         captured[(module, str(grid))] += 1
         kernels[(module, str(grid))].add(name)
     missing = {k: n - traced.get(k, 0) for k, n in captured.items() if n > traced.get(k, 0)}
