@@ -10,8 +10,8 @@ and depth, then times a CUDA graph of ``--layers`` copies of the projections (qk
 o 4096x4096, gate_up 24576x4096, down 4096x12288: 386 MB of bf16 a layer, more than L2 holds).
 Bytes per layer: the weights (x and y are negligible); FLOPs 2 * rows * 193 M a layer. Floor:
 bytes / 4.25 TB/s (H200 measured copy rate, docs/benchmarks.md). One row takes the GEMV under
-every policy (the control). The best form per n-tile count is what ops.DENSE_SKINNY_DEPTH /
-ops.DENSE_SKINNY2_CONFIG should say."""
+every policy (the control). The best form per n-tile count is what the ``"dense"`` entries of
+ops_quant.SKINNY_DEPTH / SKINNY2_CONFIG should say."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from atlas_core.api import bfloat16
 from atlas_core.api import reference as ref
-from atlas_cuda import ops
+from atlas_cuda import ops_quant
 from atlas_cuda.backend import CudaBackend
 from atlas_cuda.policy import KernelPolicy
 from quant_skinny_bench import time_graph  # scripts/ is on sys.path when run as a script
@@ -54,7 +54,7 @@ def main() -> None:
     print(f"floor {floor_us:.1f} us a layer; cuBLASLt {'present' if lt else 'absent'}")
     wo = (rng.standard_normal((200, 1280)) * 0.03).astype(bfloat16)
     bo = rng.standard_normal(200).astype(bfloat16)
-    base_depth = dict(ops.DENSE_SKINNY_DEPTH)
+    base_depth = dict(ops_quant.SKINNY_DEPTH)
     print(f"{'rows':>4s} {'policy':>10s} {'us/layer':>9s} {'% floor':>8s}  check")
     for m in rows:
         nt = next(t for t in (1, 2, 4) if 8 * t >= m)
@@ -67,9 +67,9 @@ def main() -> None:
         for gemm, depth in runs:
             be.set_policy(KernelPolicy(gemm=gemm))
             if isinstance(depth, tuple):
-                ops.DENSE_SKINNY2_CONFIG[nt] = depth
+                ops_quant.SKINNY2_CONFIG[("dense", nt)] = depth
             elif depth is not None:
-                ops.DENSE_SKINNY_DEPTH[nt] = depth
+                ops_quant.SKINNY_DEPTH[("dense", nt)] = depth
             y = np.asarray(be.to_host(be.ops.linear(be.from_host(x), be.from_host(wo),
                                                      be.from_host(bo))), np.float32)
             err = float(np.abs(y - want).max() / (np.abs(want).max() + 1e-9))
@@ -81,9 +81,9 @@ def main() -> None:
                    if isinstance(depth, tuple) else f"skinny d{depth}")
             print(f"{m:4d} {tag:>10s} {us:9.1f} {100 * floor_us / us:7.1f}%  "
                   f"{'ok' if err < 1e-2 else 'WRONG'} {err:.1e}")
-            ops.DENSE_SKINNY_DEPTH.clear()
-            ops.DENSE_SKINNY_DEPTH.update(base_depth)
-            ops.DENSE_SKINNY2_CONFIG.pop(nt, None)
+            ops_quant.SKINNY_DEPTH.clear()
+            ops_quant.SKINNY_DEPTH.update(base_depth)
+            ops_quant.SKINNY2_CONFIG.pop(("dense", nt), None)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 #      qk_norm_rope_and_cache options and the PDL'd elementwise kernels (contract cases), the
 #      Gemma-4 prologue through core ops and the fused MLP norm (Gemma-4 GPU tests), MiniMax
 #   3. scripts/dense_skinny_bench.py: qwen3-8b's projections, 1-32 rows, cuBLASLt / mma / every
-#      dense skinny form (what ops.DENSE_SKINNY_DEPTH / DENSE_SKINNY2_CONFIG should say)
+#      dense skinny form (the "dense" entries of ops_quant.SKINNY_DEPTH / SKINNY2_CONFIG)
 #   4. atlas bench qwen3-8b at 1,024 tokens, batches 1-32, default against ATLAS_CUDA_GEMM=skinny
 #      (the #21 matrix cells that are under 75%)
 #   5. atlas bench gemma-4-26b-a4b (batches 1, 8, 32) and gemma-4-31b (batch 1) at 1,024 tokens:

@@ -217,7 +217,8 @@ __device__ void qskinny_impl(T* __restrict__ y, const T* __restrict__ x,
     QScale q{nullptr, nullptr, 1, 1, 0};                                                      \
     qskinny_impl<T, 2, NT, D>(y, x, w, q, bias, M, N, K, s);                                  \
   }
-// The dense variants ops.DENSE_SKINNY_DEPTH can pick (policy gemm=skinny; not measured yet).
+// The dense variants the "dense" entries of ops_quant.SKINNY_DEPTH can pick (policy
+// gemm=skinny; not measured yet).
 #define QSKINNY_DENSES(T, S)                                                                  \
   QSKINNY_DENSE(T, S, 1, 1) QSKINNY_DENSE(T, S, 2, 1) QSKINNY_DENSE(T, S, 4, 1)               \
   QSKINNY_DENSE(T, S, 1, 2) QSKINNY_DENSE(T, S, 2, 2) QSKINNY_DENSE(T, S, 4, 2)

@@ -207,7 +207,7 @@ __device__ void qskinny2_impl(T* __restrict__ y, const T* x,
     qskinny2_impl<T, 1, NT, MT, D>(y, x, w, q, bias, M, N, K, s);                             \
   }
 // Weights in the activation dtype (qskinny_dense's ring form; policy gemm=skinny with an
-// ops.DENSE_SKINNY2_CONFIG entry; not measured yet).
+// ops_quant.SKINNY2_CONFIG "dense" entry; not measured yet).
 #define QSKINNY2_DENSE(T, S, NT, MT, D)                                                       \
   extern "C" __global__ void __launch_bounds__(256) qskinny2_dense_##S##_n##NT##_m##MT##_d##D( \
       T* y, const T* x, const unsigned char* w, const T* bias, int M, int N, int K, int s) {  \

@@ -10,21 +10,15 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.context import OpContext, need_vec
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_gemv import GemvOps, gemv_rows
-from atlas_cuda.ops_quant import QuantOps, QuantizedWeight, skinny2_smem, skinny_splits
+from atlas_cuda.ops_quant import QuantOps, QuantizedWeight, launch_skinny
 
 #: (max M, BM, BN, threads, stages) of the tensor-core GEMM tiles, smallest first.
 GEMM_TILES = ((32, 32, 64, 128, 4), (128, 64, 128, 256, 3), (1 << 62, 128, 128, 256, 3))
 #: Rows up to which policy ``gemm=skinny`` serves a bf16 / f16 linear with ``qskinny_dense_*``
 #: (quant_skinny.cu over weights in the activation dtype: 16 weight rows a warp as the mma A
-#: operand, 8 rows of x an n-tile, so 1-8 rows cost one weight read).
+#: operand, 8 rows of x an n-tile, so 1-8 rows cost one weight read). Its forms and depths are
+#: the ``"dense"`` entries of ``ops_quant.SKINNY_DEPTH`` / ``SKINNY2_CONFIG``.
 DENSE_SKINNY_MAX_M = 32
-#: Weight steps in flight a lane by n-tiles (instantiated: 1 and 2). Not measured yet: the
-#: fewest registers where the tile is wide (n4 d1: 166, n1 d2: 128 registers on sm_90a).
-DENSE_SKINNY_DEPTH = {1: 2, 2: 1, 4: 1}
-#: n-tiles -> (weight tiles a warp MT, ring depth D) of ``qskinny2_dense_*`` (the shared-memory
-#: ring form, instantiated for MT 1 and D 3 / 4); an n-tile count missing here takes the
-#: register ring. Empty until scripts/dense_skinny_bench.py has measured both.
-DENSE_SKINNY2_CONFIG: dict[int, tuple[int, int]] = {}
 
 
 def dense_skinny_servable(x: DeviceArray, weight: DeviceArray) -> bool:
@@ -96,7 +90,7 @@ class DenseOps:
             return y
         if (self.ctx.policy.gemm == "skinny" and M <= DENSE_SKINNY_MAX_M
                 and dense_skinny_servable(x, weight)):
-            self._skinny(y, x, weight, bias, M, N, K)
+            launch_skinny(self.ctx, "dense", y, x, weight, (), (), bias, M, N, K)
             return y
         lt = self.ctx.cublaslt()
         if lt is not None and lt(y, x, weight, bias, M, N, K):
@@ -107,28 +101,6 @@ class DenseOps:
         self.ctx.launch(k, (-(-N // bn), -(-M // bm)), threads, y, x, weight, bias, M, N, K,
                         shmem=shmem)
         return y
-
-    def _skinny(self, y: DeviceArray, x: DeviceArray, weight: DeviceArray,
-                bias: DeviceArray | None, M: int, N: int, K: int) -> None:
-        """One ``qskinny_dense_*`` launch: 8 warps a block, each 16 weight rows and a 1/S share
-        of K (:func:`~atlas_cuda.ops_quant.skinny_splits`), ``8 * NT`` rows of x."""
-        ctx = self.ctx
-        v = variant_of(x.dtype)
-        nt = next(t for t in (1, 2, 4) if 8 * t >= M)
-        cfg = DENSE_SKINNY2_CONFIG.get(nt)
-        if cfg is not None:  # the shared-memory ring form, 16 MT weight rows a warp
-            mt, d = cfg
-            s = skinny_splits(N, K, ctx.num_sms, 16 * mt)
-            k = ctx.kernels.kernel("quant_skinny_ring", v, f"qskinny2_dense_{v}_n{nt}_m{mt}_d{d}",
-                                   skinny2_smem("dense", nt, mt, d, 2))
-            ctx.launch(k, -(-(-(-N // (16 * mt))) * s // 8), 256, y, x, weight, bias, M, N, K, s,
-                       shmem=skinny2_smem("dense", nt, mt, d, s), pdl=ctx.pdl)
-            return
-        s = skinny_splits(N, K, ctx.num_sms)
-        name = f"qskinny_dense_{v}_n{nt}_d{DENSE_SKINNY_DEPTH[nt]}"
-        k = ctx.kernels.kernel("quant_skinny", v, name)
-        ctx.launch(k, -(-(-(-N // 16)) * s // 8), 256, y, x, weight, bias, M, N, K, s,
-                   pdl=ctx.pdl)
 
     def add(self, a: DeviceArray, b: DeviceArray) -> DeviceArray:
         if a.size != b.size:

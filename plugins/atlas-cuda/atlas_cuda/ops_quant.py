@@ -55,12 +55,15 @@ QSKINNY_MAX_M = 64
 #: 2026-11-27), us a layer at 1 / 8 / 16 rows, depth 1 / 2 / 3: FP8 69.7 / 76.1 / 72.2 at one
 #: row (more registers cost occupancy); NVFP4 (half the bytes a step) 72.1 / 70.6 / 57.7 at one
 #: row, 61.6 at 8 rows with 3, and 96.0 (1) / 96.9 (3) at 16.
-SKINNY_DEPTH = {("nvfp4", 1): 3, ("nvfp4", 2): 3}
+#: ``dense`` (``qskinny_dense_*``, weights in the activation dtype, policy ``gemm=skinny``): not
+#: measured yet; the fewest registers where the tile is wide (n4 d1: 166, n1 d2: 128 on sm_90a).
+SKINNY_DEPTH = {("nvfp4", 1): 3, ("nvfp4", 2): 3, ("dense", 1): 2}
 #: ``qskinny2_*`` (weights streamed through a per-lane shared-memory ring with cp.async) by
 #: (format, n-tiles): (weight tiles a warp MT, ring depth D). Set from the sweep of
 #: scripts/quant_skinny_bench.py --sweep (docs/benchmarks.md); an entry missing here keeps the
 #: register-ring ``qskinny_*``. The default build instantiates exactly these (QSKINNY2_DEFAULT
-#: in quant_skinny.cu must list the same).
+#: in quant_skinny.cu must list the same). ``dense`` has none until scripts/dense_skinny_bench.py
+#: has measured its ring form (QSKINNY2_DENSES: MT 1, depths 3 and 4).
 SKINNY2_CONFIG: dict[tuple[str, int], tuple[int, int]] = {
     ("fp8", 1): (1, 3), ("fp8", 8): (2, 3),
     ("nvfp4", 2): (2, 4), ("nvfp4", 4): (2, 4), ("nvfp4", 8): (2, 4)}
@@ -149,6 +152,40 @@ def skinny_servable(x: Any, w: QuantizedWeight) -> bool:
     return w.format != "fp8_block" or w.block_size[1] % 128 == 0
 
 
+def launch_skinny(ctx: Any, fmt: str, y: Any, x: Any, data: Any, scale: tuple, extra: tuple,
+                  bias: Any, M: int, N: int, K: int, norm: tuple = ()) -> None:
+    """One ``qskinny*`` launch (``M`` at most :data:`QSKINNY_MAX_M`): 8 warps a block, each
+    ``16 MT`` weight rows (``qskinny2_*``, :data:`SKINNY2_CONFIG`; else 16, ``qskinny_*`` at
+    :data:`SKINNY_DEPTH`) and a 1/S share of K (:func:`skinny_splits`), ``8 * NT`` rows of x.
+    ``fmt``: ``fp8`` / ``nvfp4`` (``scale`` and ``extra``: :func:`kernel_operands`) or ``dense``
+    (weights in the activation dtype, no scales). ``norm``: the ``(r_out, residual,
+    norm_weight, eps, zero_centered)`` of a fused RMSNorm prologue (``*_norm_*`` kernels, at
+    most 8 rows), x then being the rows before the norm."""
+    v = variant_of(x.dtype)
+    nt = next(t for t in (1, 2, 4, 8) if 8 * t >= M)
+    kind = "_norm" if norm else ""
+    xs_bytes = M * K * x.dtype.itemsize if norm else 0
+    cfg = SKINNY2_CONFIG.get((fmt, nt))
+    if cfg is not None:
+        mt, d = cfg
+        s = skinny_splits(N, K, ctx.num_sms, 16 * mt)
+        ring = skinny2_smem(fmt, nt, mt, d, 1)
+        smem = max(ring + xs_bytes, skinny2_smem(fmt, nt, mt, d, s))
+        most = max(ring + SKINNY_NORM_XS if norm else 0,
+                   skinny2_smem(fmt, nt, mt, d, 2))  # the most it ever asks
+        k = ctx.kernels.kernel("quant_skinny_ring", v,
+                               f"qskinny2{kind}_{fmt}_{v}_n{nt}_m{mt}_d{d}", most)
+        ctx.launch(k, -(-(-(-N // (16 * mt))) * s // 8), 256, y, x, data, *scale, bias,
+                   M, N, K, s, *extra, *norm, shmem=smem, pdl=ctx.pdl)
+        return
+    s = skinny_splits(N, K, ctx.num_sms)
+    d = SKINNY_DEPTH.get((fmt, nt), 1)
+    k = ctx.kernels.kernel("quant_skinny", v, f"qskinny{kind}_{fmt}_{v}_n{nt}_d{d}",
+                           SKINNY_NORM_XS if norm else 0)
+    ctx.launch(k, -(-(-(-N // 16)) * s // 8), 256, y, x, data, *scale, bias, M, N, K, s,
+               *extra, *norm, shmem=xs_bytes, pdl=ctx.pdl)
+
+
 def gemm_columns(N: int, num_sms: int) -> int:
     """Column groups of 8 (TN) a warp of the skinny GEMM takes: the most (4, 2, 1) that still
     leave a block per SM."""
@@ -222,37 +259,9 @@ class QuantOps:
 
     def skinny(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
                bias: DeviceArray | None, M: int, N: int, K: int, norm: tuple = ()) -> None:
-        """One ``qskinny*`` launch (``M`` at most :data:`QSKINNY_MAX_M`): 8 warps a block, each
-        ``16 MT`` weight rows (``qskinny2_*``, :data:`SKINNY2_CONFIG`; else 16, ``qskinny_*``)
-        and a 1/S share of K (:func:`skinny_splits`), ``8 * NT`` rows of x. ``norm``: the
-        ``(r_out, residual, norm_weight, eps, zero_centered)`` of a fused RMSNorm prologue
-        (``*_norm_*`` kernels, at most 8 rows), x then being the rows before the norm."""
-        ctx = self.ctx
-        v = variant_of(x.dtype)
+        """One ``qskinny*`` launch over ``w`` (:func:`launch_skinny`)."""
         fmt, scale, extra = kernel_operands(w)
-        nt = next(t for t in (1, 2, 4, 8) if 8 * t >= M)
-        kind = "_norm" if norm else ""
-        xs_bytes = M * K * x.dtype.itemsize if norm else 0
-        cfg = SKINNY2_CONFIG.get((fmt, nt))
-        if cfg is not None:
-            mt, d = cfg
-            s = skinny_splits(N, K, ctx.num_sms, 16 * mt)
-            ring = skinny2_smem(fmt, nt, mt, d, 1)
-            smem = max(ring + xs_bytes, skinny2_smem(fmt, nt, mt, d, s))
-            most = max(ring + SKINNY_NORM_XS if norm else 0,
-                       skinny2_smem(fmt, nt, mt, d, 2))  # the most it ever asks
-            k = ctx.kernels.kernel("quant_skinny_ring", v,
-                                   f"qskinny2{kind}_{fmt}_{v}_n{nt}_m{mt}_d{d}", most)
-            ctx.launch(k, -(-(-(-N // (16 * mt))) * s // 8), 256, y, x, w.data, *scale, bias,
-                       M, N, K, s, *extra, *norm, shmem=smem, pdl=ctx.pdl)
-            return
-        s = skinny_splits(N, K, ctx.num_sms)
-        d = SKINNY_DEPTH.get((fmt, nt), 1)
-        k = ctx.kernels.kernel("quant_skinny", v, f"qskinny{kind}_{fmt}_{v}_n{nt}_d{d}",
-                               SKINNY_NORM_XS if norm else 0)
-        tiles = -(-N // 16)
-        ctx.launch(k, -(-tiles * s // 8), 256, y, x, w.data, *scale, bias, M, N, K, s,
-                   *extra, *norm, shmem=xs_bytes, pdl=ctx.pdl)
+        launch_skinny(self.ctx, fmt, y, x, w.data, scale, extra, bias, M, N, K, norm)
 
     def gemm(self, y: DeviceArray, x: DeviceArray, w: QuantizedWeight,
              bias: DeviceArray | None, M: int, N: int, K: int) -> None:

@@ -27,11 +27,11 @@ def rand(*shape, dtype=bfloat16, scale=1.0):
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_dense_skinny_matches_the_reference(cuda_backend, use_policy, monkeypatch, form, dtype,
                                             m, n, k):
-    from atlas_cuda import ops
+    from atlas_cuda import ops_quant
     use_policy(gemm="skinny")
     if form != "registers":
         for nt in (1, 2, 4):
-            monkeypatch.setitem(ops.DENSE_SKINNY2_CONFIG, nt, (1, int(form[-1])))
+            monkeypatch.setitem(ops_quant.SKINNY2_CONFIG, ("dense", nt), (1, int(form[-1])))
     be = cuda_backend
     x, w, b = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype, scale=k ** -0.5), rand(n, dtype=dtype)
     for bias in (None, b):

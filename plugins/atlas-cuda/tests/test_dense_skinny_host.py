@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from atlas_core.api import as_dtype
-from atlas_cuda import ops
+from atlas_cuda import ops_quant
 from atlas_cuda.ops import DENSE_SKINNY_MAX_M, DenseOps
 from atlas_cuda.ops_quant import skinny_splits
 from atlas_cuda.policy import KernelPolicy, resolve, with_batch_invariance
@@ -69,7 +69,7 @@ def test_the_environment_asks_for_it():
 @pytest.mark.parametrize("m, nt", [(4, 1), (12, 2), (30, 4)])
 @pytest.mark.parametrize("depth", [3, 4])
 def test_a_ring_configuration_takes_the_shared_memory_form(monkeypatch, m, nt, depth):
-    monkeypatch.setitem(ops.DENSE_SKINNY2_CONFIG, nt, (1, depth))
+    monkeypatch.setitem(ops_quant.SKINNY2_CONFIG, ("dense", nt), (1, depth))
     name, grid, shmem, args, pdl = _launch(SKINNY, m, n=4096, k=12288)
     assert name == f"qskinny2_dense_bf16_n{nt}_m1_d{depth}"
     s = skinny_splits(4096, 12288, 132, 16)
