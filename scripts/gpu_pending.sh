@@ -13,6 +13,8 @@
 #   5. atlas bench gemma-4-26b-a4b (batches 1, 8, 32) and gemma-4-31b (batch 1) at 1,024 tokens:
 #      against session 21's 5.40 / 18.90 / 36.23 and 20.75 ms (docs/benchmarks.md)
 #   6. Nemotron: the fused router's GPU tests, nemotron-3-nano batch 1 / 8 with it and without
+#   7. (`gpu_pending.sh 3`, a call of its own) the whole qwen3-8b matrix before / after the PDL
+#      change to the core small kernels, beside the compiled-PyTorch baseline
 # About 15 minutes in all on a fresh machine, more than one call may take: `gpu_pending.sh 1`
 # runs steps 1-4 (the core: dense skinny, contract cases, qwen3-8b), `gpu_pending.sh 2` steps 1
 # and 5-6 plus the family GPU tests (Gemma-4, MiniMax, Nemotron); no argument runs both.
@@ -42,13 +44,15 @@ el installed
 part=${1:-all}
 core() { [[ $part == all || $part == 1 ]]; }
 families() { [[ $part == all || $part == 2 ]]; }
-bench() {  # TAG SECONDS SHAPE BATCHES [ENV=VALUE]
+matrix() { [[ $part == 3 ]]; }
+bench() {  # TAG SECONDS SHAPE BATCHES [ENV=VALUE] [CONTEXTS] [more bench flags]
   local log="$OUT/bench-$1"
   env ${5:-} timeout -s INT "$2" python3 -m atlas_core bench --model "$3" --backend cuda \
-    --batch "$4" --context 1024 --decode-tokens 32 --max-prefill-tokens 2048 \
-    --gpu-memory-utilization 0.9 --json "$log.json" >"$log.log" 2>&1
+    --batch "$4" --context "${6:-1024}" --decode-tokens 32 --max-prefill-tokens 2048 \
+    --gpu-memory-utilization 0.9 --json "$log.json" ${7:-} >"$log.log" 2>&1
   el "$1: exit $?"
-  grep -E "^ +[0-9]+ \| +1024 \| +[0-9.]+ \| +[0-9,.]+ \||matmuls|error|failed" "$log.log" | head -9
+  grep -E "^ +[0-9]+ \| +[0-9]+ \| +[0-9.]+ \| +[0-9,.]+ \||matmuls|error|failed" "$log.log" \
+    | head -40
 }
 if core; then
   timeout -s INT 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
@@ -79,5 +83,17 @@ if families; then
   el "Nemotron GPU tests: $(tail -1 "$OUT/tests-nemotron.log")"
   bench nemotron-two 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=two
   bench nemotron-fused 60 nemotron-3-nano-30b-a3b 1,8 ATLAS_NEMOTRON_ROUTE=fused
+fi
+if matrix; then
+  # 7. The whole qwen3-8b matrix (batches 1-32 x 1k / 8k / 32k, decode at that context) with
+  #    the session's kernel changes against the commit before them (bench_base: `git archive
+  #    82eb737 | tar -x -C bench_base`, carried; reinstalled editable as scripts/ab_trees.sh
+  #    does), beside the compiled-PyTorch baseline, in this one call.
+  bench 8b-matrix-new 280 qwen3-8b 1,2,4,8,16,32 "" 1024,8192,32768 "--baseline compiled"
+  if [[ -d bench_base ]]; then
+    (cd bench_base && python3 -m pip install -q --no-deps --no-build-isolation -e . \
+      -e plugins/atlas-cuda -e plugins/atlas-hopper -e plugins/atlas-qwen3) >>"$OUT/install.log" 2>&1
+    (cd bench_base && bench 8b-matrix-base 200 qwen3-8b 1,2,4,8,16,32 "" 1024,8192,32768)
+  fi
 fi
 el done
