@@ -7,6 +7,9 @@
 struct AttnArgs {
   int num_heads, num_kv_heads, block_size, max_blocks, num_seqs, num_splits;
   float scale_log2, kv_scale;
+  // Sliding window (attn_dec_swa_*): a query at position p sees keys p - window + 1 .. p only;
+  // 0 (every other kernel, which leaves it unset) is the whole causal context.
+  int window;
 };
 
 // Sequence b with cu[b] <= t < cu[b + 1] (binary search over the n sequences' query starts).

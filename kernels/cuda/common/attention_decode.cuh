@@ -241,12 +241,14 @@ __device__ void attn_dec_impl(T* out, float* part_acc, float* part_ml, int* coun
   int n_q = cu_q[b + 1] - cu_q[b], i = t - cu_q[b];
   const int* bt_row = block_tables ? block_tables + (long long)b * a.max_blocks : 0;
   int len = BIDIR ? n_q : (block_tables ? seq_lens[b] - n_q + i : i) + 1;
-  int chunk = (max(len, 1) + a.num_splits - 1) / a.num_splits;
+  // keys lo .. len - 1: all of them, or the last `window` (the blocks before are never read)
+  int lo = !BIDIR && a.window > 0 ? max(0, len - a.window) : 0, span = len - lo;
+  int chunk = (max(span, 1) + a.num_splits - 1) / a.num_splits;
   chunk = (chunk + R - 1) / R * R;
-  int n_act = max(1, (len + chunk - 1) / chunk);
+  int n_act = max(1, (span + chunk - 1) / chunk);
   if (split >= n_act) return;
   profile_stamp(0);
-  int start = split * chunk, end = min(start + chunk, len);
+  int start = lo + split * chunk, end = min(start + chunk, len);
   const T* qrow = q + ((long long)t * H + h0) * D;
   const C* kv_new = 0;  // FUSED: the newest key then value (cache dtype), or none
   bool sub = false;     // FUSED: the newest key/value come from shared memory, not the cache

@@ -27,6 +27,10 @@ FLASH_HEAD_DIMS = (64, 80, 128)
 ROPE_DECODE_HEAD_DIMS = (64, 128)
 ROPE_DECODE_MAX_TOKENS = 8
 FLASH_BM = FLASH_BN = 64
+#: Head dims of the sliding-window decode kernel (``attn_dec_swa_*``, :meth:`window_decode`).
+SWA_HEAD_DIMS = (64, 128, 256)
+
+
 class AttentionOps:
     """Rotary embedding, KV-cache writes, decode (split) and prefill (flash) attention.
 
@@ -309,6 +313,36 @@ class AttentionOps:
         return self._attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                seq_lens.shape[0], num_kv_heads, block_size, max_ctx, scale,
                                kv_scale)
+
+    def window_decode(self, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
+                      block_tables: DeviceArray, seq_lens: DeviceArray,
+                      cu_seqlens_q: DeviceArray, scale: float, window: int) -> DeviceArray | None:
+        """Split decode attention over each query's last ``window`` keys (all of them with 0):
+        ``attn_dec_swa_*``, the paged decode kernel (in-kernel split combine, block-table
+        entries a round ahead) from the window's first key on, so blocks before it are never
+        read. For plugin ops with sliding-window layers (Gemma-2/3/4), at decode and short
+        chunks: None where it does not apply (head dim outside :data:`SWA_HEAD_DIMS`, a cache
+        not in the activation dtype), so the caller keeps its own kernel there."""
+        t, h, d = q.shape
+        _, block_size, kh, _ = k_cache.shape
+        if d not in SWA_HEAD_DIMS or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+            return None
+        out = self.ctx.out(q.shape, q.dtype)
+        if not t or not seq_lens.shape[0]:
+            return out
+        max_ctx = block_tables.shape[1] * block_size
+        if window and window > 0:
+            max_ctx = min(max_ctx, int(window))
+        hb, splits = self._decode_plan(t, h, kh, d, max_ctx)
+        part_acc, part_ml = self._dec_partials(t, h, d, splits)
+        var = variant_of(q.dtype)
+        kern = self.ctx.kernels.kernel("attention_decode", var, f"attn_dec_swa_{var}_d{d}_h{hb}")
+        self.ctx.launch(kern, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
+                        self.ctx.sync_counters(), q, k_cache, v_cache, block_tables, seq_lens,
+                        cu_seqlens_q, h, kh, block_size, block_tables.shape[1],
+                        seq_lens.shape[0], splits, float(scale * LOG2E), 1.0,
+                        int(window) if window and window > 0 else 0, pdl=self.ctx.pdl)
+        return out
 
     def prefill_attention(self, q: DeviceArray, k: DeviceArray, v: DeviceArray,
                           cu_seqlens: DeviceArray, scale: float, *,

@@ -47,4 +47,13 @@ def sliding_window_attention_cases() -> list[OpCase]:
             args = (randn(rng, (int(cu[-1]), heads, head_dim), dtype), randn(rng, cache, dtype),
                     randn(rng, cache, dtype), tables, seq_lens, cu, head_dim ** -0.5, window)
             cases.append(OpCase(f"{dtype}-window{window}", args))
+        # decode-heavy rows at head size 64 (cuda: the core's windowed decode kernel)
+        rng = make_rng("sliding_window_attention-d64", dtype)
+        seq_lens, q_lens = np.array([1, 40, 22, 13], np.int32), np.array([1, 1, 1, 5], np.int32)
+        cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+        tables = rng.permutation(64).reshape(4, 16).astype(np.int32)
+        cache = (64, block_size, kv_heads, 64)
+        args = (randn(rng, (int(cu[-1]), heads, 64), dtype), randn(rng, cache, dtype),
+                randn(rng, cache, dtype), tables, seq_lens, cu, 64 ** -0.5, 8)
+        cases.append(OpCase(f"{dtype}-d64-decode-window8", args))
     return cases

@@ -8,11 +8,13 @@ Same signatures and semantics as :mod:`atlas_gemma4.ops`. Needs atlas-cuda
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from atlas_cuda.array import DeviceArray
+from atlas_cuda.ops_attention import SWA_HEAD_DIMS, AttentionOps
 from atlas_cuda.kernels_loader import variant_of
 
 LOG2E = 1.4426950408889634
@@ -29,6 +31,20 @@ SPLIT_MIN_KEYS, MAX_SPLITS = 64, 32
 MMA_HEAD_DIMS, MMA_ROWS, MMA_HEADS = (64, 128, 256, 512), 64, (16, 8, 4, 2, 1)
 #: Broadcast modes of ``g4_mul`` (``MUL_*`` in gemma4_elementwise.cu).
 MUL_SCALAR, MUL_ROW, MUL_COLUMN, MUL_FULL = 0, 1, 2, 3
+
+
+#: Decode attention at head sizes 64-256: ``auto`` (the core's windowed paged decode kernel) or
+#: ``own`` (this package's ``swa_split`` + ``swa_combine``, as at 512).
+DECODE_ATTENTION_ENV = "ATLAS_GEMMA_DECODE_ATTENTION"
+
+
+def decode_attention() -> str:
+    """The decode attention :data:`DECODE_ATTENTION_ENV` selects (read when a backend binds
+    these ops)."""
+    kind = os.environ.get(DECODE_ATTENTION_ENV, "auto")
+    if kind not in ("auto", "own"):
+        raise ValueError(f"{DECODE_ATTENTION_ENV}={kind!r}: use 'auto' or 'own'")
+    return kind
 
 
 def tile_shmem(head_dim: int, itemsize: int = 4) -> int:
@@ -81,6 +97,7 @@ class Gemma4CudaOps:
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
+        self.decode_attention = decode_attention()
 
     def _grid(self, n: int) -> int:
         return max(1, min(-(-n // 256), 8 * self.ctx.num_sms))
@@ -115,8 +132,9 @@ class Gemma4CudaOps:
                                  window: int, kv_scale: float = 1.0) -> DeviceArray:
         """Prefill-heavy steps (at least 4 query tokens a sequence on average): ``swa_mma``
         (tensor cores) in bf16 / f16 at head sizes 64-512 on sm_80+ unless policy
-        ``attention=simt``, else ``swa_tile``; decode steps: ``swa_split`` (+ ``swa_combine``
-        with several splits)."""
+        ``attention=simt``, else ``swa_tile``; decode steps: the core's windowed paged decode
+        kernel (``attn_dec_swa_*``) at head sizes 64 / 128 / 256, else (512, the others, or
+        ``ATLAS_GEMMA_DECODE_ATTENTION=own``) ``swa_split`` (+ ``swa_combine`` with several splits)."""
         t, h, d = q.shape
         num_seqs = seq_lens.shape[0]
         self._check(q, k_cache, v_cache, kv_scale)
@@ -126,6 +144,12 @@ class Gemma4CudaOps:
         if t >= 4 * num_seqs:
             tile = self._tile_mma if self._use_mma(q) else self._tile
             tile(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
+        elif d in SWA_HEAD_DIMS and self.decode_attention == "auto":
+            # the core's paged decode kernel from the window's first key (in-kernel combine,
+            # block-table entries a round ahead): 19.2 + 12.3 us a layer of swa_split +
+            # swa_combine at d256 (gemma-4-26b-a4b, batch 1, 1k context, H200)
+            return self.ctx.bind(AttentionOps).window_decode(
+                q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
         else:
             self._split(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
                         window)
