@@ -34,7 +34,7 @@ MUL_SCALAR, MUL_ROW, MUL_COLUMN, MUL_FULL = 0, 1, 2, 3
 
 
 #: Decode attention at head sizes 64-256: ``auto`` (the core's windowed paged decode kernel) or
-#: ``own`` (this package's ``swa_split`` + ``swa_combine``, as at 512).
+#: ``own`` (this package's ``swa_split``, as at 512).
 DECODE_ATTENTION_ENV = "ATLAS_GEMMA_DECODE_ATTENTION"
 
 
@@ -134,7 +134,7 @@ class Gemma4CudaOps:
         (tensor cores) in bf16 / f16 at head sizes 64-512 on sm_80+ unless policy
         ``attention=simt``, else ``swa_tile``; decode steps: the core's windowed paged decode
         kernel (``attn_dec_swa_*``) at head sizes 64 / 128 / 256, else (512, the others, or
-        ``ATLAS_GEMMA_DECODE_ATTENTION=own``) ``swa_split`` (+ ``swa_combine`` with several splits)."""
+        ``ATLAS_GEMMA_DECODE_ATTENTION=own``) ``swa_split`` (several splits merged in-kernel by the last block)."""
         t, h, d = q.shape
         num_seqs = seq_lens.shape[0]
         self._check(q, k_cache, v_cache, kv_scale)
@@ -191,12 +191,8 @@ class Gemma4CudaOps:
             part_ml = self.ctx.out((t * h * splits * 2,), np.float32)
         kernel = self.ctx.kernels.kernel("gemma4_attention", var, f"swa_split_{var}_d{d}_h{hb}")
         self.ctx.launch(kernel, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
-                        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, *args,
-                        pdl=self.ctx.pdl)
-        if splits > 1:
-            combine = self.ctx.kernels.kernel("gemma4_attention", var, f"swa_combine_{var}")
-            self.ctx.launch(combine, (t, h), 128, out, part_acc, part_ml, h, d, splits,
-                            pdl=self.ctx.pdl)
+                        self.ctx.sync_counters(), q, k_cache, v_cache, block_tables, seq_lens,
+                        cu_seqlens_q, *args, pdl=self.ctx.pdl)
 
     def _tile(self, out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
               window) -> None:

@@ -5,12 +5,14 @@
 //
 // swa_split: a block per (query token, kv head x head chunk, split); lane groups of LPK lanes
 //   score one key each, EPL dimensions a lane; decode rows and short chunks. With splits > 1
-//   each block leaves its online-softmax partials and swa_combine merges them.
+//   each block leaves its online-softmax partials and the last to finish merges them.
 // swa_tile: a block per (16 (token, head) rows of one sequence, kv head x head chunk); K/V
 //   tiles of BK keys in shared memory serve all 16 rows; prefill chunks in float32 or at small
 //   head sizes.
 // swa_mma (gemma4_attention_mma.cu): swa_tile on tensor cores in bf16 / f16.
 #include "gemma4_attention.cuh"
+// dec_last_split / dec_combine: atlas-cuda's split decode attention
+#include "attention_decode.cuh"
 
 template <int D>
 struct SwaLanes {
@@ -21,9 +23,9 @@ struct SwaLanes {
 };
 
 template <typename T, int D, int HB>
-__device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, const T* q, const T* kc,
-                               const T* vc, const int* block_tables, const int* seq_lens,
-                               const int* cu_q, SwaArgs a) {
+__device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, int* counters, const T* q,
+                               const T* kc, const T* vc, const int* block_tables,
+                               const int* seq_lens, const int* cu_q, SwaArgs a) {
   using L = SwaLanes<D>;
   constexpr int EPL = L::EPL, LPK = L::LPK, NG = L::NG;
   __shared__ float sm_acc[NG][HB][D];
@@ -41,6 +43,15 @@ __device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, const T*
   chunk = (chunk + NG - 1) / NG * NG;
   int start = lo + split * chunk, end = min(start + chunk, pos + 1);
   const int* bt_row = block_tables + (long long)b * a.max_blocks;
+  // U keys a group per round; the cache rows (block-table entries) of the next round load
+  // while this round's K/V do, so a round waits on one memory round trip, not two.
+  constexpr int U = 2;
+  long long row[U];
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    int j = start + u * NG + g;
+    row[u] = j < end ? swa_row(bt_row, j, a.block_size, KH, kh) : -1;
+  }
   float qf[HB][EPL], acc[HB][EPL], m[HB], l[HB];
 #pragma unroll
   for (int hh = 0; hh < HB; hh++) {
@@ -50,23 +61,24 @@ __device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, const T*
     m[hh] = NEG_INF;
     l[hh] = 0.f;
   }
-  // U keys a group per round, all loads issued before the first score.
-  constexpr int U = 2;
   for (int base = start; base < end; base += U * NG) {
     float kf[U][EPL], vf[U][EPL];
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      int j = base + u * NG + g;
-      valid[u] = j < end;
+      valid[u] = row[u] >= 0;
       if (valid[u]) {
-        long long row = swa_row(bt_row, j, a.block_size, KH, kh);
-        swa_load<T, EPL>(kf[u], kc + row * D + dl * EPL);
-        swa_load<T, EPL>(vf[u], vc + row * D + dl * EPL);
+        swa_load<T, EPL>(kf[u], kc + row[u] * D + dl * EPL);
+        swa_load<T, EPL>(vf[u], vc + row[u] * D + dl * EPL);
       } else {
 #pragma unroll
         for (int e = 0; e < EPL; e++) { kf[u][e] = 0.f; vf[u][e] = 0.f; }
       }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int j = base + (U + u) * NG + g;
+      row[u] = j < end ? swa_row(bt_row, j, a.block_size, KH, kh) : -1;
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -93,20 +105,12 @@ __device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, const T*
     if (dl == 0) { sm_m[g][hh] = m[hh]; sm_l[g][hh] = l[hh]; }
   }
   __syncthreads();
+  long long th0 = (long long)t * H + h0;
   for (int idx = threadIdx.x; idx < HB * D; idx += blockDim.x) {
     int hh = idx / D, d = idx % D;
-    float mx = NEG_INF, sum = 0.f, A = 0.f;
-    for (int gg = 0; gg < NG; gg++) mx = fmaxf(mx, sm_m[gg][hh]);
-    if (mx != NEG_INF) {
-      for (int gg = 0; gg < NG; gg++) {
-        float mg = sm_m[gg][hh];
-        if (mg == NEG_INF) continue;
-        float w = exp2f(mg - mx);
-        sum += w * sm_l[gg][hh];
-        A += w * sm_acc[gg][hh][d];
-      }
-    }
-    long long th = (long long)t * H + h0 + hh;
+    float mx, sum, A;
+    attn_group_merge<NG, HB, D>(sm_acc, sm_m, sm_l, hh, d, mx, sum, A);
+    long long th = th0 + hh;
     if (S == 1) {
       out[th * D + d] = from_f32<T>(sum > 0.f ? A / sum : 0.f);
     } else {
@@ -117,31 +121,11 @@ __device__ void swa_split_impl(T* out, float* part_acc, float* part_ml, const T*
       }
     }
   }
-}
-
-// Merge the S split partials of (query token blockIdx.x, head blockIdx.y).
-template <typename T>
-__device__ void swa_combine_impl(T* out, const float* part_acc, const float* part_ml, int H,
-                                 int D, int S) {
-  pdl_trigger();
-  pdl_wait();
-  long long th = (long long)blockIdx.x * H + blockIdx.y;
-  const float* ml = part_ml + th * S * 2;
-  float mx = NEG_INF;
-  for (int s = 0; s < S; s++) mx = fmaxf(mx, ml[2 * s]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float sum = 0.f, A = 0.f;
-    if (mx != NEG_INF) {
-      for (int s = 0; s < S; s++) {
-        float ms = ml[2 * s];
-        if (ms == NEG_INF) continue;
-        float w = exp2f(ms - mx);
-        sum += w * ml[2 * s + 1];
-        A += w * part_acc[(th * S + s) * D + d];
-      }
-    }
-    out[th * D + d] = from_f32<T>(sum > 0.f ? A / sum : 0.f);
-  }
+  // Every split block writes its partials (an empty span leaves max -inf, sum 0); the last
+  // of a (token, head chunk) to finish merges them (the core's dec_combine) and resets its
+  // counter, so no second kernel runs.
+  if (S == 1 || !dec_last_split(counters, t, S)) return;
+  dec_combine<T, D, HB>(out, part_acc, part_ml, th0, S, S, 1.f);
 }
 
 // Shapes of swa_tile: R (token, head) rows a block, BK keys a tile; 8 threads score a row,
@@ -283,11 +267,11 @@ __device__ void swa_tile_impl(T* out, const T* q, const T* kc, const T* vc,
 
 #define SWA_SPLIT(T, S, D, HB)                                                                \
   extern "C" __global__ void __launch_bounds__(128) swa_split_##S##_d##D##_h##HB(            \
-      T* out, float* pa, float* pm, const T* q, const T* k, const T* v, const int* bt,        \
-      const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns, int nsp, int win,  \
-      float sc) {                                                                             \
+      T* out, float* pa, float* pm, int* cnt, const T* q, const T* k, const T* v,             \
+      const int* bt, const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns,     \
+      int nsp, int win, float sc) {                                                           \
     SWA_ARGS;                                                                                 \
-    swa_split_impl<T, D, HB>(out, pa, pm, q, k, v, bt, sl, cu, a);                            \
+    swa_split_impl<T, D, HB>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);                       \
   }
 #define SWA_TILE(T, S, D, HB)                                                                 \
   extern "C" __global__ void __launch_bounds__(128) swa_tile_##S##_d##D##_h##HB(             \
@@ -302,9 +286,5 @@ __device__ void swa_tile_impl(T* out, const T* q, const T* kc, const T* vc,
 #define SWA(T, S)                                                                             \
   SWA_D(T, S, 16) SWA_D(T, S, 32) SWA_D(T, S, 64) SWA_D(T, S, 128) SWA_D(T, S, 256)           \
   SWA_D(T, S, 512) SWA_SPLIT(T, S, 16, 4) SWA_SPLIT(T, S, 32, 4) SWA_SPLIT(T, S, 64, 4)       \
-  SWA_SPLIT(T, S, 128, 4) SWA_SPLIT(T, S, 256, 4)                                             \
-  extern "C" __global__ void swa_combine_##S(T* out, const float* pa, const float* pm, int H, \
-                                             int D, int nsp) {                                \
-    swa_combine_impl<T>(out, pa, pm, H, D, nsp);                                              \
-  }
+  SWA_SPLIT(T, S, 128, 4) SWA_SPLIT(T, S, 256, 4)
 INSTANTIATE(SWA)
