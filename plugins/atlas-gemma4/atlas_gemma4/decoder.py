@@ -49,9 +49,8 @@ class Gemma4Experts:
         logits, _ = ops.rms_norm_linear(hidden, None, params["router.scale"], eps,
                                         params["router.proj.weight"])
         weights, ids = ops.moe_route(logits, self.top_k, True)
-        # weights, ids: [num_tokens, top_k]
-        scales = ops.embedding(ids.reshape(-1), params["router.per_expert_scale"].reshape(-1, 1))
-        weights = ops.mul(weights, scales.reshape(weights.shape))
+        # weights, ids: [num_tokens, top_k]; times the chosen experts' per_expert_scale
+        weights = ops.mul_gathered(weights, ids, params["router.per_expert_scale"])
         return ops.moe_experts(experts_in, params["experts.gate_up_proj"],
                                params["experts.down_proj"], weights, ids, self.activation)
 
@@ -118,14 +117,18 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
         ffn, hidden = self.mlp.forward_prenorm(attn, hidden,
                                                p["pre_feedforward_layernorm.weight"], self.eps,
                                                self.zero_centered, meta)
+        routed = norm1 = norm2 = None
         if self.moe is not None:
-            ffn = self._norm("post_feedforward_layernorm_1", ffn)
             experts_in = self._norm("pre_feedforward_layernorm_2", hidden)
             routed = self.moe(ops, p, hidden, experts_in, self.eps)
-            ffn = ops.add(ffn, self._norm("post_feedforward_layernorm_2", routed))
-        hidden = ops.add(hidden, self._norm("post_feedforward_layernorm", ffn))
-        scalar = self.param("layer_scalar")
-        return (hidden if scalar is None else ops.mul(hidden, scalar)), None
+            norm1 = p["post_feedforward_layernorm_1.weight"]
+            norm2 = p["post_feedforward_layernorm_2.weight"]
+        # the post-feed-forward norms, the residual add and layer_scalar as one op (one kernel
+        # on cuda for six launches), rounding as the separate ops
+        hidden = ops.ffn_out(hidden, ffn, norm1, routed, norm2,
+                             p["post_feedforward_layernorm.weight"], self.param("layer_scalar"),
+                             self.eps, self.zero_centered)
+        return hidden, None
 
     def _norm(self, name: str, x: Any, residual: Any | None = None) -> Any:
         return self.ops.rms_norm(x, self.params[f"{name}.weight"], self.eps, residual,

@@ -57,3 +57,36 @@ def sliding_window_attention_cases() -> list[OpCase]:
                 randn(rng, cache, dtype), tables, seq_lens, cu, 64 ** -0.5, 8)
         cases.append(OpCase(f"{dtype}-d64-decode-window8", args))
     return cases
+
+
+def ffn_out_cases() -> list[OpCase]:
+    """A MoE block's end (two norms, then the post norm), a dense block's, with and without
+    ``layer_scalar``, zero-centred norm weights (Gemma-3), rows of a width past one block's
+    first pass."""
+    cases = []
+    for dtype in DTYPES:
+        for rows, d in ((1, 2816), (5, 384)):
+            rng = make_rng("ffn_out", dtype, rows, d)
+            x = [randn(rng, (rows, d), dtype) for _ in range(3)]
+            w = [randn(rng, (d,), dtype, 0.5) for _ in range(3)]
+            scalar = randn(rng, (1,), dtype)
+            cases.append(OpCase(f"{dtype}-moe-{rows}x{d}",
+                                (x[0], x[1], w[0], x[2], w[1], w[2], scalar, 1e-6)))
+            cases.append(OpCase(f"{dtype}-dense-{rows}x{d}",
+                                (x[0], x[1], None, None, None, w[2], scalar, 1e-6)))
+            cases.append(OpCase(f"{dtype}-gemma3-{rows}x{d}",
+                                (x[0], x[1], None, None, None, w[2], None, 1e-6, True)))
+    return cases
+
+
+def mul_gathered_cases() -> list[OpCase]:
+    """Top-k weights (float32) times a per-expert scale in every dtype."""
+    cases = []
+    for dtype in DTYPES:
+        rng = make_rng("mul_gathered", dtype)
+        for tokens, k, e in ((1, 8, 128), (7, 2, 4)):
+            weights = randn(rng, (tokens, k), "float32")
+            ids = rng.integers(0, e, size=(tokens, k)).astype(np.int32)
+            cases.append(OpCase(f"{dtype}-{tokens}x{k}-of-{e}",
+                                (weights, ids, randn(rng, (e,), dtype))))
+    return cases

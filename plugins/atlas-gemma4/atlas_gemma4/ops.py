@@ -8,7 +8,13 @@
   causal context (Gemma-4's full-attention layers: their 512-wide heads are past core
   ``paged_attention``'s cuda kernels).
 
-None has an unfused definition over core ops; the cuda implementations are in
+- ``ffn_out``: the end of a block after its MLP (and experts) as one op: the post-feed-forward
+  norms, the residual add and ``layer_scalar`` (:func:`ffn_out`), rounding as the separate
+  core ops do.
+- ``mul_gathered``: ``a * table[ids]`` (the router's per-expert scale of the chosen experts).
+
+``ffn_out`` and ``mul_gathered`` are defined over core ops and ``mul`` (their references compose
+them); the others have no unfused definition. The cuda implementations are in
 :mod:`atlas_gemma4.cuda` (``atlas-gemma4[cuda]``). The loaders refuse a backend without them,
 naming the missing ops, before anything is allocated.
 """
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.api import f32
+from atlas_core.api import f32, reference
 
 
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -97,3 +103,43 @@ def sliding_window_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nda
         out[s:e] = np.einsum("hqk,khd->qhd", probs, vh)
     return out.astype(q.dtype)
 
+
+
+def ffn_out(hidden: np.ndarray, ffn: np.ndarray, ffn_weight: np.ndarray | None,
+            routed: np.ndarray | None, routed_weight: np.ndarray | None,
+            post_weight: np.ndarray, scalar: np.ndarray | None, eps: float,
+            zero_centered: bool = False) -> np.ndarray:
+    """The end of a Gemma block after its feed-forward side, as the separate ops compute it:
+    ``f = rms_norm(ffn, ffn_weight) + rms_norm(routed, routed_weight)`` with routed experts
+    (``f = ffn`` without), then ``h = hidden + rms_norm(f, post_weight)``, times ``scalar``
+    (``layer_scalar``) where given; every step stored in ``hidden.dtype``.
+
+    Args:
+        hidden: ``[..., d]`` the residual stream.
+        ffn: ``[..., d]`` the dense MLP's output.
+        ffn_weight, routed_weight: ``[d]`` the post-feed-forward norms 1 and 2 (with ``routed``).
+        routed: ``[..., d]`` the routed experts' output, or None.
+        post_weight: ``[d]`` the post-feed-forward norm.
+        scalar: ``[1]`` or None.
+        eps: norm epsilon.
+        zero_centered: norm weights stored as ``w - 1`` (Gemma-3).
+    """
+    if routed is not None:
+        ffn = reference.add(reference.rms_norm(ffn, ffn_weight, eps, zero_centered=zero_centered),
+                            reference.rms_norm(routed, routed_weight, eps,
+                                               zero_centered=zero_centered))
+    h = reference.add(hidden, reference.rms_norm(ffn, post_weight, eps,
+                                                 zero_centered=zero_centered))
+    return h if scalar is None else mul(h, scalar)
+
+
+def mul_gathered(a: np.ndarray, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """``a * table[ids]`` in float32, stored in ``a.dtype`` (``table`` is rounded to its own
+    dtype first: it is a stored parameter).
+
+    Args:
+        a: any shape (the router's top-k weights ``[num_tokens, top_k]``, float32).
+        ids: int32 of ``a``'s shape, indices into ``table``.
+        table: ``[n]``.
+    """
+    return (f32(a) * f32(table.reshape(-1)[np.asarray(ids, dtype=np.int64)])).astype(a.dtype)

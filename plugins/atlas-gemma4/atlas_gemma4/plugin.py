@@ -21,7 +21,8 @@ _REF = "atlas_gemma4.ops"
 #: The ops Gemma-4 adds; the numpy backend runs their references, the cuda backend the methods
 #: of the same name of :data:`CUDA_OPS`. The loaders refuse a backend with neither.
 OPS = tuple(OpSpec(name, f"{_REF}:{name}", cases=f"atlas_gemma4.gemma4_cases:{name}_cases")
-            for name in ("mul", "softcap", "sliding_window_attention"))
+            for name in ("mul", "softcap", "sliding_window_attention", "ffn_out",
+                         "mul_gathered"))
 CUDA_OPS = "atlas_gemma4.cuda.gemma4_ops:Gemma4CudaOps"
 
 

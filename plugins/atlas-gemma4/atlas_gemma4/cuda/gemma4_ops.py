@@ -29,6 +29,8 @@ SPLIT_MIN_KEYS, MAX_SPLITS = 64, 32
 #: Head sizes, (token, head) rows a block and head chunks of the tensor-core prefill kernel
 #: (``swa_mma``: bf16 / f16, sm_80+).
 MMA_HEAD_DIMS, MMA_ROWS, MMA_HEADS = (64, 128, 256, 512), 64, (16, 8, 4, 2, 1)
+#: Widest row of ``g4_ffn_out`` (1,024 threads of 8 columns).
+FFN_OUT_MAX_D = 8192
 #: Broadcast modes of ``g4_mul`` (``MUL_*`` in gemma4_elementwise.cu).
 MUL_SCALAR, MUL_ROW, MUL_COLUMN, MUL_FULL = 0, 1, 2, 3
 
@@ -123,6 +125,39 @@ class Gemma4CudaOps:
         if x.size:
             self.ctx.launch(self.ctx.kernel("gemma4_elementwise", x.dtype, "g4_softcap"),
                             self._grid(x.size), 256, out, x, float(cap), np.int64(x.size),
+                            pdl=self.ctx.pdl)
+        return out
+
+    def mul_gathered(self, a: DeviceArray, ids: DeviceArray, table: DeviceArray) -> DeviceArray:
+        if a.dtype != np.float32 or ids.dtype != np.int32 or ids.size != a.size:
+            raise TypeError(f"mul_gathered: float32 weights and int32 ids of the same size on "
+                            f"cuda, got {a.dtype} {a.shape} and {ids.dtype} {ids.shape}")
+        out = self.ctx.out(a.shape, np.float32)
+        if a.size:
+            self.ctx.launch(self.ctx.kernel("gemma4_elementwise", table.dtype, "g4_mul_gathered"),
+                            self._grid(a.size), 256, out, a, ids, table, np.int64(a.size),
+                            pdl=self.ctx.pdl)
+        return out
+
+    def ffn_out(self, hidden: DeviceArray, ffn: DeviceArray, ffn_weight: DeviceArray | None,
+                routed: DeviceArray | None, routed_weight: DeviceArray | None,
+                post_weight: DeviceArray, scalar: DeviceArray | None, eps: float,
+                zero_centered: bool = False) -> DeviceArray:
+        """One kernel (``g4_ffn_out``): a block per row, up to :data:`FFN_OUT_MAX_D` columns;
+        six launches of the separate ops (three norms, two adds, the scalar) at a MoE block."""
+        d = hidden.shape[-1]
+        if d % 8 or d > FFN_OUT_MAX_D:
+            raise ValueError(f"ffn_out: hidden size {d} on cuda must be a multiple of 8 up to "
+                             f"{FFN_OUT_MAX_D}")
+        if (routed is None) != (ffn_weight is None) or (routed is None) != (routed_weight is None):
+            raise ValueError("ffn_out: pass routed, ffn_weight and routed_weight together")
+        out = self.ctx.out(hidden.shape, hidden.dtype)
+        rows = hidden.size // d if d else 0
+        if rows:
+            threads = min(1024, max(32, -(-(d // 8) // 32) * 32))
+            self.ctx.launch(self.ctx.kernel("gemma4_elementwise", hidden.dtype, "g4_ffn_out"),
+                            rows, threads, out, hidden, ffn, ffn_weight, routed, routed_weight,
+                            post_weight, scalar, float(eps), d, int(zero_centered),
                             pdl=self.ctx.pdl)
         return out
 
