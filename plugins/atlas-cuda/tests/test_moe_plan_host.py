@@ -171,3 +171,20 @@ def test_moe_fused_policy_is_read_from_the_context(fused, want):
     else:
         ops.rms_norm_moe_block(*args, **shared)
         assert [name for name, *_ in _launches(ops)] == want and not composed
+
+
+@pytest.mark.parametrize("mode,hidden,inter,want", [
+    # auto: the wide kernel where its ceil(hidden / 8) blocks are resident at once (the fake
+    # kernels: two blocks an SM, one for _w4; 132 SMs)
+    ("auto", 2048, 768, "moe_dec_down_w3_bf16"),   # qwen3-30b-a3b: 256 blocks <= 264
+    ("auto", 2816, 704, "moe_dec_down_bf16"),      # gemma-4-26b-a4b: 352 blocks, 1.33 waves
+    ("auto", 2048, 1024, "moe_dec_down_bf16"),     # _w4: 256 blocks > 132
+    ("wide", 2816, 704, "moe_dec_down_w3_bf16"),
+    ("plain", 2048, 768, "moe_dec_down_bf16"),
+    ("auto", 2048, 1536, "moe_dec_down_bf16"),     # more than 4 chunks: never wide
+])
+def test_moe_down_kernel_follows_the_policy_and_the_wave(mode, hidden, inter, want):
+    from atlas_cuda.policy import KernelPolicy
+    ops = MoeOps(fake_context(KernelPolicy(moe_down=mode)))
+    assert ops._down_kernel(1, 8, inter, hidden, "bf16") == want
+    assert ops._down_kernel(2, 8, inter, hidden, "bf16") == "moe_dec_down_bf16"
