@@ -42,8 +42,10 @@ def test_dense_skinny_matches_the_reference(cuda_backend, use_policy, monkeypatc
 
 def test_a_model_decodes_the_same_tokens_with_it(cuda_backend, monkeypatch, tmp_path):
     """Greedy tokens of a tiny bf16 Qwen3 at batch 4 (its decode linears take 4 rows) are those
-    of the default policy: the kernels differ only in summation order, so the top logprobs
-    agree to bf16 noise."""
+    of the default policy up to a near tie: the kernels differ only in summation order, so the
+    top logprobs agree to bf16 noise, and where the two pick different tokens the default's top
+    two were within that noise (from there on the contexts differ, so the sequence ends its
+    comparison; session 22 on an H200 saw one such split in four sequences)."""
     from atlas_core.api import Registry
     from atlas_core.testing.checkpoints import write_tiny_checkpoint
     from atlas_core.testing.gpu import greedy_completions
@@ -56,7 +58,13 @@ def test_a_model_decodes_the_same_tokens_with_it(cuda_backend, monkeypatch, tmp_
     want = greedy_completions(path, "cuda", prompts)
     monkeypatch.setenv("ATLAS_CUDA_GEMM", "skinny")
     got = greedy_completions(path, "cuda", prompts)
+    compared = 0
     for g, w in zip(got, want):
-        assert g.token_ids == w.token_ids
-        for lg, lw in zip(g.logprobs, w.logprobs):
+        for tg, tw, lg, lw in zip(g.token_ids, w.token_ids, g.logprobs, w.logprobs):
+            if tg != tw:
+                top = dict(lw.top)
+                assert tg in top and top[tw] - top[tg] < 0.1, (tg, tw, lw.top)
+                break
             np.testing.assert_allclose([v for _, v in lg.top], [v for _, v in lw.top], atol=0.1)
+            compared += 1
+    assert compared >= 2 * len(prompts)

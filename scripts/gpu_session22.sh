@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call (one H200) for session 22's Gemma decode work, checks first, then the benches:
+#   1. install (.whl wheels with nvmath-python, so cuBLASLt is the baseline; editable packages)
+#   2. GPU tests: Gemma-4 (contract cases incl. ffn_out / mul_gathered / the d64 decode case,
+#      every attention kernel at Gemma-4 shapes incl. the core's attn_dec_swa_*, cuda greedy =
+#      numpy), the dense-skinny model test, the MoE decode tests
+#   3. atlas bench gemma-4-26b-a4b batches 1 / 8 / 32 and gemma-4-31b batch 1 at 1,024 tokens
+#      (session 22 before: 4.68 / 11.55 / 28.84 and 18.77 ms), then batch 1 at 32,768
+#   4. A/Bs at batch 1: ATLAS_CUDA_MOE_DOWN=wide, ATLAS_GEMMA_DECODE_ATTENTION=own
+#   5. the decode timeline of gemma-4-26b-a4b at batch 1 (where the step goes now)
+# Run with carry [".whl", "dev"] (dev/real-models: the chat-template fixtures).
+set -uo pipefail
+OUT=${OUT:-$PWD/s22_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
+[[ -d dev/real-models ]] && export ATLAS_FIXTURES_DIR=$PWD/dev/real-models
+T0=$SECONDS
+el() { echo "[+$((SECONDS - T0))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >"$OUT/wheels.log" 2>&1 || tail -3 "$OUT/wheels.log"
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
+  -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-gemma4 \
+  >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
+el installed
+timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
+  plugins/atlas-cuda/tests/test_dense_skinny_cuda.py -k "gemma or model_decodes" \
+  >"$OUT/tests-gemma.log" 2>&1
+el "GPU tests: $(tail -1 "$OUT/tests-gemma.log")"
+grep -E "^FAILED|Error" "$OUT/tests-gemma.log" | head -12
+bench() {  # TAG SECONDS SHAPE BATCHES CONTEXTS [ENV=VALUE]
+  local log="$OUT/bench-$1"
+  env ${6:-} timeout -s INT "$2" python3 -m atlas_core bench --model "$3" --backend cuda \
+    --batch "$4" --context "$5" --decode-tokens 32 --max-prefill-tokens 2048 \
+    --gpu-memory-utilization 0.9 --json "$log.json" >"$log.log" 2>&1
+  el "$1: exit $?"
+  grep -E "^ +[0-9]+ \| +[0-9]+ \| +[0-9.]+ \| +[0-9,.]+ \||failed|rror" "$log.log" | head -12
+}
+bench gemma26 60 gemma-4-26b-a4b 1,8,32 1024
+bench gemma31 45 gemma-4-31b 1 1024
+bench gemma26-down-wide 40 gemma-4-26b-a4b 1 1024 ATLAS_CUDA_MOE_DOWN=wide
+bench gemma26-attn-own 40 gemma-4-26b-a4b 1 1024 ATLAS_GEMMA_DECODE_ATTENTION=own
+bench gemma26-32k 60 gemma-4-26b-a4b 1 32768
+bench gemma31-32k 60 gemma-4-31b 1 32768
+timeout 90 python3 scripts/decode_timeline.py gemma-4-26b-a4b --prompt 1024 --batch 1 --show 0 \
+  >"$OUT/timeline-gemma26.log" 2>&1
+el "timeline: exit $?"; head -30 "$OUT/timeline-gemma26.log"
+el done
