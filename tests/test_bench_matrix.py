@@ -247,22 +247,39 @@ def test_metrics_expose_decode_step_time_and_floor_fraction():
     assert fraction and 0 < float(fraction[0].split()[1]) < 1
 
 
-def test_a_baseline_that_times_out_keeps_the_cells_it_finished(monkeypatch):
-    import subprocess
+def test_a_baseline_that_times_out_keeps_the_cells_it_finished(monkeypatch, capsys):
+    import sys
 
     from atlas_core.bench import baseline
     done = json.dumps({"cell": {"batch": 1, "context": 64, "tok_s": 100.0}})
+    child = ("import sys, time; print('[compiled baseline] batch 2 at context 64', "
+             f"file=sys.stderr, flush=True); print({done!r}, flush=True); time.sleep(60)")
+    seen = []
 
-    def slow(cmd, **kw):
-        assert cmd[1:3] == ["-m", "atlas_core.bench.torch_baseline"]
-        raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=f"{done}\n")
+    def command(module, spec):
+        seen.append(module)
+        return [sys.executable, "-c", child]
 
-    monkeypatch.setattr(subprocess, "run", slow)
-    result = baseline.run_isolated({}, 5, "atlas_core.bench.torch_baseline",
+    monkeypatch.setattr(baseline, "_command", command)
+    result = baseline.run_isolated({}, 3, "atlas_core.bench.torch_baseline",
                                    "compiled-PyTorch baseline")
+    assert seen == ["atlas_core.bench.torch_baseline"]
     assert result["cells"] == [{"batch": 1, "context": 64, "tok_s": 100.0}]
-    assert result["error"] == ("compiled-PyTorch baseline did not finish in 5 s (1 cells done; "
+    assert result["error"] == ("compiled-PyTorch baseline did not finish in 3 s (1 cells done; "
                                "raise --baseline-timeout)")
+    # the child's progress reached our stderr as it happened, labelled
+    assert ("[compiled-PyTorch baseline] [compiled baseline] batch 2 at context 64"
+            in capsys.readouterr().err)
+
+
+def test_a_failing_baseline_reports_its_last_stderr_line(monkeypatch):
+    import sys
+
+    from atlas_core.bench import baseline
+    child = "import sys; print('first', file=sys.stderr); sys.exit('CUDA out of memory')"
+    monkeypatch.setattr(baseline, "_command", lambda module, spec: [sys.executable, "-c", child])
+    result = baseline.run_isolated({}, 30, label="HF baseline")
+    assert result == {"error": "HF baseline failed (exit 1): CUDA out of memory", "cells": []}
 
 
 def test_read_result_takes_the_final_line_over_partial_cells():

@@ -87,24 +87,53 @@ def read_result(stdout: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]
     return final, cells
 
 
+def _command(module: str, spec: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", module, json.dumps(spec)]
+
+
 def run_isolated(spec: dict[str, Any], timeout: float | None = None,
                  module: str = "atlas_core.bench.baseline",
                  label: str = "HF baseline") -> dict[str, Any]:
     """Run ``python -m module SPEC_JSON`` in a child process and read its result (see
-    :func:`read_result`); on failure or timeout, ``{"error": ..., "cells": [what finished]}``."""
+    :func:`read_result`); on failure, timeout or Ctrl-C, ``{"error": ..., "cells": [what
+    finished]}``. The child's stderr (its progress: which cell it compiles or runs) is passed
+    through line by line, prefixed with ``label``, so a slow baseline shows where it is."""
     import subprocess
-    cmd = [sys.executable, "-m", module, json.dumps(spec)]
-    name = label
+    import threading
+    proc = subprocess.Popen(_command(module, spec), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    out: list[str] = []
+    err: list[str] = []
+
+    def relay() -> None:
+        for line in proc.stderr:
+            err.append(line)
+            del err[:-50]
+            print(f"[{label}] {line.rstrip()}", file=sys.stderr, flush=True)
+
+    threads = [threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True),
+               threading.Thread(target=relay, daemon=True)]
+    for thread in threads:
+        thread.start()
+    stop = None
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        _, cells = read_result(_text(exc.stdout))
-        return {"error": f"{name} did not finish in {timeout:.0f} s ({len(cells)} cells done; "
-                         "raise --baseline-timeout)", "cells": cells}
-    final, cells = read_result(proc.stdout)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop = (f"{label} did not finish in {timeout:.0f} s ({{}} cells done; raise "
+                "--baseline-timeout)")
+    except KeyboardInterrupt:
+        stop = f"{label} interrupted ({{}} cells done)"
+    if stop is not None:
+        proc.kill()
+        proc.wait()
+    for thread in threads:
+        thread.join(timeout=5)
+    final, cells = read_result("".join(out))
+    if stop is not None:
+        return {"error": stop.format(len(cells)), "cells": cells}
     if proc.returncode or final is None:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"{name} failed (exit {proc.returncode}): {tail}", "cells": cells}
+        tail = ("".join(err).strip().splitlines() or ["no output"])[-1]
+        return {"error": f"{label} failed (exit {proc.returncode}): {tail}", "cells": cells}
     return final
 
 
