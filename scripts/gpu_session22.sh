@@ -8,33 +8,44 @@
 #      (session 22 before: 4.68 / 11.55 / 28.84 and 18.77 ms), then batch 1 at 32,768
 #   4. A/Bs at batch 1: ATLAS_CUDA_MOE_DOWN=wide, ATLAS_GEMMA_DECODE_ATTENTION=own
 #   5. the decode timeline of gemma-4-26b-a4b at batch 1 (where the step goes now)
-# Run with carry [".whl", "dev"] (dev/real-models: the chat-template fixtures).
+# Run with carry [".whl", "dev"] (dev/real-models: the chat-template fixtures), as the command
+# itself (no `| tail`: a call cut at its limit loses a pipeline's output). What comes back: at
+# most 8 files, so everything goes to $OUT/session.log (also stdout), the logs of each step to
+# $OUT/logs.tgz and the bench JSONs to $OUT/json.tgz, both written as each step ends.
+# Session 22 ran this at 2fc6bf9 and lost the tests' result (a `| tail` pipeline, cut at the
+# session's last device second); the benches of that run are in docs/benchmarks.md.
 set -uo pipefail
 OUT=${OUT:-$PWD/s22_out}
-mkdir -p "$OUT"
+LOGS=/tmp/s22_logs
+mkdir -p "$OUT" "$LOGS/json"
+exec > >(tee -a "$OUT/session.log") 2>&1
+pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" --exclude json . 2>/dev/null
+         tar czf "$OUT/json.tgz" -C "$LOGS/json" . 2>/dev/null; }
 export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
 [[ -d dev/real-models ]] && export ATLAS_FIXTURES_DIR=$PWD/dev/real-models
 T0=$SECONDS
 el() { echo "[+$((SECONDS - T0))s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl >"$OUT/wheels.log" 2>&1 || tail -3 "$OUT/wheels.log"
+  --target /tmp/site .whl/*.whl >"$LOGS/wheels.log" 2>&1 || tail -3 "$LOGS/wheels.log"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
   -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-gemma4 \
-  >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
+  >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
 el installed
 timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
   plugins/atlas-cuda/tests/test_dense_skinny_cuda.py -k "gemma or model_decodes" \
-  >"$OUT/tests-gemma.log" 2>&1
-el "GPU tests: $(tail -1 "$OUT/tests-gemma.log")"
-grep -E "^FAILED|Error" "$OUT/tests-gemma.log" | head -12
+  >"$LOGS/tests-gemma.log" 2>&1
+el "GPU tests: $(tail -1 "$LOGS/tests-gemma.log")"
+grep -E "^FAILED|Error" "$LOGS/tests-gemma.log" | head -12
+pack
 bench() {  # TAG SECONDS SHAPE BATCHES CONTEXTS [ENV=VALUE]
-  local log="$OUT/bench-$1"
+  local log="$LOGS/bench-$1"
   env ${6:-} timeout -s INT "$2" python3 -m atlas_core bench --model "$3" --backend cuda \
     --batch "$4" --context "$5" --decode-tokens 32 --max-prefill-tokens 2048 \
-    --gpu-memory-utilization 0.9 --json "$log.json" >"$log.log" 2>&1
+    --gpu-memory-utilization 0.9 --json "$LOGS/json/$1.json" >"$log.log" 2>&1
   el "$1: exit $?"
   grep -E "^ +[0-9]+ \| +[0-9]+ \| +[0-9.]+ \| +[0-9,.]+ \||failed|rror" "$log.log" | head -12
+  pack
 }
 bench gemma26 60 gemma-4-26b-a4b 1,8,32 1024
 bench gemma31 45 gemma-4-31b 1 1024
@@ -43,6 +54,7 @@ bench gemma26-attn-own 40 gemma-4-26b-a4b 1 1024 ATLAS_GEMMA_DECODE_ATTENTION=ow
 bench gemma26-32k 60 gemma-4-26b-a4b 1 32768
 bench gemma31-32k 60 gemma-4-31b 1 32768
 timeout 90 python3 scripts/decode_timeline.py gemma-4-26b-a4b --prompt 1024 --batch 1 --show 0 \
-  >"$OUT/timeline-gemma26.log" 2>&1
-el "timeline: exit $?"; head -30 "$OUT/timeline-gemma26.log"
+  >"$LOGS/timeline-gemma26.log" 2>&1
+el "timeline: exit $?"; head -30 "$LOGS/timeline-gemma26.log"
+pack
 el done
