@@ -6,7 +6,9 @@
 #      numpy), the dense-skinny model test, the MoE decode tests
 #   3. atlas bench gemma-4-26b-a4b batches 1 / 8 / 32 and gemma-4-31b batch 1 at 1,024 tokens
 #      (session 22 before: 4.68 / 11.55 / 28.84 and 18.77 ms), then batch 1 at 32,768
-#   4. A/Bs at batch 1: ATLAS_CUDA_MOE_DOWN=wide, ATLAS_GEMMA_DECODE_ATTENTION=own
+#   4. A/Bs at batch 1: ATLAS_CUDA_MOE_DOWN=wide, ATLAS_GEMMA_DECODE_ATTENTION=own, and the
+#      opt-in ATLAS_CUDA_MOE_DOWN=rows (h staged in shared memory) against the default on
+#      gemma-4-26b-a4b, minimax-m2 and qwen3-30b-a3b (make it auto's choice where it wins all)
 #   5. the decode timeline of gemma-4-26b-a4b at batch 1 (where the step goes now)
 # Run with carry [".whl", "dev"] (dev/real-models: the chat-template fixtures), as the command
 # itself (no `| tail`: a call cut at its limit loses a pipeline's output). What comes back: at
@@ -30,10 +32,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
   -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-gemma4 \
-  >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
+  -e plugins/atlas-minimax >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
 el installed
-timeout -s INT 150 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
-  plugins/atlas-cuda/tests/test_dense_skinny_cuda.py -k "gemma or model_decodes" \
+timeout -s INT 170 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
+  plugins/atlas-cuda/tests/test_dense_skinny_cuda.py plugins/atlas-cuda/tests/test_moe_cuda.py \
+  -k "gemma or model_decodes or one_token_down or moe_experts_paths" \
   >"$LOGS/tests-gemma.log" 2>&1
 el "GPU tests: $(tail -1 "$LOGS/tests-gemma.log")"
 grep -E "^FAILED|Error" "$LOGS/tests-gemma.log" | head -12
@@ -51,7 +54,11 @@ bench gemma26 60 gemma-4-26b-a4b 1,8,32 1024
 bench gemma31 45 gemma-4-31b 1 1024
 bench gemma26-down-wide 40 gemma-4-26b-a4b 1 1024 ATLAS_CUDA_MOE_DOWN=wide
 bench gemma26-attn-own 40 gemma-4-26b-a4b 1 1024 ATLAS_GEMMA_DECODE_ATTENTION=own
-bench gemma26-32k 60 gemma-4-26b-a4b 1 32768
+bench gemma26-down-rows 40 gemma-4-26b-a4b 1 1024 ATLAS_CUDA_MOE_DOWN=rows
+bench minimax 40 minimax-m2 1 1024
+bench minimax-down-rows 40 minimax-m2 1 1024 ATLAS_CUDA_MOE_DOWN=rows
+bench qwen30b 40 qwen3-30b-a3b 1 1024
+bench qwen30b-down-rows 40 qwen3-30b-a3b 1 1024 ATLAS_CUDA_MOE_DOWN=rows
 bench gemma31-32k 60 gemma-4-31b 1 32768
 timeout 90 python3 scripts/decode_timeline.py gemma-4-26b-a4b --prompt 1024 --batch 1 --show 0 \
   >"$LOGS/timeline-gemma26.log" 2>&1

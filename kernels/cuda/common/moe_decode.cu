@@ -86,6 +86,98 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
   if (lane == 0) out[(long long)t * H + n] = from_f32<T>(total);
 }
 
+// One token's down rows, DR a warp (policy moe_down=rows; top_k <= 8). Why: the warp-a-row
+// kernels re-read the token's whole float h (top_k x I) for every output row, two 16-byte L1
+// loads per 16 weight bytes, each a dependent round trip (ncu, gemma-4-26b-a4b: 13.5 cycles an
+// issued instruction, 9 of them waiting on L1). Here a block stages h (and the shared expert's
+// hs) in shared memory once, a warp owns DR rows, so each h slice read serves DR weight loads,
+// and the chosen experts, their weights and the first 256 columns of every row are loaded
+// before griddepcontrol.wait (static weights; the router finished before gate_up triggered).
+#define MOE_DOWN_ROWS 2
+template <typename T>
+__device__ void moe_dec_down_rows_impl(T* out, const float* __restrict__ h,
+                                       const float* __restrict__ hs, const T* __restrict__ w,
+                                       const T* __restrict__ ws, const float* weights,
+                                       const int* ids, const float* shared_w, int top_k, int H,
+                                       int I, int Is) {
+  constexpr int DR = MOE_DOWN_ROWS;
+  extern __shared__ float4 sh4[];
+  float* sh = reinterpret_cast<float*>(sh4);
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.y;
+  int n0 = (blockIdx.x * (blockDim.x >> 5) + warp) * DR;
+  int e[8];
+  float wt[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    e[j] = j < top_k ? load_cg(ids + t * top_k + j) : 0;
+    wt[j] = j < top_k ? ms_ldcg(weights + t * top_k + j) : 0.f;
+  }
+  Vec8<T> wv[8][DR];
+  auto issue = [&](int k) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int r = 0; r < DR; r++)
+        if (wt[j] != 0.f && n0 + r < H && k < I)
+          wv[j][r].load(w + ((long long)e[j] * H + n0 + r) * I + k);
+  };
+  issue(lane * 8);
+  pdl_wait();
+  pdl_trigger();
+  const float4* ht = reinterpret_cast<const float4*>(h + (long long)t * top_k * I);
+  for (int i = threadIdx.x; i < top_k * I / 4; i += blockDim.x) sh4[i] = __ldcg(ht + i);
+  if (Is) {
+    const float4* hst = reinterpret_cast<const float4*>(hs + (long long)t * Is);
+    for (int i = threadIdx.x; i < Is / 4; i += blockDim.x) sh4[top_k * I / 4 + i] = __ldcg(hst + i);
+  }
+  __syncthreads();
+  float acc[DR];
+#pragma unroll
+  for (int r = 0; r < DR; r++) acc[r] = 0.f;
+  for (int k = lane * 8; k < I; k += 256) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      if (wt[j] == 0.f || k >= I) continue;
+      float hf[8];
+      const float4* hp = reinterpret_cast<const float4*>(sh + j * I + k);
+      float4 a = hp[0], b = hp[1];
+      hf[0] = a.x; hf[1] = a.y; hf[2] = a.z; hf[3] = a.w;
+      hf[4] = b.x; hf[5] = b.y; hf[6] = b.z; hf[7] = b.w;
+#pragma unroll
+      for (int r = 0; r < DR; r++) {
+        float wf[8], s = 0.f;
+        wv[j][r].to_float(wf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += wf[i] * hf[i];
+        acc[r] += s * wt[j];
+      }
+    }
+    if (k + 256 < I) issue(k + 256);
+  }
+  if (Is) {
+    float sw = shared_w ? shared_w[t] : 1.f;
+    for (int k = lane * 8; k < Is; k += 256) {
+      const float* hp = sh + top_k * I + k;
+#pragma unroll
+      for (int r = 0; r < DR; r++) {
+        if (n0 + r >= H) continue;
+        float wf[8], s = 0.f;
+        Vec8<T> v;
+        v.load(ws + (long long)(n0 + r) * Is + k);
+        v.to_float(wf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += wf[i] * hp[i];
+        acc[r] += sw * s;
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < DR; r++) {
+    float v = warp_sum(acc[r]);
+    if (lane == 0 && n0 + r < H) out[(long long)t * H + n0 + r] = from_f32<T>(v);
+  }
+}
+
 // moe_dec_down_w<NC>: every chosen expert row's loads in flight at once (top_k <= 8,
 // I <= NC * 256; ATLAS_CUDA_MOE_DOWN_WIDE).
 #define MOE_DEC_DOWN_WIDE(T, S, NC)                                                            \
@@ -112,5 +204,10 @@ __device__ void moe_dec_down_impl(T* out, const float* __restrict__ h, const flo
     moe_dec_down_impl<T, 0>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is, pf);                 \
   }                                                                                            \
   MOE_DEC_DOWN_WIDE(T, S, 1) MOE_DEC_DOWN_WIDE(T, S, 2) MOE_DEC_DOWN_WIDE(T, S, 3)             \
-  MOE_DEC_DOWN_WIDE(T, S, 4)
+  MOE_DEC_DOWN_WIDE(T, S, 4)                                                                   \
+  extern "C" __global__ void __launch_bounds__(256, 2) moe_dec_down_rows_##S(T* out,           \
+      const float* h, const float* hs, const T* w, const T* ws, const float* wts,              \
+      const int* ids, const float* sw, int k, int H, int I, int Is, int pf) {                  \
+    moe_dec_down_rows_impl<T>(out, h, hs, w, ws, wts, ids, sw, k, H, I, Is);                    \
+  }
 INSTANTIATE(MOE_DECODE)

@@ -40,6 +40,9 @@ _NORM_SHMEM = 64 << 10
 #: Counter slots (16 bytes each, see :meth:`MoeOps._moe_counter`) of ``moe_router`` and
 #: ``moe_experts1``, one per call in turn.
 _COUNTERS = 64
+#: Output rows a warp of ``moe_dec_down_rows`` (``MOE_DOWN_ROWS`` in moe_decode.cu), and the
+#: most shared memory its staged h may take (two blocks an SM).
+DOWN_ROWS, DOWN_ROWS_MAX_SHMEM = 2, 96 * 1024
 
 
 class MoeOps:
@@ -334,19 +337,30 @@ class MoeOps:
                (-(-max(inter, s_inter) // 8), t * k + (t if s_inter else 0)), 256, h, hs, x,
                w_gate_up, shared_gate_up, ids, weights, t, k, hidden, inter, s_inter, gelu,
                pdl=self.ctx.pdl)
-        name = self._down_kernel(t, k, inter, hidden, v)
-        launch(self.ctx.kernels.kernel("moe_decode", v, name), (-(-hidden // 8), t), 256, out, h, hs, w_down, shared_down, weights, ids, shared_w,
-               k, hidden, inter, s_inter, int(t <= FUSED_MAX_TOKENS), pdl=self.ctx.pdl)
+        name = self._down_kernel(t, k, inter, hidden, v, s_inter)
+        rows, shmem = 8, 0
+        if name.startswith("moe_dec_down_rows"):
+            rows, shmem = 8 * DOWN_ROWS, 4 * (k * inter + s_inter)
+        launch(self.ctx.kernels.kernel("moe_decode", v, name, shmem), (-(-hidden // rows), t),
+               256, out, h, hs, w_down, shared_down, weights, ids, shared_w, k, hidden, inter,
+               s_inter, int(t <= FUSED_MAX_TOKENS), shmem=shmem, pdl=self.ctx.pdl)
         return out
 
-    def _down_kernel(self, t: int, k: int, inter: int, hidden: int, v: str) -> str:
-        """``moe_dec_down_w<chunks>`` (one token, top-k <= 8, I <= 1,024: every expert row's
-        loads in flight at once) where policy ``moe_down`` allows it, else ``moe_dec_down``.
-        ``auto`` takes the wide kernel only where its ``ceil(hidden / 8)`` blocks are resident
-        at once: at 121 registers (``_w3``) two blocks fit an SM, and gemma-4-26b-a4b's 352
-        blocks on 132 SMs ran in 1.33 waves at 26.5 us, 21% of DRAM bandwidth (H200, ncu)."""
+    def _down_kernel(self, t: int, k: int, inter: int, hidden: int, v: str,
+                     s_inter: int = 0) -> str:
+        """The one-token down kernel policy ``moe_down`` picks: ``rows``
+        (``moe_dec_down_rows``: h staged in shared memory, :data:`DOWN_ROWS` rows a warp; bf16 /
+        f16, top-k <= 8, I and the shared expert's width multiples of 8, h within
+        :data:`DOWN_ROWS_MAX_SHMEM`), ``wide`` (``moe_dec_down_w<chunks>``: I <= 1,024, every
+        expert row's loads in flight at once) or ``moe_dec_down``. ``auto`` takes the wide
+        kernel only where its ``ceil(hidden / 8)`` blocks are resident at once: at 121 registers
+        (``_w3``) two blocks fit an SM, and gemma-4-26b-a4b's 352 blocks on 132 SMs ran in 1.33
+        waves at 26.5 us, 21% of DRAM bandwidth (H200, ncu)."""
         chunks, mode = -(-inter // 256), self.ctx.policy.moe_down
-        if not (t == 1 and k <= 8 and chunks <= 4) or mode == "plain":
+        if mode == "rows" and t == 1 and k <= 8 and v in ("bf16", "f16") and not inter % 8 \
+                and not s_inter % 8 and 4 * (k * inter + s_inter) <= DOWN_ROWS_MAX_SHMEM:
+            return f"moe_dec_down_rows_{v}"
+        if not (t == 1 and k <= 8 and chunks <= 4) or mode in ("plain", "rows"):
             return f"moe_dec_down_{v}"
         name = f"moe_dec_down_w{chunks}_{v}"
         if mode == "wide":

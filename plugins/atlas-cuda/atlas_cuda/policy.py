@@ -52,10 +52,11 @@ KNOBS = (
     Knob("moe_fused", "ATLAS_CUDA_MOE_FUSED", ("auto", "1", "0"),
          "moe_block of at most 8 tokens as fused decode kernels: auto (blocks with a shared "
          "expert), 1 (always) or 0 (never)"),
-    Knob("moe_down", "ATLAS_CUDA_MOE_DOWN", ("auto", "wide", "plain"),
+    Knob("moe_down", "ATLAS_CUDA_MOE_DOWN", ("auto", "wide", "plain", "rows"),
          "moe_decode.cu's down kernel for one token: wide (every chosen expert row's loads in "
          "flight at once; 62-173 registers a thread), plain (a loop over 256-column chunks, 38 "
-         "registers) or auto (wide where its blocks fit the GPU in one wave, else plain)"),
+         "registers), rows (the token's h staged in shared memory, two rows a warp; opt-in, not "
+         "yet run on a GPU) or auto (wide where its blocks fit the GPU in one wave, else plain)"),
     Knob("gemv_tile", "ATLAS_CUDA_GEMV_TILE", None,
          "decode GEMV tile: auto (per shape) or g<1|2|4>s<1|2|4|8> (columns per warp, K splits)"),
     Knob("gemv_rows", "ATLAS_CUDA_GEMV_ROWS", None,

@@ -123,6 +123,33 @@ def _moe_ops(be):
     return be.ctx.bind(MoeOps)
 
 
+
+@pytest.mark.parametrize("down", ["auto", "wide", "plain", "rows"])
+@pytest.mark.parametrize("dtype", [bfloat16, np.float16])
+@pytest.mark.parametrize("e,k,hidden,inter", [
+    (16, 8, 2816, 704),   # gemma-4-26b-a4b's widths: auto takes plain (1.33 waves wide)
+    (16, 8, 2048, 768),   # qwen3-30b-a3b's: auto takes wide
+    (16, 8, 3072, 1536),  # minimax-m2's: more than 4 chunks, never wide
+    (8, 2, 136, 48),      # hidden not a multiple of a rows block's 16 rows, I under one chunk
+    (8, 3, 128, 264)])    # I past one 256-column chunk by 8
+def test_one_token_down_kernels(cuda_backend, use_policy, down, dtype, e, k, hidden, inter):
+    """moe_decode.cu's one-token down kernels (policy moe_down) against the reference, eager
+    and replayed in a graph."""
+    use_policy(moe="gemv", moe_down=down)
+    be = cuda_backend
+    x, gu, dn, w, ids = _case(e + k + inter, 1, e, k, hidden, inter, dtype)
+    want = ref.moe_experts(x.astype(np.float32), gu.astype(np.float32), dn.astype(np.float32),
+                           w, ids, "gelu_tanh")
+    dev = [be.from_host(a) for a in (x, gu, dn, w, ids)]
+    be.reset_workspace()
+    eager = be.to_host(be.ops.moe_experts(*dev, "gelu_tanh"))
+    assert _rel_err(eager, want) < 1.5e-2
+    name = _moe_ops(be)._down_kernel(1, k, inter, hidden, "bf16" if dtype == bfloat16 else "f16")
+    assert ("rows" in name) == (down == "rows")
+    graph = be.capture(lambda: be.ops.moe_experts(*dev, "gelu_tanh"))
+    graph.replay()
+    np.testing.assert_array_equal(be.to_host(graph.output), eager)
+
 # One token runs moe_block.cu (its experts as moe_experts1.cu's one kernel where the expert
 # widths are at most 1,024, else mb_gate_up + mb_down); 2 to 8 tokens moe_decode.cu's kernels.
 @pytest.mark.parametrize("fused", ["1", "0"])
