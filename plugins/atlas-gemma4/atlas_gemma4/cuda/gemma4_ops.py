@@ -169,22 +169,24 @@ class Gemma4CudaOps:
         (tensor cores) in bf16 / f16 at head sizes 64-512 on sm_80+ unless policy
         ``attention=simt``, else ``swa_tile``; decode steps: the core's windowed paged decode
         kernel (``attn_dec_swa_*``) at head sizes 64 / 128 / 256, else (512, the others, or
-        ``ATLAS_GEMMA_DECODE_ATTENTION=own``) ``swa_split`` (several splits merged in-kernel by the last block)."""
+        ``ATLAS_GEMMA_DECODE_ATTENTION=own``) ``swa_split`` (several splits merged in-kernel
+        by the last block)."""
         t, h, d = q.shape
         num_seqs = seq_lens.shape[0]
         self._check(q, k_cache, v_cache, kv_scale)
+        decode = t and num_seqs and t < 4 * num_seqs
+        if decode and d in SWA_HEAD_DIMS and self.decode_attention == "auto":
+            # the core's paged decode kernel from the window's first key (in-kernel combine,
+            # block-table entries a round ahead): 3.68 against 3.91 ms a gemma-4-26b-a4b step
+            # with swa_split at batch 1, 1k context (H200, session 22)
+            return self.ctx.bind(AttentionOps).window_decode(
+                q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
         out = self.ctx.out(q.shape, q.dtype)
         if not t or not num_seqs:
             return out
-        if t >= 4 * num_seqs:
+        if not decode:
             tile = self._tile_mma if self._use_mma(q) else self._tile
             tile(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
-        elif d in SWA_HEAD_DIMS and self.decode_attention == "auto":
-            # the core's paged decode kernel from the window's first key (in-kernel combine,
-            # block-table entries a round ahead): 19.2 + 12.3 us a layer of swa_split +
-            # swa_combine at d256 (gemma-4-26b-a4b, batch 1, 1k context, H200)
-            return self.ctx.bind(AttentionOps).window_decode(
-                q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
         else:
             self._split(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
                         window)
