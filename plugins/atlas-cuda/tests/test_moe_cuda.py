@@ -150,6 +150,27 @@ def test_one_token_down_kernels(cuda_backend, use_policy, down, dtype, e, k, hid
     graph.replay()
     np.testing.assert_array_equal(be.to_host(graph.output), eager)
 
+
+@pytest.mark.parametrize("down", ["auto", "plain", "rows"])
+def test_one_token_down_kernels_with_a_shared_expert(cuda_backend, use_policy, down):
+    """The down kernels' shared-expert part (the gated MoE block's experts after its router:
+    h of the chosen experts and hs of the shared one), against the reference in float32."""
+    from atlas_cuda.ops_moe import MoeOps
+    use_policy(moe_down=down)
+    be = cuda_backend
+    e, k, hidden, inter, s_inter = 16, 8, 2048, 512, 512
+    x, gu, dn, w, ids = _case(7, 1, e, k, hidden, inter, bfloat16)
+    rng = np.random.default_rng(8)
+    sgu = (rng.standard_normal((2 * s_inter, hidden)) * hidden ** -0.5).astype(bfloat16)
+    sdn = (rng.standard_normal((hidden, s_inter)) * s_inter ** -0.5).astype(bfloat16)
+    f32 = [a.astype(np.float32) for a in (x, gu, dn, sgu, sdn)]
+    want = ref.moe_experts(f32[0], f32[1], f32[2], w, ids, "silu") + ref.linear(
+        ref.act_and_mul(ref.linear(f32[0], f32[3]), "silu"), f32[4])
+    be.reset_workspace()
+    out = be.ctx.bind(MoeOps)._moe_decode_experts(
+        *(be.from_host(a) for a in (x, gu, dn, w, ids, sgu, sdn)), None, 0)
+    assert _rel_err(be.to_host(out), want) < 1.5e-2
+
 # One token runs moe_block.cu (its experts as moe_experts1.cu's one kernel where the expert
 # widths are at most 1,024, else mb_gate_up + mb_down); 2 to 8 tokens moe_decode.cu's kernels.
 @pytest.mark.parametrize("fused", ["1", "0"])
