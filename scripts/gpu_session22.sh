@@ -9,7 +9,10 @@
 #   4. A/Bs at batch 1: ATLAS_CUDA_MOE_DOWN=wide, ATLAS_GEMMA_DECODE_ATTENTION=own, and the
 #      opt-in ATLAS_CUDA_MOE_DOWN=rows (h staged in shared memory) against the default on
 #      gemma-4-26b-a4b, minimax-m2 and qwen3-30b-a3b (make it auto's choice where it wins all)
-#   5. the decode timeline of gemma-4-26b-a4b at batch 1 (where the step goes now)
+#   5. the decode timeline of gemma-4-26b-a4b at batch 1 (where the step goes now), and ncu's
+#      per-kernel times of qwen3-8b at batch 8, 1,024 tokens (cuBLASLt's kernels included, which
+#      the timeline cannot trace): the #21 cells at 67-73% spend ~146 us a layer against a 98 us
+#      floor, and the timeline put attention + o_proj at 29 us a layer against ~16 us of bytes
 # Run with carry [".whl", "dev"] (dev/real-models: the chat-template fixtures), as the command
 # itself (no `| tail`: a call cut at its limit loses a pipeline's output). What comes back: at
 # most 8 files, so everything goes to $OUT/session.log (also stdout), the logs of each step to
@@ -63,5 +66,9 @@ bench gemma31-32k 60 gemma-4-31b 1 32768
 timeout 90 python3 scripts/decode_timeline.py gemma-4-26b-a4b --prompt 1024 --batch 1 --show 0 \
   >"$LOGS/timeline-gemma26.log" 2>&1
 el "timeline: exit $?"; head -30 "$LOGS/timeline-gemma26.log"
+pack
+OUT=$LOGS BATCH=8 CONTEXT=1024 FIRST=20 PROFILE_TIMEOUT=120 bash scripts/profile_decode.sh qwen3-8b \
+  >/dev/null 2>&1
+el "qwen3-8b batch-8 profile: exit $?"; head -40 "$LOGS/summary-qwen3-8b.txt"
 pack
 el done
