@@ -8,7 +8,8 @@
 #      (session 22 before: 4.68 / 11.55 / 28.84 and 18.77 ms), then batch 1 at 32,768
 #   4. A/Bs at batch 1: ATLAS_CUDA_MOE_DOWN=wide, ATLAS_GEMMA_DECODE_ATTENTION=own, and the
 #      opt-in ATLAS_CUDA_MOE_DOWN=rows (h staged in shared memory) against the default on
-#      gemma-4-26b-a4b, minimax-m2 and qwen3-30b-a3b (make it auto's choice where it wins all)
+#      gemma-4-26b-a4b, minimax-m2 and qwen3-30b-a3b (make it auto's choice where it wins all);
+#      the opt-in ATLAS_CUDA_ROPE=vec (rope_vec.cu) on gemma-4-26b-a4b
 #   5. the decode timeline of gemma-4-26b-a4b at batch 1 (where the step goes now), and ncu's
 #      per-kernel times of qwen3-8b at batch 8, 1,024 tokens (cuBLASLt's kernels included, which
 #      the timeline cannot trace): the #21 cells at 67-73% spend ~146 us a layer against a 98 us
@@ -39,7 +40,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-c
 el installed
 timeout -s INT 170 python3 -m pytest -q -m gpu -p no:cacheprovider plugins/atlas-gemma4/tests \
   plugins/atlas-cuda/tests/test_dense_skinny_cuda.py plugins/atlas-cuda/tests/test_moe_cuda.py \
-  -k "gemma or model_decodes or one_token_down or moe_experts_paths" \
+  plugins/atlas-cuda/tests/test_rope_vec_cuda.py \
+  -k "gemma or model_decodes or one_token_down or moe_experts_paths or rope_vec or rotary" \
   >"$LOGS/tests-gemma.log" 2>&1
 el "GPU tests: $(tail -1 "$LOGS/tests-gemma.log")"
 grep -E "^FAILED|Error" "$LOGS/tests-gemma.log" | head -12
@@ -58,6 +60,7 @@ bench gemma31 45 gemma-4-31b 1 1024
 bench gemma26-down-wide 40 gemma-4-26b-a4b 1 1024 ATLAS_CUDA_MOE_DOWN=wide
 bench gemma26-attn-own 40 gemma-4-26b-a4b 1 1024 ATLAS_GEMMA_DECODE_ATTENTION=own
 bench gemma26-down-rows 40 gemma-4-26b-a4b 1 1024 ATLAS_CUDA_MOE_DOWN=rows
+bench gemma26-rope-vec 40 gemma-4-26b-a4b 1 1024 ATLAS_CUDA_ROPE=vec
 bench minimax 40 minimax-m2 1 1024
 bench minimax-down-rows 40 minimax-m2 1 1024 ATLAS_CUDA_MOE_DOWN=rows
 bench qwen30b 40 qwen3-30b-a3b 1 1024

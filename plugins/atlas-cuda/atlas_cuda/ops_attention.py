@@ -27,6 +27,8 @@ FLASH_HEAD_DIMS = (64, 80, 128)
 ROPE_DECODE_HEAD_DIMS = (64, 128)
 ROPE_DECODE_MAX_TOKENS = 8
 FLASH_BM = FLASH_BN = 64
+#: Head dims of the register-resident rope prologue (``rope_vec.cu``, policy ``rope=vec``).
+ROPE_VEC_HEAD_DIMS = (256, 512)
 #: Head dims of the sliding-window decode kernel (``attn_dec_swa_*``, :meth:`window_decode`).
 SWA_HEAD_DIMS = (64, 128, 256)
 
@@ -58,14 +60,34 @@ class AttentionOps:
                             f"{sorted({str(n.dtype) for n in norms})}; use one of {q.dtype} or "
                             "float32 for all of them")
         vn = () if v_norm is None else (v_norm,)
-        name = ("rope_qkv" + ("_vn" if vn else "") + _cache_suffix(k_out, q)
-                + ("" if norm_dtype == q.dtype else "_nf32"))
-        kern = self.ctx.kernel("rope_cache", q.dtype, name)
+        suffix = (("_vn" if vn else "") + _cache_suffix(k_out, q)
+                  + ("" if norm_dtype == q.dtype else "_nf32"))
+        if self._rope_vec(head_dim, rotary_dim, q, k, v, strides):
+            # rope_vec.cu: a head's elements in a lane's registers (also the v-norm-less form:
+            # its v_norm argument is null)
+            kern = self.ctx.kernel("rope_vec", q.dtype, f"rope_vec{suffix}_d{head_dim}")
+            self.ctx.launch(kern, (t, groups), 32 * warps, q_out, k_out, v_out, q, k, v,
+                            *(np.int64(s) for s in strides), positions, cos_sin_cache, slots,
+                            q_norm, k_norm, v_norm, num_heads, num_kv_heads, head_dim,
+                            int(rotary_dim or head_dim), int(is_neox), float(eps),
+                            float(1.0 / kv_scale), pdl=self.ctx.pdl)
+            return
+        kern = self.ctx.kernel("rope_cache", q.dtype, "rope_qkv" + suffix)
         self.ctx.launch(kern, (t, groups), 32 * warps, q_out, k_out, v_out, q, k, v,
                         *(np.int64(s) for s in strides), positions, cos_sin_cache, slots, q_norm,
                         k_norm, *vn, num_heads, num_kv_heads, head_dim, int(rotary_dim or head_dim),
                         int(is_neox), float(eps), float(1.0 / kv_scale), shmem=warps * head_dim * 4,
                         pdl=self.ctx.pdl)
+
+    def _rope_vec(self, d: int, rotary_dim: int | None, q, k, v, strides) -> bool:
+        """Whether policy ``rope=vec`` takes ``rope_vec.cu`` here: head dims of
+        :data:`ROPE_VEC_HEAD_DIMS`, a rotary width that splits into whole lanes (a multiple of
+        ``2 * d / 32``), 16-byte aligned rows."""
+        if self.ctx.policy.rope != "vec" or d not in ROPE_VEC_HEAD_DIMS:
+            return False
+        rot = int(rotary_dim or d)
+        return (rot % (2 * (d // 32)) == 0 and all(s % 8 == 0 for s in strides)
+                and all(a.ptr % 16 == 0 for a in (q, k, v) if a is not None))
 
     def rotary_embedding(self, q: DeviceArray, k: DeviceArray, positions: DeviceArray,
                          cos_sin_cache: DeviceArray, rotary_dim: int | None = None,
