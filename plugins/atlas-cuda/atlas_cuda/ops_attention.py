@@ -233,20 +233,28 @@ class AttentionOps:
             if d not in NVFP4_HEAD_DIMS:
                 raise ValueError(f"attention: an nvfp4 KV cache needs head_dim in "
                                  f"{NVFP4_HEAD_DIMS} on cuda (got {d})")
-        max_blocks = block_tables.shape[1] if block_tables is not None else 0
-        args = (q, k, v, block_tables, seq_lens, cu_seqlens, h, num_kv_heads, block_size,
-                max_blocks, num_seqs)
+        module, name = (("attention_decode", f"attn_dec{fp8}_{var}_d{d}_h{{hb}}") if causal else
+                        ("attention_bidir", f"attn_bidir_{var}_d{d}_h{{hb}}"))
+        self._split_decode(module, name, out, q, k, v, block_tables, seq_lens, cu_seqlens,
+                           num_seqs, num_kv_heads, block_size, max_ctx, scale, kv_scale)
+        return out
+
+    def _split_decode(self, module: str, name: str, out, q, k, v, block_tables, seq_lens,
+                      cu_seqlens, num_seqs, num_kv_heads, block_size, max_ctx, scale, kv_scale,
+                      *extra) -> None:
+        """Launch a split decode kernel of attention_decode.cuh (``name`` with ``{hb}``, the
+        heads a block, from :meth:`_decode_plan`): grid (token, KV head x head chunk, split),
+        partials and the completion counters of the in-kernel combine; ``extra`` after the
+        common arguments (the window of ``attn_dec_swa_*``)."""
+        t, h, d = q.shape
         hb, splits = self._decode_plan(t, h, num_kv_heads, d, max_ctx)
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
-        if causal:
-            kern = self.ctx.kernels.kernel("attention_decode", var,
-                                           f"attn_dec{fp8}_{var}_d{d}_h{hb}")
-        else:
-            kern = self.ctx.kernels.kernel("attention_bidir", var, f"attn_bidir_{var}_d{d}_h{hb}")
+        kern = self.ctx.kernels.kernel(module, variant_of(q.dtype), name.format(hb=hb))
+        max_blocks = block_tables.shape[1] if block_tables is not None else 0
         self.ctx.launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
-                        part_acc, part_ml, self.ctx.sync_counters(), *args, splits,
-                        float(scale * LOG2E), float(kv_scale), pdl=self.ctx.pdl)
-        return out
+                        part_acc, part_ml, self.ctx.sync_counters(), q, k, v, block_tables,
+                        seq_lens, cu_seqlens, h, num_kv_heads, block_size, max_blocks, num_seqs,
+                        splits, float(scale * LOG2E), float(kv_scale), *extra, pdl=self.ctx.pdl)
 
     def _use_mma_decode(self, q: DeviceArray, k_cache: DeviceArray, h: int, kh: int, d: int,
                         max_ctx: int, t: int = 2) -> bool:
@@ -345,25 +353,20 @@ class AttentionOps:
         read. For plugin ops with sliding-window layers (Gemma-2/3/4), at decode and short
         chunks: None where it does not apply (head dim outside :data:`SWA_HEAD_DIMS`, a cache
         not in the activation dtype), so the caller keeps its own kernel there."""
-        t, h, d = q.shape
+        t, _, d = q.shape
         _, block_size, kh, _ = k_cache.shape
         if d not in SWA_HEAD_DIMS or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
             return None
         out = self.ctx.out(q.shape, q.dtype)
         if not t or not seq_lens.shape[0]:
             return out
+        window = int(window) if window and window > 0 else 0
         max_ctx = block_tables.shape[1] * block_size
-        if window and window > 0:
-            max_ctx = min(max_ctx, int(window))
-        hb, splits = self._decode_plan(t, h, kh, d, max_ctx)
-        part_acc, part_ml = self._dec_partials(t, h, d, splits)
+        max_ctx = min(max_ctx, window) if window else max_ctx
         var = variant_of(q.dtype)
-        kern = self.ctx.kernels.kernel("attention_decode", var, f"attn_dec_swa_{var}_d{d}_h{hb}")
-        self.ctx.launch(kern, (t, kh * (h // kh // hb), splits), 128, out, part_acc, part_ml,
-                        self.ctx.sync_counters(), q, k_cache, v_cache, block_tables, seq_lens,
-                        cu_seqlens_q, h, kh, block_size, block_tables.shape[1],
-                        seq_lens.shape[0], splits, float(scale * LOG2E), 1.0,
-                        int(window) if window and window > 0 else 0, pdl=self.ctx.pdl)
+        self._split_decode("attention_decode", f"attn_dec_swa_{var}_d{d}_h{{hb}}", out, q,
+                           k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                           seq_lens.shape[0], kh, block_size, max_ctx, scale, 1.0, window)
         return out
 
     def prefill_attention(self, q: DeviceArray, k: DeviceArray, v: DeviceArray,

@@ -1,0 +1,39 @@
+"""``AttentionOps.window_decode`` (Gemma's decode attention at head sizes up to 256) launches the
+split decode kernel's windowed entry with the common arguments, without a GPU; its results:
+plugins/atlas-gemma4/tests/test_gemma4_cuda.py."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from atlas_cuda.ops_attention import AttentionOps
+from fake_context import fake_context
+
+
+def _arr(shape, dtype="bfloat16"):
+    from atlas_core.api import as_dtype
+    dt = np.dtype(dtype) if dtype in ("int32", "uint8") else as_dtype(dtype)
+    return SimpleNamespace(shape=tuple(shape), ptr=0, dtype=dt)
+
+
+def test_window_decode_launches_attn_dec_swa_with_the_window_last():
+    ctx = fake_context()
+    ops = AttentionOps(ctx)
+    q, cache = _arr((1, 16, 256)), _arr((64, 16, 8, 256))
+    # a table of 256 blocks (4,096 tokens) and a window of 1,024
+    tables, lens, cu = _arr((1, 256), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
+    out = ops.window_decode(q, cache, cache, tables, lens, cu, 1.0, 1024)
+    name, grid, _, args, pdl = ctx.kernels.launches[-1]
+    assert name.startswith("attn_dec_swa_bf16_d256_h") and pdl
+    assert args[0] is out and args[4] is q and args[-1] == 1024
+    # the split plan sees the window's keys, not the table's
+    hb, splits = ops._decode_plan(1, 16, 8, 256, 1024)
+    assert name.endswith(f"_h{hb}") and grid == (1, 8 * (2 // hb), splits)
+    ops.window_decode(q, cache, cache, tables, lens, cu, 1.0, 0)
+    _, grid, _, args, _ = ctx.kernels.launches[-1]
+    assert args[-1] == 0 and grid[2] == ops._decode_plan(1, 16, 8, 256, 4096)[1]
+    # a 512-wide head, or a cache in another dtype, is the caller's
+    assert ops.window_decode(_arr((1, 4, 512)), _arr((8, 16, 2, 512)), _arr((8, 16, 2, 512)),
+                             tables, lens, cu, 1.0, 0) is None
+    fp8 = _arr((64, 16, 8, 256), "uint8")
+    assert ops.window_decode(q, fp8, fp8, tables, lens, cu, 1.0, 1024) is None
