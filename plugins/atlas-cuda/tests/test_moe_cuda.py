@@ -144,7 +144,9 @@ def test_one_token_down_kernels(cuda_backend, use_policy, down, dtype, e, k, hid
     be.reset_workspace()
     eager = be.to_host(be.ops.moe_experts(*dev, "gelu_tanh"))
     assert _rel_err(eager, want) < 1.5e-2
-    name = _moe_ops(be)._down_kernel(1, k, inter, hidden, "bf16" if dtype == bfloat16 else "f16")
+    from atlas_cuda.ops_moe_decode import MoeDecodeOps
+    name = be.ctx.bind(MoeDecodeOps).down_kernel(1, k, inter, hidden,
+                                                  "bf16" if dtype == bfloat16 else "f16")
     assert ("rows" in name) == (down == "rows")
     graph = be.capture(lambda: be.ops.moe_experts(*dev, "gelu_tanh"))
     graph.replay()
@@ -155,7 +157,7 @@ def test_one_token_down_kernels(cuda_backend, use_policy, down, dtype, e, k, hid
 def test_one_token_down_kernels_with_a_shared_expert(cuda_backend, use_policy, down):
     """The down kernels' shared-expert part (the gated MoE block's experts after its router:
     h of the chosen experts and hs of the shared one), against the reference in float32."""
-    from atlas_cuda.ops_moe import MoeOps
+    from atlas_cuda.ops_moe_decode import MoeDecodeOps
     use_policy(moe_down=down)
     be = cuda_backend
     e, k, hidden, inter, s_inter = 16, 8, 2048, 512, 512
@@ -167,7 +169,7 @@ def test_one_token_down_kernels_with_a_shared_expert(cuda_backend, use_policy, d
     want = ref.moe_experts(f32[0], f32[1], f32[2], w, ids, "silu") + ref.linear(
         ref.act_and_mul(ref.linear(f32[0], f32[3]), "silu"), f32[4])
     be.reset_workspace()
-    out = be.ctx.bind(MoeOps)._moe_decode_experts(
+    out = be.ctx.bind(MoeDecodeOps).experts(
         *(be.from_host(a) for a in (x, gu, dn, w, ids, sgu, sdn)), None, 0)
     assert _rel_err(be.to_host(out), want) < 1.5e-2
 

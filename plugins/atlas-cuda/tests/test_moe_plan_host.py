@@ -189,16 +189,18 @@ def test_moe_fused_policy_is_read_from_the_context(fused, want):
 ])
 def test_moe_down_kernel_follows_the_policy_and_the_wave(mode, hidden, inter, want):
     from atlas_cuda.policy import KernelPolicy
-    ops = MoeOps(fake_context(KernelPolicy(moe_down=mode)))
-    assert ops._down_kernel(1, 8, inter, hidden, "bf16") == want
-    assert ops._down_kernel(2, 8, inter, hidden, "bf16") == "moe_dec_down_bf16"
+    from atlas_cuda.ops_moe_decode import MoeDecodeOps
+    ops = MoeDecodeOps(fake_context(KernelPolicy(moe_down=mode)))
+    assert ops.down_kernel(1, 8, inter, hidden, "bf16") == want
+    assert ops.down_kernel(2, 8, inter, hidden, "bf16") == "moe_dec_down_bf16"
 
 
 def test_moe_down_rows_only_in_two_byte_dtypes_and_with_a_staged_shared_expert():
     from atlas_cuda.policy import KernelPolicy
-    ops = MoeOps(fake_context(KernelPolicy(moe_down="rows")))
-    assert ops._down_kernel(1, 8, 704, 2816, "f16") == "moe_dec_down_rows_f16"
-    assert ops._down_kernel(1, 8, 704, 2816, "f32") == "moe_dec_down_f32"  # f32 would spill
-    assert ops._down_kernel(1, 8, 512, 2048, "bf16", 512) == "moe_dec_down_rows_bf16"
-    assert ops._down_kernel(1, 8, 512, 2048, "bf16", 100) == "moe_dec_down_bf16"
-    assert ops._down_kernel(1, 9, 512, 2048, "bf16") == "moe_dec_down_bf16"
+    from atlas_cuda.ops_moe_decode import MoeDecodeOps
+    ops = MoeDecodeOps(fake_context(KernelPolicy(moe_down="rows")))
+    assert ops.down_kernel(1, 8, 704, 2816, "f16") == "moe_dec_down_rows_f16"
+    assert ops.down_kernel(1, 8, 704, 2816, "f32") == "moe_dec_down_f32"  # f32 would spill
+    assert ops.down_kernel(1, 8, 512, 2048, "bf16", 512) == "moe_dec_down_rows_bf16"
+    assert ops.down_kernel(1, 8, 512, 2048, "bf16", 100) == "moe_dec_down_bf16"
+    assert ops.down_kernel(1, 9, 512, 2048, "bf16") == "moe_dec_down_bf16"
