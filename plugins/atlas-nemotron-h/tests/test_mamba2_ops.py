@@ -216,6 +216,7 @@ def test_router_kernels_by_environment_and_shape(monkeypatch, env, tokens, n_gro
     backend = types.SimpleNamespace(capturing=False, zeros=lambda shape, dtype: out(shape, dtype))
     ctx = types.SimpleNamespace(
         pdl=True, backend=backend, out=out, f32=lambda a: a,
+        sync_counters=lambda: out((8192,), np.int32),
         kernel=lambda module, dtype, name: name,
         launch=lambda k, grid, block, *args, pdl: launches.append((k, grid)))
     ops = moe_ops.NemotronMoeCudaOps(ctx)
