@@ -9,7 +9,12 @@ those bytes at 4.2 TB/s. Block tables are as wide as the context (as in the prof
 Rope + attention (``--rope-attention``: that section only): ``rope_cache_attention`` as the
 rope prologue then attention (its two-op composition) against the fused kernel.
 
-    python scripts/attn_decode_bench.py [--precompile | --rope-attention]
+Tensor-core kernel splits (``--mma-splits``: that section only): ``attn_dec_mma_*`` at qwen3-8b
+heads under forced split counts against the plan's (is the one-wave plan right at batches 2-32,
+1k-8k?), and the windowed decode of gemma-4-26b-a4b's sliding layers (``window_decode``,
+1,024-key window) on the mma kernel against ``attn_dec_swa_*``.
+
+    python scripts/attn_decode_bench.py [--precompile | --rope-attention | --mma-splits]
 """
 
 from __future__ import annotations
@@ -135,6 +140,64 @@ def rope_attention(be, bf16) -> None:
             del kc, vc
 
 
+def _paged(be, bf16, batch, ctx, h, kh, d):
+    width = -(-ctx // BLOCK)
+    kc = be.empty((batch * width, BLOCK, kh, d), bf16)
+    vc = be.empty((batch * width, BLOCK, kh, d), bf16)
+    q = be.empty((batch, h, d), bf16)
+    for i, a in enumerate((kc, vc, q)):
+        be.fill_random(a, 7 + i, 1.0)
+    bt = be.from_host(np.arange(batch * width, dtype=np.int32).reshape(batch, width))
+    sl = be.from_host(np.full(batch, ctx, np.int32))
+    cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
+    return q, kc, vc, bt, sl, cu
+
+
+def mma_splits(be, bf16) -> None:
+    """Forced split counts of the tensor-core decode kernel, and the windowed decode paths."""
+    import dataclasses
+
+    from atlas_cuda import ops_attention
+    from atlas_cuda.attention_plan import mma_decode_plan
+    original = be.policy
+    be.set_policy(dataclasses.replace(original, decode_plan="mma"))
+    h, kh, d = HEADS["qwen3-8b"]
+    print("mma splits | batch | ctx | KV MB | floor us | plan | splits: us ...")
+    try:
+        for batch, ctx in ((1, 1024), (2, 1024), (4, 1024), (8, 1024), (16, 1024), (32, 1024),
+                           (8, 8192), (2, 8192)):
+            q, kc, vc, bt, sl, cu = _paged(be, bf16, batch, ctx, h, kh, d)
+            plan = mma_decode_plan(batch, h, kh, d, ctx, be.num_sms)
+            row = []
+            for splits in (1, 2, 4, 8, 16, 32, 64):
+                if splits > -(-ctx // 64):
+                    break
+                ops_attention.mma_decode_plan = lambda *a, s=splits: (plan[0], s)
+                us = per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu,
+                                                                  d ** -0.5))
+                row.append(f"{splits}: {us:.2f}")
+            ops_attention.mma_decode_plan = mma_decode_plan
+            nbytes = 2 * batch * ctx * kh * d * 2
+            print(f"mma splits | {batch} | {ctx} | {nbytes / 1e6:.1f} | "
+                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | {plan} | " + " | ".join(row))
+            del kc, vc
+    finally:
+        ops_attention.mma_decode_plan = mma_decode_plan
+        be.set_policy(original)
+    from atlas_cuda.ops_attention import AttentionOps
+    print("window decode (16/8/256, window 1,024) | batch | ctx | mma us | swa us")
+    for batch, ctx in ((1, 1024), (1, 4096), (8, 1024), (32, 1024)):
+        q, kc, vc, bt, sl, cu = _paged(be, bf16, batch, ctx, 16, 8, 256)
+        us = []
+        for plan in ("auto", "split"):
+            be.set_policy(dataclasses.replace(original, decode_plan=plan))
+            ops = be.ctx.bind(AttentionOps)
+            us.append(per_op_us(be, lambda: ops.window_decode(q, kc, vc, bt, sl, cu, 1.0, 1024)))
+        be.set_policy(original)
+        print(f"window decode | {batch} | {ctx} | {us[0]:.2f} | {us[1]:.2f}")
+        del kc, vc
+
+
 def sampling(be) -> None:
     print("sample (vocab 151936) | rows | temperature | us")
     vocab = 151936
@@ -177,6 +240,9 @@ def main() -> None:
     be = CudaBackend()
     if "--rope-attention" in sys.argv:
         rope_attention(be, bfloat16)
+        return
+    if "--mma-splits" in sys.argv:
+        mma_splits(be, bfloat16)
         return
     attention(be, bfloat16)
     sweep(be, bfloat16)

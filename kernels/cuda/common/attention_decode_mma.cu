@@ -38,11 +38,14 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
   int n_q = cu_q[b + 1] - cu_q[b], i = t - cu_q[b];
   const int* bt_row = block_tables + (long long)b * a.max_blocks;
   int len = seq_lens[b] - n_q + i + 1;
-  int chunk = (max(len, 1) + a.num_splits - 1) / a.num_splits;
+  // keys lo .. len - 1: all of them, or the last `window` (sliding-window layers; the blocks
+  // before lo are never read, so a window pool may have freed them)
+  int lo = a.window > 0 ? max(0, len - a.window) : 0, span = len - lo;
+  int chunk = (max(span, 1) + a.num_splits - 1) / a.num_splits;
   chunk = (chunk + DM_BN - 1) / DM_BN * DM_BN;
-  int n_act = max(1, (len + chunk - 1) / chunk);
+  int n_act = max(1, (span + chunk - 1) / chunk);
   if (split >= n_act) return;
-  int start = split * chunk, end = min(start + chunk, len);
+  int start = lo + split * chunk, end = min(start + chunk, len);
   int rounds = (end - start + DM_BN - 1) / DM_BN;
 
   // q rows h0 .. h0 + HB - 1 of token t (zeros below), in the first copy group
@@ -177,13 +180,14 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
 }
 
 // attn_dec_mma_<dtype>_d<D>_h<HB>: the arguments of attn_dec_* (paged K/V in the activation
-// dtype only).
+// dtype only), then the window (0: the whole causal context; else each query's last `win` keys,
+// the sliding-window layers of attn_dec_swa_*).
 #define DECM_ONE(T, S, D, HB)                                                                 \
   extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_dec_mma_##S##_d##D##_h##HB( \
       T* out, float* pa, float* pm, int* cnt, const T* q, const T* k, const T* v,             \
       const int* bt, const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns,     \
-      int nsp, float sc, float kvs) {                                                         \
-    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs};                                               \
+      int nsp, float sc, float kvs, int win) {                                                \
+    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs, win};                                          \
     attn_dec_mma_impl<T, D, HB>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);                    \
   }
 #define DECM_D(T, S, D) DECM_ONE(T, S, D, 2) DECM_ONE(T, S, D, 4) DECM_ONE(T, S, D, 8)        \

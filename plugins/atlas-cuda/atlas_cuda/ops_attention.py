@@ -80,10 +80,11 @@ class AttentionOps:
                         pdl=self.ctx.pdl)
 
     def _rope_vec(self, d: int, rotary_dim: int | None, q, k, v, strides) -> bool:
-        """Whether policy ``rope=vec`` takes ``rope_vec.cu`` here: head dims of
-        :data:`ROPE_VEC_HEAD_DIMS`, a rotary width that splits into whole lanes (a multiple of
-        ``2 * d / 32``), 16-byte aligned rows."""
-        if self.ctx.policy.rope != "vec" or d not in ROPE_VEC_HEAD_DIMS:
+        """Whether policy ``rope`` (``vec`` or ``auto``) takes ``rope_vec.cu`` here: head dims
+        of :data:`ROPE_VEC_HEAD_DIMS`, a rotary width that splits into whole lanes (a multiple
+        of ``2 * d / 32``), 16-byte aligned rows. H200 batch 1, 1,024 tokens, gemma-4-26b-a4b
+        (session 23): 3.68 ms a step with the generic kernel, 3.54 with this one."""
+        if self.ctx.policy.rope == "generic" or d not in ROPE_VEC_HEAD_DIMS:
             return False
         rot = int(rotary_dim or d)
         return (rot % (2 * (d // 32)) == 0 and all(s % 8 == 0 for s in strides)
@@ -257,24 +258,27 @@ class AttentionOps:
                         splits, float(scale * LOG2E), float(kv_scale), *extra, pdl=self.ctx.pdl)
 
     def _use_mma_decode(self, q: DeviceArray, k_cache: DeviceArray, h: int, kh: int, d: int,
-                        max_ctx: int, t: int = 2) -> bool:
+                        max_ctx: int, t: int = 2, b1_limit: bool = True) -> bool:
         """The tensor-core decode kernel (attention_decode_mma.cu): policy ``decode_plan`` ``mma``,
         or ``auto`` with more than :data:`MMA_DECODE_MIN_CTX` tokens of cache a sequence (more than
-        :data:`MMA_DECODE_B1_MAX_CTX` for a single query token ``t``), for a
+        :data:`MMA_DECODE_B1_MAX_CTX` for a single query token ``t`` where ``b1_limit``: the
+        fused-rope CUDA-core kernel it stands against there), for a
         bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES` and
         GQA groups of 2-16 query heads (or multiples of 16). Never in batch-invariant mode
         (``attention=simt``): it splits the context as the step's plan says."""
         policy = self.ctx.policy
         if policy.attention == "simt" or policy.decode_plan not in ("auto", "mma"):
             return False
-        if policy.decode_plan == "auto" and (
-                max_ctx <= MMA_DECODE_MIN_CTX or (t == 1 and max_ctx <= MMA_DECODE_B1_MAX_CTX)):
+        if policy.decode_plan == "auto" and (max_ctx <= MMA_DECODE_MIN_CTX or (
+                b1_limit and t == 1 and max_ctx <= MMA_DECODE_B1_MAX_CTX)):
             return False
         return (q.dtype.name in ("bfloat16", "float16") and k_cache.dtype == q.dtype
                 and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh) > 0)
 
     def _mma_decode(self, out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs,
-                    num_kv_heads, block_size, max_ctx, scale, kv_scale) -> None:
+                    num_kv_heads, block_size, max_ctx, scale, kv_scale, window: int = 0) -> None:
+        """``attn_dec_mma_*`` over each query's last ``window`` keys (all of them with 0);
+        ``max_ctx`` the most keys a query reads (the plan's split count)."""
         t, h, d = q.shape
         hb, splits = mma_decode_plan(t, h, num_kv_heads, d, max_ctx, self.ctx.num_sms)
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
@@ -286,7 +290,7 @@ class AttentionOps:
                         part_acc, part_ml, self.ctx.sync_counters(), q, k, v, block_tables,
                         seq_lens, cu_seqlens, h, num_kv_heads, block_size,
                         block_tables.shape[1], num_seqs, splits, float(scale * LOG2E),
-                        float(kv_scale), shmem=shmem, pdl=self.ctx.pdl)
+                        float(kv_scale), int(window), shmem=shmem, pdl=self.ctx.pdl)
 
     def _dec_partials(self, t: int, h: int, d: int, splits: int):
         """The split partials of the decode kernel (accumulators, (max, sum) pairs), or Nones."""
@@ -347,12 +351,15 @@ class AttentionOps:
     def window_decode(self, q: DeviceArray, k_cache: DeviceArray, v_cache: DeviceArray,
                       block_tables: DeviceArray, seq_lens: DeviceArray,
                       cu_seqlens_q: DeviceArray, scale: float, window: int) -> DeviceArray | None:
-        """Split decode attention over each query's last ``window`` keys (all of them with 0):
-        ``attn_dec_swa_*``, the paged decode kernel (in-kernel split combine, block-table
-        entries a round ahead) from the window's first key on, so blocks before it are never
-        read. For plugin ops with sliding-window layers (Gemma-2/3/4), at decode and short
-        chunks: None where it does not apply (head dim outside :data:`SWA_HEAD_DIMS`, a cache
-        not in the activation dtype), so the caller keeps its own kernel there."""
+        """Split decode attention over each query's last ``window`` keys (all of them with 0),
+        from the window's first key on, so blocks before it are never read: the tensor-core
+        kernel (``attn_dec_mma_*``) where :meth:`_use_mma_decode` takes it for the keys a query
+        reads (``min(window, cache width)``; no batch-1 limit, there being no fused-rope kernel
+        to beat here), else ``attn_dec_swa_*``, the CUDA-core paged decode kernel (in-kernel
+        split combine, block-table entries a round ahead). For plugin ops with sliding-window
+        layers (Gemma-2/3/4), at decode and short chunks: None where it does not apply (head
+        dim outside :data:`SWA_HEAD_DIMS`, a cache not in the activation dtype), so the caller
+        keeps its own kernel there."""
         t, _, d = q.shape
         _, block_size, kh, _ = k_cache.shape
         if d not in SWA_HEAD_DIMS or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
@@ -363,6 +370,10 @@ class AttentionOps:
         window = int(window) if window and window > 0 else 0
         max_ctx = block_tables.shape[1] * block_size
         max_ctx = min(max_ctx, window) if window else max_ctx
+        if self._use_mma_decode(q, k_cache, q.shape[1], kh, d, max_ctx, t, b1_limit=False):
+            self._mma_decode(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                             seq_lens.shape[0], kh, block_size, max_ctx, scale, 1.0, window)
+            return out
         var = variant_of(q.dtype)
         self._split_decode("attention_decode", f"attn_dec_swa_{var}_d{d}_h{{hb}}", out, q,
                            k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,

@@ -60,13 +60,16 @@ class MoeDecodeOps:
         (``moe_dec_down_rows``: h staged in shared memory, :data:`DOWN_ROWS` rows a warp; bf16 /
         f16, top-k <= 8, I and the shared expert's width multiples of 8, h within
         :data:`DOWN_ROWS_MAX_SHMEM`), ``wide`` (``moe_dec_down_w<chunks>``: I <= 1,024, every
-        expert row's loads in flight at once) or ``moe_dec_down``. ``auto`` takes the wide
-        kernel only where its ``ceil(hidden / 8)`` blocks are resident at once: at 121 registers
-        (``_w3``) two blocks fit an SM, and gemma-4-26b-a4b's 352 blocks on 132 SMs ran in 1.33
-        waves at 26.5 us, 21% of DRAM bandwidth (H200, ncu)."""
+        expert row's loads in flight at once) or ``moe_dec_down``. ``auto`` takes ``rows``
+        where it applies (H200 batch 1, 1,024 tokens, against the session-22 auto, session 23:
+        gemma-4-26b-a4b 3.68 -> 3.46 ms, minimax-m2 1.10 -> 1.03, qwen3-30b-a3b 2.65 -> 2.65),
+        else the wide kernel only where its ``ceil(hidden / 8)`` blocks are resident at once: at
+        121 registers (``_w3``) two blocks fit an SM, and gemma-4-26b-a4b's 352 blocks on 132
+        SMs ran in 1.33 waves at 26.5 us, 21% of DRAM bandwidth (H200, ncu)."""
         chunks, mode = -(-inter // 256), self.ctx.policy.moe_down
-        if mode == "rows" and t == 1 and k <= 8 and v in ("bf16", "f16") and not inter % 8 \
-                and not s_inter % 8 and 4 * (k * inter + s_inter) <= DOWN_ROWS_MAX_SHMEM:
+        if mode in ("rows", "auto") and t == 1 and k <= 8 and v in ("bf16", "f16") \
+                and not inter % 8 and not s_inter % 8 \
+                and 4 * (k * inter + s_inter) <= DOWN_ROWS_MAX_SHMEM:
             return f"moe_dec_down_rows_{v}"
         if not (t == 1 and k <= 8 and chunks <= 4) or mode in ("plain", "rows"):
             return f"moe_dec_down_{v}"

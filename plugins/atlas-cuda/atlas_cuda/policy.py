@@ -55,13 +55,14 @@ KNOBS = (
     Knob("moe_down", "ATLAS_CUDA_MOE_DOWN", ("auto", "wide", "plain", "rows"),
          "moe_decode.cu's down kernel for one token: wide (every chosen expert row's loads in "
          "flight at once; 62-173 registers a thread), plain (a loop over 256-column chunks, 38 "
-         "registers), rows (the token's h staged in shared memory, two rows a warp; opt-in, not "
-         "yet run on a GPU) or auto (wide where its blocks fit the GPU in one wave, else plain)"),
+         "registers), rows (the token's h staged in shared memory, two rows a warp) or auto (rows "
+         "where it applies: bf16 / f16, top-k <= 8, h within 96 KiB; else wide where its "
+         "blocks fit the GPU in one wave, else plain)"),
     Knob("rope", "ATLAS_CUDA_ROPE", ("auto", "generic", "vec"),
          "the separate q/k-norm + rotary + KV-write kernel: generic (rope_cache.cu, a head 32 "
          "elements at a time through shared memory), vec (rope_vec.cu at head dims 256 / 512: "
-         "a head in registers, cos / sin and norm weights loaded before the PDL wait; opt-in, "
-         "not yet run on a GPU) or auto (generic)"),
+         "a head in registers, cos / sin and norm weights loaded before the PDL wait) or auto "
+         "(vec where it applies, else generic)"),
     Knob("gemv_tile", "ATLAS_CUDA_GEMV_TILE", None,
          "decode GEMV tile: auto (per shape) or g<1|2|4>s<1|2|4|8> (columns per warp, K splits)"),
     Knob("gemv_rows", "ATLAS_CUDA_GEMV_ROWS", None,

@@ -174,14 +174,19 @@ def test_moe_fused_policy_is_read_from_the_context(fused, want):
 
 
 @pytest.mark.parametrize("mode,hidden,inter,want", [
-    # auto: the wide kernel where its ceil(hidden / 8) blocks are resident at once (the fake
+    # auto: rows where it applies (h within its shared-memory budget)
+    ("auto", 2048, 768, "moe_dec_down_rows_bf16"),  # qwen3-30b-a3b
+    ("auto", 2816, 704, "moe_dec_down_rows_bf16"),  # gemma-4-26b-a4b
+    ("auto", 3072, 1536, "moe_dec_down_rows_bf16"),  # minimax-m2
+    # else the wide kernel where its ceil(hidden / 8) blocks are resident at once (the fake
     # kernels: two blocks an SM, one for _w4; 132 SMs)
-    ("auto", 2048, 768, "moe_dec_down_w3_bf16"),   # qwen3-30b-a3b: 256 blocks <= 264
-    ("auto", 2816, 704, "moe_dec_down_bf16"),      # gemma-4-26b-a4b: 352 blocks, 1.33 waves
-    ("auto", 2048, 1024, "moe_dec_down_bf16"),     # _w4: 256 blocks > 132
+    # (I = 764: not a multiple of 8, so no rows)
+    ("auto", 2048, 764, "moe_dec_down_w3_bf16"),    # 256 blocks <= 264
+    ("auto", 2816, 764, "moe_dec_down_bf16"),       # 352 blocks, 1.33 waves
+    ("auto", 2048, 1020, "moe_dec_down_bf16"),      # _w4: 256 blocks > 132
+    ("auto", 2048, 3080, "moe_dec_down_bf16"),      # h past the budget, more than 4 chunks
     ("wide", 2816, 704, "moe_dec_down_w3_bf16"),
     ("plain", 2048, 768, "moe_dec_down_bf16"),
-    ("auto", 2048, 1536, "moe_dec_down_bf16"),     # more than 4 chunks: never wide
     ("rows", 2816, 704, "moe_dec_down_rows_bf16"),
     ("rows", 3072, 1536, "moe_dec_down_rows_bf16"),
     ("rows", 2048, 4096, "moe_dec_down_bf16"),     # h past the shared-memory budget

@@ -21,7 +21,8 @@ def _arr(shape, ptr=0, dtype="bfloat16"):
     ("vec", 128, None, 0, False),      # not a vec head dim
     ("vec", 256, 100, 0, False),       # a rotary width that does not split into whole lanes
     ("vec", 256, None, 8, False),      # rows not 16-byte aligned
-    ("auto", 256, None, 0, False), ("generic", 512, None, 0, False)])
+    ("auto", 256, None, 0, True), ("auto", 128, None, 0, False),
+    ("generic", 512, None, 0, False)])
 def test_rope_vec_choice(rope, d, rot, ptr, want):
     ops = AttentionOps(fake_context(KernelPolicy(rope=rope)))
     q, k = _arr((3, 4, d)), _arr((3, 2, d), ptr)

@@ -1,12 +1,14 @@
 """``AttentionOps.window_decode`` (Gemma's decode attention at head sizes up to 256) launches the
-split decode kernel's windowed entry with the common arguments, without a GPU; its results:
-plugins/atlas-gemma4/tests/test_gemma4_cuda.py."""
+tensor-core decode kernel or the split decode kernel's windowed entry with the common arguments,
+the window last, without a GPU; its results: plugins/atlas-gemma4/tests/test_gemma4_cuda.py."""
 
 from types import SimpleNamespace
 
 import numpy as np
 
+from atlas_cuda.attention_plan import mma_decode_plan
 from atlas_cuda.ops_attention import AttentionOps
+from atlas_cuda.policy import KernelPolicy
 from fake_context import fake_context
 
 
@@ -16,8 +18,25 @@ def _arr(shape, dtype="bfloat16"):
     return SimpleNamespace(shape=tuple(shape), ptr=0, dtype=dt)
 
 
-def test_window_decode_launches_attn_dec_swa_with_the_window_last():
+def test_window_decode_takes_the_mma_kernel_over_the_window():
+    """bf16 at batch 1 over a 1,024-key window: ``attn_dec_mma_*`` (no batch-1 limit here), its
+    plan from the window's keys; a window of 512 keys or fewer keeps ``attn_dec_swa_*``."""
     ctx = fake_context()
+    ops = AttentionOps(ctx)
+    q, cache = _arr((1, 16, 256)), _arr((64, 16, 8, 256))
+    tables, lens, cu = _arr((1, 256), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
+    out = ops.window_decode(q, cache, cache, tables, lens, cu, 1.0, 1024)
+    name, grid, _, args, pdl = ctx.kernels.launches[-1]
+    hb, splits = mma_decode_plan(1, 16, 8, 256, 1024, ctx.num_sms)
+    assert name == f"attn_dec_mma_bf16_d256_h{hb}" and pdl
+    assert args[0] is out and args[4] is q and args[-1] == 1024
+    assert grid == (1, 8 * (2 // hb), splits)
+    ops.window_decode(q, cache, cache, tables, lens, cu, 1.0, 512)
+    assert ctx.kernels.launches[-1][0].startswith("attn_dec_swa_bf16_d256_h")
+
+
+def test_window_decode_launches_attn_dec_swa_with_the_window_last():
+    ctx = fake_context(KernelPolicy(decode_plan="split"))
     ops = AttentionOps(ctx)
     q, cache = _arr((1, 16, 256)), _arr((64, 16, 8, 256))
     # a table of 256 blocks (4,096 tokens) and a window of 1,024
