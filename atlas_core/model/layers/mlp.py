@@ -49,7 +49,7 @@ class GatedMLP(Module, TransformerLayer):
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         act = self.ops.linear_act_and_mul(hidden, self.params["gate_up_proj.weight"],
                                           self.param("gate_up_proj.bias"), self.activation)
-        return self._down(act), residual
+        return self.down(act), residual
 
     def forward_prenorm(self, hidden: Any, residual: Any | None, norm_weight: Any, eps: float,
                         zero_centered: bool, meta: StepMetadata) -> tuple[Any, Any]:
@@ -59,7 +59,10 @@ class GatedMLP(Module, TransformerLayer):
         act, residual = self.ops.rms_norm_linear(
             hidden, residual, norm_weight, eps, self.params["gate_up_proj.weight"],
             self.param("gate_up_proj.bias"), zero_centered, self.activation)
-        return self._down(act), residual
+        return self.down(act), residual
 
-    def _down(self, act: Any) -> Any:
+    def down(self, act: Any) -> Any:
+        """The down projection (with its bias) of the activated gate/up ``act``
+        ``[..., intermediate_size]``: for a caller that computed ``act`` itself (Gemma's
+        ``ffn_in``, which folds the block's norms into the gate/up projection)."""
         return self.ops.linear(act, self.params["down_proj.weight"], self.param("down_proj.bias"))

@@ -3,6 +3,8 @@
 //   gemvn_norm_*_m{MT}_g{G}      y = rms_norm(x (+ residual)) @ W^T (+ bias)   (rms_norm_linear)
 //   gemvn_norm_act_*_m{MT}_g{G}  y = act(h @ Wg^T + bg) * (h @ Wu^T + bu), h the normed rows, for
 //                                W = [Wg; Wu] (the gated MLP's gate_up after its pre-norm)
+//   gemvn_norm2_act_*_m{MT}_g1   the same after x's own norm: h = rms_norm(rms_norm(x, xnw) + res),
+//                                block 0 also writing rms_norm(that sum, nw2) (Gemma's ffn_in)
 // 256 threads = 8 warps. S (runtime: 1, 2, 4 or 8) warps share a group of G output columns,
 // splitting K chunk by chunk (chunk = 256 elements, a lane's 16 bytes each) and summing through
 // shared memory; a block covers 8 / S * G columns. Each lane keeps a group of chunks of every row
@@ -37,11 +39,12 @@ __device__ __forceinline__ void gemvn_load(Vec8<T> (&wv)[R][CH], const T* const 
   }
 }
 
-template <typename T, int MT, int G, bool PAIR, bool NORM, bool PRE2 = false>
+template <typename T, int MT, int G, bool PAIR, bool NORM, bool PRE2 = false, bool NORM2 = false>
 __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, const T* residual,
                            const T* nw, float eps, int zc, const T* __restrict__ w,
                            const T* __restrict__ bias, int M, int N, int K, int m0, int S,
-                           int pf, int gelu) {
+                           int pf, int gelu, const T* xnw = nullptr, T* h2_out = nullptr,
+                           const T* nw2 = nullptr) {
   constexpr int R = PAIR ? 2 * G : G, CH = R >= 4 ? 2 : 4;
   extern __shared__ __align__(16) unsigned char gemvn_smem[];
   __shared__ float red[8 * R * MT];
@@ -70,7 +73,8 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
   const T* xb = x + (long long)m0 * K;
   if (NORM) {
     T* xs = reinterpret_cast<T*>(gemvn_smem);
-    norm_rows_to_shared<T, MT>(xs, r_out, h_out, x, residual, nw, eps, zc, M, K, m0, &nwp);
+    norm_rows_to_shared<T, MT, NORM2>(xs, r_out, h_out, x, residual, nw, eps, zc, M, K, m0,
+                                      &nwp, xnw, h2_out, nw2);
     xb = xs;
   }
   float acc[R][MT];
@@ -171,6 +175,17 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
     gemvn_impl<T, MT, G, true, true>(y, r, hn, x, res, nw, eps, zc, w, bias, M, N, K, m0, s,  \
                                      pf, gelu);                                               \
   }
+// norm2_act (Gemma's ffn_in): x (the attention output) normed with its own weight xnw first,
+// then as norm_act; block 0 also writes rms_norm(x' + res, nw2) (the experts' input) into h2
+#define GEMVN_NORM2(T, S, MT, G)                                                              \
+  extern "C" __global__ void __launch_bounds__(256) gemvn_norm2_act_##S##_m##MT##_g##G(      \
+      T* y, T* r, T* h2, const T* x, const T* res, const T* xnw, const T* nw, const T* nw2,   \
+      float eps, int zc, const T* w, const T* bias, int M, int N, int K, int m0, int s,       \
+      int pf, int gelu) {                                                                     \
+    gemvn_impl<T, MT, G, true, true, false, true>(y, r, nullptr, x, res, nw, eps, zc, w,      \
+                                                  bias, M, N, K, m0, s, pf, gelu, xnw, h2,    \
+                                                  nw2);                                       \
+  }
 // _p2: one row of x, two weight groups loaded before the wait (after a latency-bound kernel)
 #define GEMVN_P2(T, S, G)                                                                     \
   extern "C" __global__ void __launch_bounds__(256) gemvn_p2_##S##_m1_g##G(                  \
@@ -182,7 +197,15 @@ __device__ void gemvn_impl(T* __restrict__ y, T* r_out, T* h_out, const T* x, co
 #define GEMVN_MT(T, S, MT)                                                                    \
   GEMVN(T, S, MT, 1) GEMVN(T, S, MT, 2) GEMVN(T, S, MT, 4)                                    \
   GEMVN_NORM(T, S, MT, 1) GEMVN_NORM(T, S, MT, 2) GEMVN_NORM_ONLY(T, S, MT, 4)
+// norm2_act: one column a warp only (what gemv_tile gives a gated GEMV; fewer kernels to
+// build), m1-m8 in the 2-byte types, m1 only in float (its m2-m8 spill 12-24 bytes; float
+// models are the tests', one row a tile at the default gemv_rows)
+#define GEMVN_NORM2_ROWS_bf16(T, S)                                                           \
+  GEMVN_NORM2(T, S, 2, 1) GEMVN_NORM2(T, S, 4, 1) GEMVN_NORM2(T, S, 8, 1)
+#define GEMVN_NORM2_ROWS_f16(T, S) GEMVN_NORM2_ROWS_bf16(T, S)
+#define GEMVN_NORM2_ROWS_f32(T, S)
 #define GEMVNS(T, S)                                                                          \
   GEMVN_MT(T, S, 1) GEMVN_MT(T, S, 2) GEMVN_MT(T, S, 4) GEMVN_MT(T, S, 8)                     \
-  GEMVN_P2(T, S, 1) GEMVN_P2(T, S, 2) GEMVN_P2(T, S, 4)
+  GEMVN_P2(T, S, 1) GEMVN_P2(T, S, 2) GEMVN_P2(T, S, 4)                                       \
+  GEMVN_NORM2(T, S, 1, 1) GEMVN_NORM2_ROWS_##S(T, S)
 INSTANTIATE(GEMVNS)

@@ -1,5 +1,6 @@
-"""Decode GEMVs of the cuda backend (at most 8 rows of ``x``): ``linear``'s small-M path and the
-fused ``rms_norm_linear`` (``kernels/cuda/common/gemv_norm.cu``)."""
+"""Decode GEMVs of the cuda backend (at most 8 rows of ``x``): ``linear``'s small-M path, the
+fused ``rms_norm_linear`` and the two-norm gated GEMV of Gemma's ``ffn_in``
+(``kernels/cuda/common/gemv_norm.cu``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ _LATENCY_BOUND_MODULES = frozenset({"attention_rope_decode", "attention_decode",
 _WIDE_N = 16384
 #: Weights (N * K) up to which the fused norm GEMV takes four columns per warp.
 _SMALL_NORM_GEMV = 12 << 20
+#: Widest row of the norm prologue's one-pass path (``norm_rows.cuh``: 8 * ``NORM_KC`` * 256
+#: threads), the only path of ``gemvn_norm2_act``.
+NORM_ONE_PASS_K = 8192
+#: Gated activations of ``gemvn_norm2_act`` (its ``gelu`` flag: not ``silu``).
+_GATED = ("silu", "gelu_tanh", "gelu_pytorch_tanh")
 
 
 def gemv_rows(policy: Any) -> int:
@@ -177,3 +183,46 @@ class GemvOps:
                        float(eps), int(zero_centered), weight, bias, M, n, K, m0, s, 0, *extra,
                        shmem=shmem, pdl=ctx.pdl)
         return y, r, h
+
+    def norm2_gemv_fusable(self, x, residual, x_weight, norm_weight, norm2_weight, weight, bias,
+                           activation) -> bool:
+        """Whether ``gemvn_norm2_act`` serves :meth:`norm2_gemv`'s operands: a gated activation,
+        a residual of x's shape, a plain (not quantized) weight, those of
+        :meth:`norm_gemv_fusable`, K within the one-pass prologue (:data:`NORM_ONE_PASS_K`),
+        ``x_weight`` and ``norm2_weight`` (None: not written) and ``bias`` in x's dtype, the
+        weights 16-byte aligned; float32 one row only (its kernels of 2-8 rows are not built)."""
+        if (activation not in _GATED or residual is None or x_weight is None
+                or isinstance(weight, QuantizedWeight) or weight.shape[0] % 2):
+            return False
+        K = x.shape[-1]
+        return (self.norm_gemv_fusable(x, residual, norm_weight, weight)
+                and K <= NORM_ONE_PASS_K and residual.shape == x.shape
+                and (x.dtype.itemsize == 2 or x.size == K)
+                and (bias is None or bias.dtype == x.dtype)
+                and all(w is None or (w.dtype == x.dtype and w.ptr % 16 == 0)
+                        for w in (x_weight, norm2_weight)))
+
+    def norm2_gemv(self, x, residual, x_weight, norm_weight, norm2_weight, eps, weight, bias,
+                   zero_centered, activation):
+        """One ``gemvn_norm2_act`` launch per row tile (see :meth:`norm2_gemv_fusable`):
+        ``h = rms_norm(x, x_weight) + residual``, then ``(act(gate(n)) * up(n), h,
+        rms_norm(h, norm2_weight) or None)`` for ``n = rms_norm(h, norm_weight)`` and
+        ``weight`` = ``[gate; up]``; every step rounded as the separate ops store it, the two
+        norms of ``h`` written by block 0. One column a warp (the only tile built; a forced
+        ``gemv_tile`` sets the K splits only)."""
+        K, n = x.shape[-1], weight.shape[0] // 2
+        M = x.size // K
+        ctx = self.ctx
+        y = ctx.out((*x.shape[:-1], n), x.dtype)
+        r = ctx.out(x.shape, x.dtype)
+        h2 = ctx.out(x.shape, x.dtype) if norm2_weight is not None else None
+        v = variant_of(x.dtype)
+        _, s = gemv_tile(n, K, fused_norm=True, pair=True, forced=ctx.policy.gemv_tile)
+        for m0, mt in _row_tiles(M):
+            k = ctx.kernels.kernel("gemv_norm", v, f"gemvn_norm2_act_{v}_m{mt}_g1",
+                                   NORM_GEMV_SHMEM)
+            ctx.launch(k, -(-n // (8 // s)), 256, y, r, h2, x, residual, x_weight,
+                       norm_weight, norm2_weight, float(eps), int(zero_centered), weight, bias,
+                       M, n, K, m0, s, 0, int(activation != "silu"),
+                       shmem=mt * K * x.dtype.itemsize, pdl=ctx.pdl)
+        return y, r, h2

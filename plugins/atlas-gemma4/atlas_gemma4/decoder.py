@@ -65,6 +65,12 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
     norm weights) are the same block with two switches.
     The block returns the whole residual stream (no residual carried to the next block).
 
+    Four ops after the attention: ``ffn_in`` (the post-attention norm, the residual add, the
+    pre-feed-forward norm with the MLP's gate/up and activation, and the experts' input norm:
+    one kernel at decode on cuda), the MLP's down projection, the experts (a MoE block), and
+    ``ffn_out`` (the post-feed-forward norms, the residual add and ``layer_scalar``); each
+    rounds as the separate core ops it replaces.
+
     Args:
         attention: the ``gemma4_attention`` layer.
         mlp: the dense ``mlp`` (GeGLU).
@@ -111,15 +117,17 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
             hidden = ops.add(hidden, residual)
         attn, _ = self.attention.forward_prenorm(hidden, None, p["input_layernorm.weight"],
                                                  self.eps, self.zero_centered, meta)
-        attn = self._norm("post_attention_layernorm", attn)
-        # pre_feedforward_layernorm(attn + hidden) and the GeGLU's gate/up as one op (one
-        # kernel at decode on cuda), rounding as the separate norm and projection do
-        ffn, hidden = self.mlp.forward_prenorm(attn, hidden,
-                                               p["pre_feedforward_layernorm.weight"], self.eps,
-                                               self.zero_centered, meta)
+        # post_attention_layernorm(attn) + hidden, pre_feedforward_layernorm of that into the
+        # GeGLU's gate/up, and (MoE) pre_feedforward_layernorm_2 of it: the experts' input
+        mlp = self.mlp
+        act, hidden, experts_in = ops.ffn_in(
+            attn, hidden, p["post_attention_layernorm.weight"],
+            p["pre_feedforward_layernorm.weight"], self.param("pre_feedforward_layernorm_2.weight"),
+            self.eps, mlp.params["gate_up_proj.weight"], mlp.param("gate_up_proj.bias"),
+            self.zero_centered, mlp.activation)
+        ffn = mlp.down(act)
         routed = norm1 = norm2 = None
         if self.moe is not None:
-            experts_in = self._norm("pre_feedforward_layernorm_2", hidden)
             routed = self.moe(ops, p, hidden, experts_in, self.eps)
             norm1 = p["post_feedforward_layernorm_1.weight"]
             norm2 = p["post_feedforward_layernorm_2.weight"]
@@ -129,10 +137,6 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
                              p["post_feedforward_layernorm.weight"], self.param("layer_scalar"),
                              self.eps, self.zero_centered)
         return hidden, None
-
-    def _norm(self, name: str, x: Any, residual: Any | None = None) -> Any:
-        return self.ops.rms_norm(x, self.params[f"{name}.weight"], self.eps, residual,
-                                 zero_centered=self.zero_centered)
 
     def state_spec(self) -> Any:
         return self.attention.state_spec()

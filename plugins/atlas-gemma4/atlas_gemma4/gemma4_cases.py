@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from atlas_core.api import as_dtype, quantize
 from atlas_core.testing.contracts_cases import OpCase
 from atlas_core.testing.contracts_ops import DTYPES, make_rng, randn
 
@@ -56,6 +57,42 @@ def sliding_window_attention_cases() -> list[OpCase]:
         args = (randn(rng, (int(cu[-1]), heads, 64), dtype), randn(rng, cache, dtype),
                 randn(rng, cache, dtype), tables, seq_lens, cu, 64 ** -0.5, 8)
         cases.append(OpCase(f"{dtype}-d64-decode-window8", args))
+    return cases
+
+
+#: ``ffn_in`` cases: rows, width, intermediate size, experts' norm, zero-centred, activation,
+#: gate/up bias. 26B-A4B's width (2,816: a thread's second chunk ends mid-block) at 1 and 8
+#: rows (cuda's fused kernel at up to gemv_rows rows), narrow rows of a dense and a Gemma-3
+#: block (silu too: the op serves any gated MLP).
+_FFN_IN = ((1, 2816, 64, True, False, "gelu_tanh", False),
+           (8, 2816, 32, True, False, "gelu_tanh", False),
+           (3, 384, 48, False, True, "gelu_tanh", False),
+           (1, 384, 48, True, True, "silu", True),
+           (3, 264, 40, True, False, "silu", False),
+           (1, 264, 40, False, False, None, False))
+
+
+def ffn_in_cases() -> list[OpCase]:
+    """:data:`_FFN_IN` in every dtype, plus a quantized (``fp8_block``) gate/up at one row (cuda
+    composes it from the separate ops)."""
+    cases = []
+    for dtype in DTYPES:
+        for rows, d, inter, experts, zc, act, bias in _FFN_IN:
+            rng = make_rng("ffn_in", dtype, rows, d, experts, zc, act)
+            w = [randn(rng, (d,), dtype, 0.5) for _ in range(3)]
+            gate_up = randn(rng, (2 * inter, d), dtype, d ** -0.5)
+            args = (randn(rng, (rows, d), dtype, 3.0), randn(rng, (rows, d), dtype), w[0], w[1],
+                    w[2] if experts else None, 1e-6, gate_up,
+                    randn(rng, (2 * inter,), dtype, 0.1) if bias else None, zc, act)
+            cases.append(OpCase(f"{dtype}-{rows}x{d}-{'moe' if experts else 'dense'}"
+                                f"{'-zc' if zc else ''}-{act}{'-bias' if bias else ''}", args))
+    for dtype in DTYPES:  # last: a backend that keeps no fp8_block weights skips from here on
+        rng = make_rng("ffn_in-fp8", dtype)
+        gate_up = quantize(rng.standard_normal((96, 256)).astype(np.float32) / 16, "fp8_block",
+                           block_size=(128, 128), dtype=as_dtype(dtype))
+        args = (randn(rng, (1, 256), dtype, 3.0), randn(rng, (1, 256), dtype),
+                *(randn(rng, (256,), dtype, 0.5) for _ in range(3)), 1e-6, gate_up)
+        cases.append(OpCase(f"{dtype}-1x256-moe-fp8", args))
     return cases
 
 

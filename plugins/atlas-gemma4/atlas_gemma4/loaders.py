@@ -16,7 +16,8 @@ DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1000
                                    "rope_theta": 1000000.0}}
 SLIDING_PATTERN = 6
 #: The plugin's own ops (:mod:`atlas_gemma4.ops`) every Gemma-4 model runs.
-PLUGIN_OPS = ("mul", "softcap", "sliding_window_attention", "ffn_out", "mul_gathered")
+PLUGIN_OPS = ("mul", "softcap", "sliding_window_attention", "ffn_in", "ffn_out",
+              "mul_gathered")
 
 
 def default_layer_types(config: dict[str, Any]) -> list[str]:

@@ -8,13 +8,18 @@
   causal context (Gemma-4's full-attention layers: their 512-wide heads are past core
   ``paged_attention``'s cuda kernels).
 
+- ``ffn_in``: the start of a block's feed-forward side as one op: the post-attention norm,
+  the residual add and pre-feed-forward norm with the MLP's gate/up projection and activation,
+  and the experts' input norm (:func:`ffn_in`), rounding as the separate core ops do.
 - ``ffn_out``: the end of a block after its MLP (and experts) as one op: the post-feed-forward
   norms, the residual add and ``layer_scalar`` (:func:`ffn_out`), rounding as the separate
   core ops do.
 - ``mul_gathered``: ``a * table[ids]`` (the router's per-expert scale of the chosen experts).
 
-``ffn_out`` and ``mul_gathered`` are defined over core ops and ``mul`` (their references compose
-them); the others have no unfused definition. The cuda implementations are in
+``ffn_in``, ``ffn_out`` and ``mul_gathered`` are defined over core ops and ``mul`` (their
+references compose them; ``ffn_in``'s composition over a backend's table,
+:func:`compose_ffn_in`, is its unfused definition, which the numpy backend runs); the others
+have no unfused definition. The cuda implementations are in
 :mod:`atlas_gemma4.cuda` (``atlas-gemma4[cuda]``). The loaders refuse a backend without them,
 naming the missing ops, before anything is allocated.
 """
@@ -103,6 +108,49 @@ def sliding_window_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.nda
         out[s:e] = np.einsum("hqk,khd->qhd", probs, vh)
     return out.astype(q.dtype)
 
+
+def ffn_in(attn: np.ndarray, hidden: np.ndarray, attn_weight: np.ndarray,
+           pre_weight: np.ndarray, experts_weight: np.ndarray | None, eps: float,
+           gate_up: np.ndarray, bias: np.ndarray | None = None, zero_centered: bool = False,
+           activation: str | None = "gelu_tanh"):
+    """The start of a Gemma block's feed-forward side, as the separate ops compute it:
+    ``a = rms_norm(attn, attn_weight)`` (the post-attention norm), then
+    ``act, h = rms_norm_linear(a, hidden, pre_weight, eps, gate_up, bias, zero_centered,
+    activation)`` (the residual add, the pre-feed-forward norm and the MLP's gate/up with its
+    activation) and, with ``experts_weight``, ``experts_in = rms_norm(h, experts_weight)`` (the
+    routed experts' input); every step stored in ``attn.dtype``.
+
+    Args:
+        attn: ``[..., d]`` the attention's output.
+        hidden: ``[..., d]`` the residual stream.
+        attn_weight, pre_weight: ``[d]`` the post-attention and pre-feed-forward norms.
+        experts_weight: ``[d]`` the experts' pre-norm (``pre_feedforward_layernorm_2``), or None
+            (a dense block).
+        eps: norm epsilon.
+        gate_up: ``[2 * i, d]`` the MLP's gate rows then up rows (or a quantized weight).
+        bias: optional ``[2 * i]``.
+        zero_centered: norm weights stored as ``w - 1`` (Gemma-3).
+        activation: ``"gelu_tanh"`` / ``"silu"``, or None: ``act`` is the plain projection
+            ``[..., 2 * i]``.
+
+    Returns:
+        ``(act, h, experts_in)``: ``act`` ``[..., i]``, ``h`` the new residual stream
+        ``a + hidden``, ``experts_in`` ``[..., d]`` or None without ``experts_weight``.
+    """
+    return compose_ffn_in(reference, attn, hidden, attn_weight, pre_weight, experts_weight, eps,
+                          gate_up, bias, zero_centered, activation)
+
+
+def compose_ffn_in(ops, attn, hidden, attn_weight, pre_weight, experts_weight, eps, gate_up,
+                   bias=None, zero_centered=False, activation="gelu_tanh"):
+    """:func:`ffn_in` as the separate ops of ``ops`` (the references, or a backend's
+    ``backend.ops``): ``rms_norm``, ``rms_norm_linear``, ``rms_norm``."""
+    attn = ops.rms_norm(attn, attn_weight, eps, zero_centered=zero_centered)
+    act, h = ops.rms_norm_linear(attn, hidden, pre_weight, eps, gate_up, bias, zero_centered,
+                                 activation)
+    experts_in = None if experts_weight is None else ops.rms_norm(
+        h, experts_weight, eps, zero_centered=zero_centered)
+    return act, h, experts_in
 
 
 def ffn_out(hidden: np.ndarray, ffn: np.ndarray, ffn_weight: np.ndarray | None,

@@ -20,8 +20,11 @@ _REF = "atlas_gemma4.ops"
 
 #: The ops Gemma-4 adds; the numpy backend runs their references, the cuda backend the methods
 #: of the same name of :data:`CUDA_OPS`. The loaders refuse a backend with neither.
-OPS = tuple(OpSpec(name, f"{_REF}:{name}", cases=f"atlas_gemma4.gemma4_cases:{name}_cases")
-            for name in ("mul", "softcap", "sliding_window_attention", "ffn_out",
+#: ``ffn_in`` has an unfused definition (its composition over the backend's ops), so the numpy
+#: backend rounds it exactly as the separate ops it replaces.
+OPS = tuple(OpSpec(name, f"{_REF}:{name}", cases=f"atlas_gemma4.gemma4_cases:{name}_cases",
+                   unfused=f"{_REF}:compose_{name}" if name == "ffn_in" else None)
+            for name in ("mul", "softcap", "sliding_window_attention", "ffn_in", "ffn_out",
                          "mul_gathered"))
 CUDA_OPS = "atlas_gemma4.cuda.gemma4_ops:Gemma4CudaOps"
 

@@ -1,5 +1,6 @@
 """Gemma-4's ops on the cuda backend (``cuda/kernels/gemma4_elementwise.cu``,
-``gemma4_attention.cu`` and ``gemma4_attention_mma.cu`` of this package), registered as the ``cuda`` implementations by
+``gemma4_attention.cu`` and ``gemma4_attention_mma.cu`` of this package; ``ffn_in``: the core's
+``gemv_norm.cu``), registered as the ``cuda`` implementations by
 :mod:`atlas_gemma4.plugin` and bound to the backend's :class:`~atlas_cuda.context.OpContext`.
 
 Same signatures and semantics as :mod:`atlas_gemma4.ops`. Needs atlas-cuda
@@ -15,7 +16,10 @@ import numpy as np
 
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.ops_attention import SWA_HEAD_DIMS, AttentionOps
+from atlas_cuda.ops_gemv import GemvOps
 from atlas_cuda.kernels_loader import variant_of
+
+from atlas_gemma4.ops import compose_ffn_in
 
 LOG2E = 1.4426950408889634
 #: Head sizes the attention kernels are built for (Gemma-4: 256 sliding, 512 full).
@@ -46,6 +50,19 @@ def decode_attention() -> str:
     kind = os.environ.get(DECODE_ATTENTION_ENV, "auto")
     if kind not in ("auto", "own"):
         raise ValueError(f"{DECODE_ATTENTION_ENV}={kind!r}: use 'auto' or 'own'")
+    return kind
+
+
+#: ``ffn_in`` at decode: ``auto`` (the fused ``gemvn_norm2_act`` kernel where it applies) or
+#: ``composed`` (the separate ops, for A/B timing).
+FFN_IN_ENV = "ATLAS_GEMMA_FFN_IN"
+
+
+def ffn_in_mode() -> str:
+    """The ``ffn_in`` path :data:`FFN_IN_ENV` selects (read when a backend binds these ops)."""
+    kind = os.environ.get(FFN_IN_ENV, "auto")
+    if kind not in ("auto", "composed"):
+        raise ValueError(f"{FFN_IN_ENV}={kind!r}: use 'auto' or 'composed'")
     return kind
 
 
@@ -100,6 +117,7 @@ class Gemma4CudaOps:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
         self.decode_attention = decode_attention()
+        self.ffn_in_mode = ffn_in_mode()
 
     def _grid(self, n: int) -> int:
         return max(1, min(-(-n // 256), 8 * self.ctx.num_sms))
@@ -138,6 +156,31 @@ class Gemma4CudaOps:
                             self._grid(a.size), 256, out, a, ids, table, np.int64(a.size),
                             pdl=self.ctx.pdl)
         return out
+
+    def ffn_in(self, attn: DeviceArray, hidden: DeviceArray, attn_weight: DeviceArray,
+               pre_weight: DeviceArray, experts_weight: DeviceArray | None, eps: float,
+               gate_up: Any, bias: DeviceArray | None = None, zero_centered: bool = False,
+               activation: str | None = "gelu_tanh"):
+        """Up to the policy's ``gemv_rows`` rows (1 by default; K <= 8,192, a plain gate/up
+        weight in the activations' dtype, 16-byte aligned; float32 one row): one kernel,
+        ``gemv_norm.cu``'s ``gemvn_norm2_act`` (:meth:`GemvOps.norm2_gemv`), whose every block
+        normalises the attention output and the residual sum itself, block 0 writing the
+        residual stream and the experts' input. It replaces the post-attention ``rms_norm``,
+        the fused ``rms_norm_linear`` and the experts' ``rms_norm``: two launches fewer a block
+        (60 of the 63 ``rms_norm`` launches, 3.8 us each, of a gemma-4-26b-a4b decode step at
+        batch 1; one fewer a dense or Gemma-3 block). H200, that step's decode graph replayed
+        alone (scripts/decode_graph_time.py, median of 200, twice each way): 3.11 -> 2.92 ms
+        against the separate ops; ``atlas bench`` at 1,024 tokens, same call: 3.30 -> 3.11 ms
+        (56.2 -> 59.7% of the floor). Otherwise (more
+        rows, a quantized ``gate_up``..., or ``ATLAS_GEMMA_FFN_IN=composed``) the separate ops
+        (:func:`~atlas_gemma4.ops.compose_ffn_in`)."""
+        gemv = self.ctx.bind(GemvOps)
+        if self.ffn_in_mode == "auto" and gemv.norm2_gemv_fusable(attn, hidden, attn_weight, pre_weight, experts_weight,
+                                   gate_up, bias, activation):
+            return gemv.norm2_gemv(attn, hidden, attn_weight, pre_weight, experts_weight, eps,
+                                   gate_up, bias, zero_centered, activation)
+        return compose_ffn_in(self.ctx.ops, attn, hidden, attn_weight, pre_weight,
+                              experts_weight, eps, gate_up, bias, zero_centered, activation)
 
     def ffn_out(self, hidden: DeviceArray, ffn: DeviceArray, ffn_weight: DeviceArray | None,
                 routed: DeviceArray | None, routed_weight: DeviceArray | None,
