@@ -4,17 +4,19 @@
 #   scripts/matrix_baseline.sh a   batches 1-32 at 1,024 and 8,192 tokens (12 cells)
 #   scripts/matrix_baseline.sh b   batches 1-16 at 32,768 tokens (5 cells; 32 x 32k needs 146 GiB
 #                                  of KV cache)
+#   scripts/matrix_baseline.sh c   batches 1-32 at 1,024 tokens only (6 cells: a short call)
 # Each call runs Atlas's cells and the baseline's in the same process run (`atlas bench
 # --baseline compiled`), so every ratio it reports is within one call. Run as the command
 # itself with carry [".whl"] (nvmath-python: cuBLASLt); stdout is also $OUT/session.log and the
 # JSON is $OUT/matrix-<part>.json. Session 22 found a single call of all 17 cells spent 280 s in
 # the baseline without finishing one cell's output (since e0b1efc the baseline's progress shows).
 set -uo pipefail
-part=${1:?usage: matrix_baseline.sh a|b}
+part=${1:?usage: matrix_baseline.sh a|b|c}
 case $part in
   a) batches=1,2,4,8,16,32; contexts=1024,8192 ;;
   b) batches=1,2,4,8,16; contexts=32768 ;;
-  *) echo "part a or b"; exit 2 ;;
+  c) batches=1,2,4,8,16,32; contexts=1024 ;;
+  *) echo "part a, b or c"; exit 2 ;;
 esac
 OUT=${OUT:-$PWD/matrix_out}
 mkdir -p "$OUT"
