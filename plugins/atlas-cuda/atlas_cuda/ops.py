@@ -93,7 +93,9 @@ class DenseOps:
             launch_skinny(self.ctx, "dense", y, x, weight, (), (), bias, M, N, K)
             return y
         lt = self.ctx.cublaslt()
-        if lt is not None and lt(y, x, weight, bias, M, N, K):
+        # policy gemm_tune: a new shape's algorithm timed on these operands (never in capture)
+        tune = self.ctx.policy.gemm_tune and not self.ctx.backend.capturing
+        if lt is not None and lt(y, x, weight, bias, M, N, K, tune):
             return y
         _, bm, bn, threads, stages = next(t for t in GEMM_TILES if M <= t[0])
         shmem = stages * (bm + bn) * 40 * x.dtype.itemsize

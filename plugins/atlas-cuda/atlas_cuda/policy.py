@@ -35,6 +35,11 @@ KNOBS = (
          "own mma.sync kernel), cublaslt (required), mma, or skinny (2-32 rows of a bf16 / f16 "
          "linear on the quantized skinny kernel's dense variant, qskinny_dense; more rows as "
          "auto; opt-in, not yet measured)"),
+    Knob("gemm_tune", "ATLAS_CUDA_GEMM_TUNE", None,
+         "cuBLASLt matmuls of at most 256 rows: time the heuristic's first 8 algorithms of each "
+         "new shape on its operands (L2 flushed between runs) and keep the fastest, instead of "
+         "taking its first (atlas_cuda.gemm_tune; a few ms a shape at start-up); opt-in, not "
+         "yet measured on a GPU"),
     Knob("attention", "ATLAS_CUDA_ATTENTION", ("auto", "flash", "simt"),
          "multi-token attention: auto/flash (tensor-core flash kernel where it applies) or simt"),
     Knob("decode_plan", "ATLAS_CUDA_DECODE_PLAN", ("auto", "shared", "split", "mma"),
@@ -103,6 +108,7 @@ class KernelPolicy:
     """
 
     gemm: str = "auto"
+    gemm_tune: bool = False
     attention: str = "auto"
     decode_plan: str = "auto"
     pdl: bool = True

@@ -35,6 +35,27 @@ def test_large_m_linear(cuda_backend, path, m, n, k, bias):
     assert rel(be, y, ref.linear(x, w, b)) < 1e-2
 
 
+@pytest.mark.parametrize("m,n,k,bias", [(8, 4096, 4096, False), (16, 3072, 1024, True),
+                                        (2, 12288, 4096, False)])
+def test_tuned_cublaslt_linear(cuda_backend, use_policy, m, n, k, bias):
+    """Policy gemm_tune: the timed candidates' winner computes the same product, the shape is
+    tuned once, and a graph captured after it replays it (no timing under capture)."""
+    be, ctx = cuda_backend, cuda_backend.ctx
+    lt = ctx.cublaslt()
+    if lt is None:
+        pytest.skip("nvmath-python / cuBLASLt not available")
+    use_policy(gemm_tune="1", gemv_rows="1")
+    x, w = rand(m, k), rand(n, k, scale=k ** -0.5)
+    b = rand(n) if bias else None
+    dev = [be.from_host(a) for a in (x, w)] + [be.from_host(b) if bias else None]
+    y = be.ops.linear(*dev)
+    assert rel(be, y, ref.linear(x, w, b)) < 1e-2
+    assert any(key[:3] == (m, n, k) for key in lt.tuned)
+    graph = be.capture(lambda: be.ops.linear(*dev))
+    graph.replay()
+    assert rel(be, graph.output, ref.linear(x, w, b)) < 1e-2
+
+
 @pytest.mark.parametrize("mode", ["flash", "simt"])
 @pytest.mark.parametrize("h,kh,d", [(8, 2, 128), (4, 4, 64), (32, 8, 128)])
 def test_multi_token_attention(cuda_backend, use_policy, mode, h, kh, d):
