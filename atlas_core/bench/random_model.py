@@ -172,7 +172,8 @@ def fill_random_params(model: Any, backend: Any, seed: int = 0) -> int:
 
 def build_random_model(config: dict[str, Any], backend: Any, registry: Any, *,
                        dtype: str | None = None, seed: int = 0) -> Any:
-    """The model of ``config`` on ``backend`` with random weights (see the module docstring).
+    """The model of ``config`` on ``backend`` with random weights (see the module docstring),
+    every module's ``post_load`` run after the fill as a checkpoint load runs it.
 
     Args:
         config: a config.json dict (e.g. :func:`~atlas_core.bench.shapes.shape_config`).
@@ -187,6 +188,10 @@ def build_random_model(config: dict[str, Any], backend: Any, registry: Any, *,
     check_random_fits(model, config, backend, model_dtype(config, dtype))
     model.materialize(backend, model_dtype(config, dtype), quantized_allocator(config, backend))
     fill_random_params(model, backend, seed)
+    # what a checkpoint load does after the copies (load_weights): the layers' load-time folds
+    # and layouts, so the bench times the forward a served checkpoint runs
+    for module in model.modules():
+        module.post_load()
     backend.synchronize()
     return model
 

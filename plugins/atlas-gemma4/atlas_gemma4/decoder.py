@@ -9,12 +9,16 @@ import numpy as np
 from atlas_core.api import Module, StepMetadata, TransformerLayer, gated_activation
 
 
+#: Bytes of experts' ``down_proj`` scaled at a time by :meth:`Gemma4Experts.fold_scale`.
+FOLD_BYTES = 64 << 20
+
+
 class Gemma4Experts:
     """The routed-expert side of a 26B-A4B block (``router.*`` and ``experts.*`` of the block).
 
     Router: ``rms_norm(h) * router.scale * hidden_size ** -0.5`` -> ``router.proj`` -> softmax
     over all experts -> top-k -> renormalised -> times ``router.per_expert_scale`` of each chosen
-    expert. Experts: stacked ``experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up rows)
+    expert (after loading, folded into that expert's ``down_proj``). Experts: stacked ``experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up rows)
     and ``experts.down_proj`` ``[E, H, I]``, GeGLU.
 
     Args:
@@ -30,6 +34,8 @@ class Gemma4Experts:
         self.hidden_size, self.num_experts, self.top_k = hidden_size, num_experts, top_k
         self.intermediate_size = moe_intermediate_size
         self.activation = gated_activation(hidden_act)
+        #: ``router.per_expert_scale`` is folded into ``experts.down_proj`` (:meth:`fold_scale`)
+        self.scale_folded = False
 
     def declare(self, block: Module) -> None:
         """Declare the router and expert parameters on ``block``."""
@@ -40,6 +46,28 @@ class Gemma4Experts:
         block.declare("experts.gate_up_proj", (e, 2 * i, h))
         block.declare("experts.down_proj", (e, h, i))
 
+    def fold_scale(self, block: Module) -> None:
+        """Multiply each expert's ``down_proj`` by its ``router.per_expert_scale`` (the experts'
+        output is linear in it), so the forward skips the per-step ``mul_gathered`` (a launch a
+        block at decode on cuda). On the device, :data:`FOLD_BYTES` of experts at a time
+        (``mul``, then a copy back); one rounding of each weight to its dtype, where HF
+        rounds the scaled router weight instead. Quantized ``down_proj`` weights keep the
+        separate op."""
+        from atlas_core.api import QuantizedWeight
+        down, scale = block.params["experts.down_proj"], block.params["router.per_expert_scale"]
+        if isinstance(down, QuantizedWeight):
+            return
+        e = self.num_experts
+        per_expert = down.size // e
+        flat, scales = down.reshape(down.size), scale.reshape(e)
+        group = max(1, FOLD_BYTES // (per_expert * down.dtype.itemsize))
+        for e0 in range(0, e, group):
+            g = min(group, e - e0)
+            rows = flat[e0 * per_expert:(e0 + g) * per_expert].reshape(g, per_expert)
+            block.backend.copy_(rows, block.ops.mul(rows, scales[e0:e0 + g].reshape(g, 1)))
+            block.backend.reset_workspace()
+        self.scale_folded = True
+
     def __call__(self, ops: Any, params: dict[str, Any], hidden: Any, experts_in: Any,
                  eps: float) -> Any:
         """Route on ``hidden`` (the residual stream), run the experts on ``experts_in``.
@@ -49,8 +77,9 @@ class Gemma4Experts:
         logits, _ = ops.rms_norm_linear(hidden, None, params["router.scale"], eps,
                                         params["router.proj.weight"])
         weights, ids = ops.moe_route(logits, self.top_k, True)
-        # weights, ids: [num_tokens, top_k]; times the chosen experts' per_expert_scale
-        weights = ops.mul_gathered(weights, ids, params["router.per_expert_scale"])
+        if not self.scale_folded:
+            # weights, ids: [num_tokens, top_k]; times the chosen experts' per_expert_scale
+            weights = ops.mul_gathered(weights, ids, params["router.per_expert_scale"])
         return ops.moe_experts(experts_in, params["experts.gate_up_proj"],
                                params["experts.down_proj"], weights, ids, self.activation)
 
@@ -104,12 +133,14 @@ class Gemma4DecoderLayer(Module, TransformerLayer):
 
     def post_load(self) -> None:
         """Fold the router's ``hidden_size ** -0.5`` into ``router.scale`` (one rounding to the
-        model dtype, where HF rounds the two products in turn)."""
+        model dtype, where HF rounds the two products in turn) and the per-expert scale into
+        the experts' ``down_proj`` (:meth:`Gemma4Experts.fold_scale`)."""
         if self.moe is not None:
             param = self.params["router.scale"]
             scale = self.backend.to_host(param).astype(np.float32)
             self.backend.copy_from_host(
                 param, (scale * np.float32(self.hidden_size ** -0.5)).astype(param.dtype))
+            self.moe.fold_scale(self)
 
     def forward(self, hidden: Any, residual: Any | None, meta: StepMetadata) -> tuple[Any, Any]:
         ops, p = self.ops, self.params

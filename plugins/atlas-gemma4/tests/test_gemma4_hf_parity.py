@@ -74,6 +74,20 @@ def test_fp32_logits_match_hf(pair, variant):
         np.testing.assert_allclose(got, _hf_logits(hf, ids), rtol=0, atol=FP32_ATOL)
 
 
+def test_moe_blocks_fold_the_per_expert_scale_into_down_proj(pair):
+    """After loading, each MoE block's experts carry ``router.per_expert_scale`` in their
+    ``down_proj`` (so the forward runs no ``mul_gathered``); the fp32 logits above match HF with
+    the randomised scales (1 +- 0.1 noise)."""
+    model, hf, _ = pair("moe")
+    blocks = [m for m in model.modules() if getattr(m, "moe", None) is not None]
+    assert blocks and all(b.moe.scale_folded for b in blocks)
+    hf_layer = hf.model.layers[0]
+    scale = hf_layer.router.per_expert_scale.detach().float().numpy()
+    down = hf_layer.experts.down_proj.detach().float().numpy()
+    np.testing.assert_allclose(blocks[0].params["experts.down_proj"],
+                               down * scale[:, None, None], rtol=1e-6)
+
+
 @pytest.mark.parametrize("variant", ["dense", "moe", "gemma3"])
 def test_greedy_matches_hf_generate_past_the_window(pair, variant):
     model, hf, _ = pair(variant)
