@@ -124,6 +124,7 @@ class CudaBackend(DeviceTransfers, GraphCapture, GpuBackend):
         self.unified_memory = bool(getattr(self.device.properties, "integrated", False))
         self.l2_bytes = self.device.properties.l2_cache_size
         self._capturing = False
+        self._probing = False
         self._free_events: list[Any] = []  # event handles of record_event, for reuse
         self._bound: tuple[str, str | None] | None = None
         self.ctx = OpContext(self, self.kernels,

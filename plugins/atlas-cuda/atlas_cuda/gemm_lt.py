@@ -73,7 +73,7 @@ class CublasLtGemm:
         """Descriptors and an algorithm for one shape (cached); None if cuBLASLt has none.
 
         The heuristic's first algorithm, or with ``operands`` (``(y, x, weight, bias)`` to time
-        on; policy ``gemm_tune``, never under capture) and at most
+        on; policy ``gemm_tune``, in a graph's eager probe call only) and at most
         :data:`~atlas_cuda.gemm_tune.TUNE_MAX_ROWS` rows the fastest of its first
         :data:`~atlas_cuda.gemm_tune.TUNE_CANDIDATES` (:mod:`atlas_cuda.gemm_tune`). A shape
         planned untuned is tuned on the first call that asks."""
@@ -159,8 +159,8 @@ class CublasLtGemm:
     def __call__(self, y: DeviceArray, x: DeviceArray, weight: DeviceArray,
                  bias: DeviceArray | None, M: int, N: int, K: int, tune: bool = False) -> bool:
         """Enqueue the matmul on the stream; False when cuBLASLt has no algorithm for it.
-        ``tune``: plan an untuned shape by timing (policy ``gemm_tune``; the caller passes False
-        under graph capture)."""
+        ``tune``: plan an untuned shape by timing (policy ``gemm_tune``; the caller passes it
+        only in a graph's eager probe call)."""
         ptrs = [y.ptr, x.ptr, weight.ptr] + ([bias.ptr] if bias is not None else [])
         align = 256 if all(p % 256 == 0 for p in ptrs) else 16
         plan = self.plan(M, N, K, x.dtype, bias is not None, align,

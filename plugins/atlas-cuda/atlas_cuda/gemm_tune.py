@@ -7,8 +7,9 @@ weights at 2.7-3.7 TB/s, ncu, session 23). With the policy on, :class:`~atlas_cu
 CublasLtGemm` asks the heuristic for :data:`TUNE_CANDIDATES` algorithms of each shape of at most
 :data:`TUNE_MAX_ROWS` rows, times each on the real operands (:class:`GemmTimer`: the L2 flushed
 before every run, so a weight that fits in L2 is timed as a step reads it, from DRAM) and keeps
-the fastest. Shapes are planned on the first eager call (graph capture always runs its function
-once eagerly first), never under capture; the few ms a shape cost at start-up are the price.
+the fastest. Only a decode graph's shapes are tuned, in the eager call that precedes its
+capture (``CudaBackend.probing``), so the few ms a shape cost are paid at start-up, never in a
+served eager step (prefill chunks keep the heuristic's first choice, whatever their size).
 
 The algorithms compute the same product with fp32 accumulation; they may split K differently,
 so outputs can differ in the last bits between two processes that timed differently (batch-

@@ -36,13 +36,20 @@ class CudaGraph(Graph):
 class GraphCapture:
     """The graph methods of :class:`~atlas_cuda.backend.CudaBackend` (a mixin ahead of
     ``GpuBackend`` in its bases). Uses the backend's ``stream``, ``workspace``, ``synchronize``
-    and the ``_capturing`` flag that ops and copies check."""
+    and the ``_capturing`` / ``_probing`` flags that ops and copies check."""
 
     @property
     def capturing(self) -> bool:
         """Whether a CUDA graph is being captured on this backend's stream (ops then take no
         path that syncs with the host or allocates)."""
         return self._capturing
+
+    @property
+    def probing(self) -> bool:
+        """Whether :meth:`capture` is running its function's eager first call (the plans made
+        then are what the graph replays: policy ``gemm_tune`` times cuBLASLt candidates only
+        here, never in a served eager step)."""
+        return self._probing
 
     @property
     def supports_graphs(self) -> bool:
@@ -59,7 +66,11 @@ class GraphCapture:
         probe = Workspace(main.chunk.nbytes)
         self.workspace = probe
         try:
-            fn()
+            self._probing = True
+            try:
+                fn()
+            finally:
+                self._probing = False
             self.synchronize()
             graph_ws = Workspace(max(probe.peak, ALIGN_MIN), growable=False)
             self.workspace = graph_ws

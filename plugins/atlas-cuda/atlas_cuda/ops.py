@@ -93,8 +93,9 @@ class DenseOps:
             launch_skinny(self.ctx, "dense", y, x, weight, (), (), bias, M, N, K)
             return y
         lt = self.ctx.cublaslt()
-        # policy gemm_tune: a new shape's algorithm timed on these operands (never in capture)
-        tune = self.ctx.policy.gemm_tune and not self.ctx.backend.capturing
+        # policy gemm_tune: a decode graph's shape timed on these operands, in the eager call
+        # that precedes its capture (never in a served eager step, never under capture)
+        tune = self.ctx.policy.gemm_tune and self.ctx.backend.probing
         if lt is not None and lt(y, x, weight, bias, M, N, K, tune):
             return y
         _, bm, bn, threads, stages = next(t for t in GEMM_TILES if M <= t[0])

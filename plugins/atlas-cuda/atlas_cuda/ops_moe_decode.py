@@ -30,8 +30,8 @@ class MoeDecodeOps:
         self.ctx = ctx
         self._down_occupancy: dict[str, int] = {}
 
-    def experts(self, x, w_gate_up, w_down, weights, ids, shared_gate_up,
-                            shared_down, shared_w, gelu) -> DeviceArray:
+    def experts(self, x, w_gate_up, w_down, weights, ids, shared_gate_up, shared_down,
+                shared_w, gelu) -> DeviceArray:
         """``moe_decode.cu``'s per-pair gate_up and down GEMVs; both skip the (token, slot)
         pairs of weight 0 (no bytes read for them)."""
         t, hidden = x.shape
@@ -55,7 +55,7 @@ class MoeDecodeOps:
         return out
 
     def down_kernel(self, t: int, k: int, inter: int, hidden: int, v: str,
-                     s_inter: int = 0) -> str:
+                    s_inter: int = 0) -> str:
         """The one-token down kernel policy ``moe_down`` picks: ``rows``
         (``moe_dec_down_rows``: h staged in shared memory, :data:`DOWN_ROWS` rows a warp; bf16 /
         f16, top-k <= 8, I and the shared expert's width multiples of 8, h within

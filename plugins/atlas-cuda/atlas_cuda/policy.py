@@ -37,9 +37,9 @@ KNOBS = (
          "auto; opt-in, not yet measured)"),
     Knob("gemm_tune", "ATLAS_CUDA_GEMM_TUNE", None,
          "cuBLASLt matmuls of at most 256 rows: time the heuristic's first 8 algorithms of each "
-         "new shape on its operands (L2 flushed between runs) and keep the fastest, instead of "
-         "taking its first (atlas_cuda.gemm_tune; a few ms a shape at start-up); opt-in, not "
-         "yet measured on a GPU"),
+         "decode graph shape on its operands (L2 flushed between runs) and keep the fastest, "
+         "instead of taking its first (atlas_cuda.gemm_tune; a few ms a shape at start-up, "
+         "never in a served step); opt-in, not yet measured on a GPU"),
     Knob("attention", "ATLAS_CUDA_ATTENTION", ("auto", "flash", "simt"),
          "multi-token attention: auto/flash (tensor-core flash kernel where it applies) or simt"),
     Knob("decode_plan", "ATLAS_CUDA_DECODE_PLAN", ("auto", "shared", "split", "mma"),
@@ -66,8 +66,8 @@ KNOBS = (
     Knob("rope", "ATLAS_CUDA_ROPE", ("auto", "generic", "vec"),
          "the separate q/k-norm + rotary + KV-write kernel: generic (rope_cache.cu, a head 32 "
          "elements at a time through shared memory), vec (rope_vec.cu at head dims 256 / 512: "
-         "a head in registers, cos / sin and norm weights loaded before the PDL wait) or auto "
-         "(vec where it applies, else generic)"),
+         "a head in registers, cos / sin and norm weights loaded before the PDL wait, where it "
+         "applies, else generic) or auto (the same as vec since session 23)"),
     Knob("gemv_tile", "ATLAS_CUDA_GEMV_TILE", None,
          "decode GEMV tile: auto (per shape) or g<1|2|4>s<1|2|4|8> (columns per warp, K splits)"),
     Knob("gemv_rows", "ATLAS_CUDA_GEMV_ROWS", None,

@@ -50,10 +50,15 @@ class FakeBackend:
     """What :class:`OpContext` reads from a backend, and the few allocations ops make."""
 
     _capturing = False
+    _probing = False
 
     @property
     def capturing(self):
         return self._capturing
+
+    @property
+    def probing(self):
+        return self._probing
 
     def __init__(self, capability=(9, 0), num_sms=132):
         self.stream_obj, self.stream = None, 0

@@ -38,8 +38,9 @@ def test_large_m_linear(cuda_backend, path, m, n, k, bias):
 @pytest.mark.parametrize("m,n,k,bias", [(8, 4096, 4096, False), (16, 3072, 1024, True),
                                         (2, 12288, 4096, False)])
 def test_tuned_cublaslt_linear(cuda_backend, use_policy, m, n, k, bias):
-    """Policy gemm_tune: the timed candidates' winner computes the same product, the shape is
-    tuned once, and a graph captured after it replays it (no timing under capture)."""
+    """Policy gemm_tune: a graph's eager probe call times the candidates and the captured
+    graph replays the winner, which computes the same product; a served eager call of another
+    shape is not tuned."""
     be, ctx = cuda_backend, cuda_backend.ctx
     lt = ctx.cublaslt()
     if lt is None:
@@ -48,12 +49,13 @@ def test_tuned_cublaslt_linear(cuda_backend, use_policy, m, n, k, bias):
     x, w = rand(m, k), rand(n, k, scale=k ** -0.5)
     b = rand(n) if bias else None
     dev = [be.from_host(a) for a in (x, w)] + [be.from_host(b) if bias else None]
-    y = be.ops.linear(*dev)
-    assert rel(be, y, ref.linear(x, w, b)) < 1e-2
-    assert any(key[:3] == (m, n, k) for key in lt.tuned)
     graph = be.capture(lambda: be.ops.linear(*dev))
+    assert any(key[:3] == (m, n, k) for key in lt.tuned)
     graph.replay()
     assert rel(be, graph.output, ref.linear(x, w, b)) < 1e-2
+    y = be.ops.linear(be.from_host(x[:m - 1]), *dev[1:])
+    assert rel(be, y, ref.linear(x[:m - 1], w, b)) < 1e-2
+    assert not any(key[:3] == (m - 1, n, k) for key in lt.tuned)
 
 
 @pytest.mark.parametrize("mode", ["flash", "simt"])

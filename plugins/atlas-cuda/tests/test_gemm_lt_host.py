@@ -185,7 +185,9 @@ def test_an_untuned_shape_is_tuned_once_asked(gemm):
     assert sum(n == "matmul_desc_destroy" for n, _ in fake.calls) == 1
 
 
-def test_linear_asks_for_tuning_only_eagerly_under_the_policy():
+def test_linear_asks_for_tuning_only_in_a_graph_probe_under_the_policy():
+    """The eager call that precedes a capture (a decode graph's shapes) tunes; a served eager
+    step (prefill chunks of any size) and the capture itself do not."""
     from atlas_cuda.ops import DenseOps
     from atlas_cuda.policy import KernelPolicy
     from fake_context import fake_context
@@ -196,10 +198,10 @@ def test_linear_asks_for_tuning_only_eagerly_under_the_policy():
             seen.append(tune)
             return True
 
-    for on, capturing, want in ((True, False, True), (True, True, False), (False, False, False)):
+    for on, probing, want in ((True, True, True), (True, False, False), (False, True, False)):
         ctx = fake_context(KernelPolicy(gemm_tune=on))
         ctx.cublaslt = lambda: Lt()
-        ctx.backend._capturing = capturing
+        ctx.backend._probing = probing
         DenseOps(ctx).linear(arr(1 << 20, (16, 1024)), arr(2 << 20, (512, 1024)))
         assert seen[-1] is want
 

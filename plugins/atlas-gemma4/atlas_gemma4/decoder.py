@@ -18,7 +18,8 @@ class Gemma4Experts:
 
     Router: ``rms_norm(h) * router.scale * hidden_size ** -0.5`` -> ``router.proj`` -> softmax
     over all experts -> top-k -> renormalised -> times ``router.per_expert_scale`` of each chosen
-    expert (after loading, folded into that expert's ``down_proj``). Experts: stacked ``experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up rows)
+    expert (after loading, folded into that expert's ``down_proj``). Experts: stacked
+    ``experts.gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up rows)
     and ``experts.down_proj`` ``[E, H, I]``, GeGLU.
 
     Args:

@@ -168,15 +168,14 @@ class Gemma4CudaOps:
         residual stream and the experts' input. It replaces the post-attention ``rms_norm``,
         the fused ``rms_norm_linear`` and the experts' ``rms_norm``: two launches fewer a block
         (60 of the 63 ``rms_norm`` launches, 3.8 us each, of a gemma-4-26b-a4b decode step at
-        batch 1; one fewer a dense or Gemma-3 block). H200, that step's decode graph replayed
-        alone (scripts/decode_graph_time.py, median of 200, twice each way): 3.11 -> 2.92 ms
-        against the separate ops; ``atlas bench`` at 1,024 tokens, same call: 3.30 -> 3.11 ms
-        (56.2 -> 59.7% of the floor). Otherwise (more
-        rows, a quantized ``gate_up``..., or ``ATLAS_GEMMA_FFN_IN=composed``) the separate ops
+        batch 1; one fewer a dense or Gemma-3 block). H200, ``atlas bench`` at 1,024 tokens,
+        same call (session 23): 3.30 ms a step with the separate ops, 3.11 with this kernel
+        (56.2 -> 59.7% of the floor). Otherwise (more rows, a quantized ``gate_up``..., or
+        ``ATLAS_GEMMA_FFN_IN=composed``) the separate ops
         (:func:`~atlas_gemma4.ops.compose_ffn_in`)."""
         gemv = self.ctx.bind(GemvOps)
-        if self.ffn_in_mode == "auto" and gemv.norm2_gemv_fusable(attn, hidden, attn_weight, pre_weight, experts_weight,
-                                   gate_up, bias, activation):
+        if self.ffn_in_mode == "auto" and gemv.norm2_gemv_fusable(
+                attn, hidden, attn_weight, pre_weight, experts_weight, gate_up, bias, activation):
             return gemv.norm2_gemv(attn, hidden, attn_weight, pre_weight, experts_weight, eps,
                                    gate_up, bias, zero_centered, activation)
         return compose_ffn_in(self.ctx.ops, attn, hidden, attn_weight, pre_weight,

@@ -36,9 +36,9 @@ DOWN_TILE, DOWN_PIECE = 8, 2048
 #: Tokens from which the experts run as per-expert GEMMs (above any captured decode batch).
 GROUPED_MIN_TOKENS = 512
 #: Environment variable choosing the router: ``auto`` (default; the two kernels until the one
-#: kernel wins more than one run), ``two`` (logits, then the selection) or ``fused`` (one kernel whose last
-#: block of each token group selects; n_group 1, at most :data:`ROUTE1_MAX_EXPERTS` experts
-#: and :data:`ROUTE1_MAX_TOKENS` tokens, else the two).
+#: kernel wins more than one run), ``two`` (logits, then the selection) or ``fused`` (one kernel
+#: whose last block of each token group selects; n_group 1, at most
+#: :data:`ROUTE1_MAX_EXPERTS` experts and :data:`ROUTE1_MAX_TOKENS` tokens, else the two).
 ROUTE_KERNEL_ENV = "ATLAS_NEMOTRON_ROUTE"
 #: NM_ROUTE1_MAX_E of the kernel, and its counters' token groups x ROUTER_TOKENS.
 ROUTE1_MAX_EXPERTS, ROUTE1_GROUPS = 512, 64
