@@ -179,7 +179,7 @@ __device__ void moe_dec_down_rows_impl(T* out, const float* __restrict__ h,
 }
 
 // moe_dec_down_w<NC>: every chosen expert row's loads in flight at once (top_k <= 8,
-// I <= NC * 256; ATLAS_CUDA_MOE_DOWN_WIDE).
+// I <= NC * 256; policy moe_down=wide, or auto where its blocks fit one wave).
 #define MOE_DEC_DOWN_WIDE(T, S, NC)                                                            \
   extern "C" __global__ void __launch_bounds__(256) moe_dec_down_w##NC##_##S(                  \
       T* out, const float* h, const float* hs, const T* w, const T* ws, const float* wts,      \
