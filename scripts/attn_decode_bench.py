@@ -14,7 +14,11 @@ heads under forced split counts against the plan's (is the one-wave plan right a
 1k-8k?), and the windowed decode of gemma-4-26b-a4b's sliding layers (``window_decode``,
 1,024-key window) on the mma kernel against ``attn_dec_swa_*``.
 
-    python scripts/attn_decode_bench.py [--precompile | --rope-attention | --mma-splits]
+Gemma-4 full layers (``--gemma-full``: that section only): head dim 512 on the tensor-core
+kernel (plan and forced heads a block) against atlas-gemma4's ``swa_split``.
+
+    python scripts/attn_decode_bench.py [--precompile | --rope-attention | --mma-splits |
+                                         --gemma-full]
 """
 
 from __future__ import annotations
@@ -140,14 +144,20 @@ def rope_attention(be, bf16) -> None:
             del kc, vc
 
 
-def _paged(be, bf16, batch, ctx, h, kh, d):
+def _paged(be, bf16, batch, ctx, h, kh, d, table=None):
+    """Paged K/V of ``batch`` sequences of ``ctx`` keys; block tables ``table`` tokens wide
+    (default ``ctx``; the engine's decode graphs have the model's longest sequence, entries past
+    a sequence's blocks point at block 0)."""
     width = -(-ctx // BLOCK)
     kc = be.empty((batch * width, BLOCK, kh, d), bf16)
     vc = be.empty((batch * width, BLOCK, kh, d), bf16)
     q = be.empty((batch, h, d), bf16)
     for i, a in enumerate((kc, vc, q)):
         be.fill_random(a, 7 + i, 1.0)
-    bt = be.from_host(np.arange(batch * width, dtype=np.int32).reshape(batch, width))
+    tables = np.arange(batch * width, dtype=np.int32).reshape(batch, width)
+    if table:
+        tables = np.pad(tables, ((0, 0), (0, -(-table // BLOCK) - width)))
+    bt = be.from_host(np.ascontiguousarray(tables))
     sl = be.from_host(np.full(batch, ctx, np.int32))
     cu = be.from_host(np.arange(batch + 1, dtype=np.int32))
     return q, kc, vc, bt, sl, cu
@@ -198,6 +208,63 @@ def mma_splits(be, bf16) -> None:
         del kc, vc
 
 
+def gemma_full(be, bf16) -> None:
+    """Gemma-4's full-attention decode (head dim 512, window 0): the tensor-core kernel under
+    its plan and forced heads a block, against atlas-gemma4's CUDA-core ``swa_split``."""
+    from atlas_cuda import ops_attention
+    from atlas_cuda.attention_plan import mma_decode_plan
+    from atlas_cuda.ops_attention import AttentionOps
+    from atlas_gemma4.cuda.gemma4_ops import Gemma4CudaOps
+    ops, own = be.ctx.bind(AttentionOps), be.ctx.bind(Gemma4CudaOps)
+    print("gemma full 512 | heads q/kv | batch | ctx | KV MB | floor us | plan | plan us | "
+          "hb 8 / 4 / 2 us | swa_split us")
+    for h, kh in ((16, 2), (32, 4)):
+        for batch, ctx in ((1, 1024), (1, 8192), (1, 32768), (8, 32768), (32, 8192)):
+            q, kc, vc, bt, sl, cu = _paged(be, bf16, batch, ctx, h, kh, 512)
+            call = lambda: ops.window_decode(q, kc, vc, bt, sl, cu, 512 ** -0.5, 0)  # noqa: E731
+            plan = mma_decode_plan(batch, h, kh, 512, ctx, be.num_sms)
+            us = per_op_us(be, call)
+            forced = []
+            for hb in (8, 4, 2):
+                splits = max(1, min(be.num_sms // (batch * h // hb), 131072 // (hb * 512),
+                                    -(-ctx // 32)))
+                ops_attention.mma_decode_plan = lambda *a, p=(hb, splits): p
+                try:
+                    forced.append(f"{per_op_us(be, call):.2f} ({splits})")
+                finally:
+                    ops_attention.mma_decode_plan = mma_decode_plan
+            out = be.empty(q.shape, bf16)
+            swa = per_op_us(be, lambda: own._split(out, q, kc, vc, bt, sl, cu, 512 ** -0.5, 0))
+            nbytes = 2 * batch * ctx * kh * 512 * 2
+            print(f"gemma full 512 | {h}/{kh} | {batch} | {ctx} | {nbytes / 1e6:.1f} | "
+                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | {plan} | {us:.2f} | {' / '.join(forced)} | "
+                  f"{swa:.2f}")
+            del kc, vc
+    # as a decode graph sees them: 1,056 keys in tables 32,832 tokens wide (the plan's width),
+    # the full layers (window 0) and the sliding ones (window 1,024) of both shapes
+    import dataclasses
+    original = be.policy
+    print("gemma decode, 32k-wide tables | heads q/kv/d | window | batch | default us | "
+          "decode_plan=split us | swa_split us")
+    for h, kh, d, window in ((16, 2, 512, 0), (32, 4, 512, 0), (16, 8, 256, 1024),
+                             (32, 16, 256, 1024)):
+        for batch in (1, 8):
+            q, kc, vc, bt, sl, cu = _paged(be, bf16, batch, 1056, h, kh, d, table=32832)
+            row = []
+            for plan in ("auto", "split"):
+                be.set_policy(dataclasses.replace(original, decode_plan=plan))
+                ops = be.ctx.bind(AttentionOps)
+                call = lambda: ops.window_decode(q, kc, vc, bt, sl, cu, d ** -0.5,  # noqa: E731
+                                                 window)
+                row.append("-" if call() is None else f"{per_op_us(be, call):.2f}")
+            be.set_policy(original)
+            out = be.empty(q.shape, bf16)
+            swa = per_op_us(be, lambda: own._split(out, q, kc, vc, bt, sl, cu, d ** -0.5, window))
+            print(f"gemma decode, 32k-wide tables | {h}/{kh}/{d} | {window} | {batch} | "
+                  f"{row[0]} | {row[1]} | {swa:.2f}")
+            del kc, vc
+
+
 def sampling(be) -> None:
     print("sample (vocab 151936) | rows | temperature | us")
     vocab = 151936
@@ -243,6 +310,9 @@ def main() -> None:
         return
     if "--mma-splits" in sys.argv:
         mma_splits(be, bfloat16)
+        return
+    if "--gemma-full" in sys.argv:
+        gemma_full(be, bfloat16)
         return
     attention(be, bfloat16)
     sweep(be, bfloat16)

@@ -25,8 +25,9 @@ COMBINE_FLOATS_SHARED = 32768
 #: keeps batch 1 (8b 4.23 against 4.26, 30b 2.52 against 2.60, 0.6b 0.78 against 0.83 ms).
 LONG_DECODE_CTX = 4096
 #: Head dims of the tensor-core decode kernel (attention_decode_mma.cu) and the stages of its
-#: K/V ring (kept in step with the kernel's DecMma::NST): two blocks an SM up to 128, one at 256.
-MMA_DECODE_STAGES = {64: 4, 128: 3, 256: 2}
+#: K/V ring (kept in step with the kernel's DecMma::NST and DW_NST): two blocks an SM up to 128,
+#: one at 256 and 512.
+MMA_DECODE_STAGES = {64: 4, 128: 3, 256: 2, 512: 3}
 #: Cache length (the block table's width) above which ``auto`` takes that kernel: H200,
 #: per op (scripts/attn_decode_bench.py), mma against the CUDA-core plans, qwen3-8b heads, us:
 #: batch 1 at 512 tokens 7.20 / 7.54, 1,024 7.76 / 10.98, 4,096 11.65 / 30.85; batch 8 at
@@ -38,8 +39,9 @@ MMA_DECODE_MIN_CTX = 512
 #: 8.04 / 9.73; at 32,768 the mma kernel is 27 us a layer faster per op (41.7 against 69.1 us).
 #: Where between 8k and 32k batch 1 crosses over is not measured: 16,384 is a guess.
 MMA_DECODE_B1_MAX_CTX = 16384
-#: Keys of one K/V tile of that kernel (16 a warp).
-MMA_DECODE_BN = 64
+#: Keys of one K/V tile of that kernel (16 a warp), and at head dim 512 (``DW_BN``: 8 keys a
+#: warp score, all 32 every warp multiplies into its quarter of the columns).
+MMA_DECODE_BN, MMA_DECODE_BN_512 = 64, 32
 #: Most partial floats (heads x head dim x splits) a block row of that kernel merges: more than
 #: the CUDA-core kernels' cap, so few KV heads still fill the GPU (qwen3.5-35b-a3b, 2 KV heads
 #: of 8 query heads at 256, batch 1: 64 splits instead of 16; H200 at 32,768 tokens the capped
@@ -56,10 +58,15 @@ def mma_decode_heads(h: int, kh: int) -> int:
     return hb if hb in (2, 4, 8, 16) and group % hb == 0 else 0
 
 
+def mma_decode_bn(d: int) -> int:
+    """Keys of one K/V tile of the tensor-core decode kernel at head dim ``d``."""
+    return MMA_DECODE_BN_512 if d == 512 else MMA_DECODE_BN
+
+
 def mma_decode_smem(d: int, itemsize: int) -> int:
     """Dynamic shared memory of the tensor-core decode kernel: 16 query rows and the K/V ring,
     rows padded by 8 elements (ldmatrix without bank conflicts)."""
-    return (16 + MMA_DECODE_STAGES[d] * 2 * MMA_DECODE_BN) * (d + 8) * itemsize
+    return (16 + MMA_DECODE_STAGES[d] * 2 * mma_decode_bn(d)) * (d + 8) * itemsize
 
 
 def mma_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
@@ -68,12 +75,59 @@ def mma_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
     SM up to head dim 128, one at 256), each split at least one 64-key tile, the partials within
     :data:`COMBINE_FLOATS_MMA`."""
     hb = mma_decode_heads(h, kh)
+    if d == 512:
+        return _mma_decode_plan_512(t, h, kh, hb, max_ctx, num_sms)
     target = (2 if d <= 128 else 1) * num_sms
     base = t * kh * (h // kh // hb)
     if base > COUNTERS:
         return hb, 1
     return hb, max(1, min(target // base, COMBINE_FLOATS_MMA // (hb * d),
                           -(-max_ctx // MMA_DECODE_BN)))
+
+
+def _mma_decode_plan_512(t: int, h: int, kh: int, hb: int, max_ctx: int,
+                         num_sms: int) -> tuple[int, int]:
+    """Head dim 512 (one block an SM): the heads a block (the group's, or a half, quarter ...)
+    whose plan :func:`_mma_512_cost` rates fastest, each with the most splits one wave and the
+    partials' cap allow."""
+    best = None
+    while hb >= 2 and (h // kh) % hb == 0:
+        base = t * kh * (h // kh // hb)
+        if base > COUNTERS:
+            break
+        splits = max(1, min(num_sms // base, COMBINE_FLOATS_MMA // (hb * 512),
+                            -(-max_ctx // MMA_DECODE_BN_512)))
+        cost = _mma_512_cost(t, h, kh, hb, splits, max_ctx, num_sms)
+        if best is None or cost < best[0]:
+            best = (cost, hb, splits)
+        hb //= 2
+    return (best[1], best[2]) if best else (mma_decode_heads(h, kh), 1)
+
+
+#: The cost model of the 512-wide plan, fitted to H200 per-op times (session 24,
+#: ``attn_decode_bench.py --gemma-full``, gemma-4-26b-a4b / 31b heads at batch 1-32, 1k-32k keys,
+#: forced 8 / 4 / 2 heads a block; it picks the fastest of the three in all ten cells): us a
+#: 32-key tile of one block's span (latency-bound: four warps an SM), us per thousand partial
+#: floats the merging block reads, device bytes per us, and the K/V bytes under which a group's
+#: blocks re-read them from L2 for free.
+MMA512_TILE_US, MMA512_MERGE_US, MMA512_BYTES_PER_US, MMA512_L2_BYTES = 2.27, 0.135, 4.0e6, 32e6
+
+
+def _mma_512_cost(t: int, h: int, kh: int, hb: int, splits: int, max_ctx: int,
+                  num_sms: int) -> float:
+    """Estimated microseconds of the 512-wide decode plan: the slower of a block's tiles
+    (latency) and the wave's bytes (bandwidth, the K/V read once a block row of the group when
+    it exceeds L2, over the share of SMs the blocks fill), plus the last block's merge."""
+    blocks = t * kh * (h // kh // hb) * splits
+    waves = -(-blocks // num_sms)
+    tiles = -(-max_ctx // (splits * MMA_DECODE_BN_512)) * waves
+    kv = t * kh * max_ctx * 512 * 4
+    reads = kv * (h // kh // hb) if kv > MMA512_L2_BYTES else kv
+    filled = blocks / (waves * num_sms)
+    latency = tiles * MMA512_TILE_US
+    bandwidth = reads / (filled * MMA512_BYTES_PER_US)
+    merge = MMA512_MERGE_US * splits * hb * 512 / 1000 if splits > 1 else 0.0
+    return max(latency, bandwidth) + merge
 
 
 def shared_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,

@@ -358,19 +358,23 @@ class AttentionOps:
         to beat here), else ``attn_dec_swa_*``, the CUDA-core paged decode kernel (in-kernel
         split combine, block-table entries a round ahead). For plugin ops with sliding-window
         layers (Gemma-2/3/4), at decode and short chunks: None where it does not apply (head
-        dim outside :data:`SWA_HEAD_DIMS`, a cache not in the activation dtype), so the caller
-        keeps its own kernel there."""
+        dim outside :data:`SWA_HEAD_DIMS` and not a tensor-core one (512: Gemma-4's full
+        layers, past :data:`MMA_DECODE_MIN_CTX` keys), a cache not in the activation dtype), so
+        the caller keeps its own kernel there."""
         t, _, d = q.shape
         _, block_size, kh, _ = k_cache.shape
-        if d not in SWA_HEAD_DIMS or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+            return None
+        window = int(window) if window and window > 0 else 0
+        max_ctx = block_tables.shape[1] * block_size
+        max_ctx = min(max_ctx, window) if window else max_ctx
+        mma = self._use_mma_decode(q, k_cache, q.shape[1], kh, d, max_ctx, t, b1_limit=False)
+        if not mma and d not in SWA_HEAD_DIMS:
             return None
         out = self.ctx.out(q.shape, q.dtype)
         if not t or not seq_lens.shape[0]:
             return out
-        window = int(window) if window and window > 0 else 0
-        max_ctx = block_tables.shape[1] * block_size
-        max_ctx = min(max_ctx, window) if window else max_ctx
-        if self._use_mma_decode(q, k_cache, q.shape[1], kh, d, max_ctx, t, b1_limit=False):
+        if mma:
             self._mma_decode(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                              seq_lens.shape[0], kh, block_size, max_ctx, scale, 1.0, window)
             return out

@@ -94,7 +94,15 @@ def test_mma_decode_heads(h, kh, want):
     (1, 16, 2, 256, 32768, (8, 64)),    # one block an SM at 256; partials cap 131072 // (8 x 256)
     (8, 32, 8, 128, 32768, (4, 4)),
     (1, 32, 8, 128, 100, (4, 2)),       # at least one 64-key tile a split
-    (64, 32, 8, 128, 8192, (4, 1))])
+    (64, 32, 8, 128, 8192, (4, 1)),
+    # head dim 512, the cost model's pick (the fastest of 8 / 4 / 2 heads in session 24's
+    # per-op times at these shapes)
+    (1, 16, 2, 512, 32768, (4, 33)),    # 8 heads: 2 x 32 blocks (partials cap); 4: 4 x 33
+    (1, 32, 4, 512, 32768, (8, 32)),    # 8 heads: 128 blocks, the cache read once
+    (1, 32, 4, 512, 1024, (4, 16)),     # short: a smaller merge, the re-reads hit L2
+    (1, 16, 2, 512, 1024, (2, 16)),
+    (32, 16, 2, 512, 32768, (8, 2)),    # 128 blocks; fewer heads read the cache again
+    (32, 32, 4, 512, 32768, (8, 1))])
 def test_mma_decode_plan(t, h, kh, d, ctx, want):
     from atlas_cuda.attention_plan import mma_decode_plan
     assert mma_decode_plan(t, h, kh, d, ctx, 132) == want
@@ -105,6 +113,9 @@ def test_mma_decode_smem_fits_two_blocks_an_sm_up_to_128():
     assert 2 * mma_decode_smem(128, 2) <= 227 << 10
     assert 2 * mma_decode_smem(64, 2) <= 227 << 10
     assert mma_decode_smem(256, 2) <= 227 << 10
+    # 512: 16 query rows and three stages of 32 keys (216,320 bytes) beside the kernel's 1,552
+    # static bytes, one block an SM
+    assert mma_decode_smem(512, 2) == 216320 and mma_decode_smem(512, 2) + 1552 <= 227 << 10
 
 
 @pytest.mark.parametrize("choice,ctx,dtype,cache,want", [

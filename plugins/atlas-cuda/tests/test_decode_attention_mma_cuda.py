@@ -1,6 +1,6 @@
 """The tensor-core decode kernel (attention_decode_mma.cu, policy ``decode_plan=mma``) against
 the NumPy reference: GQA groups of 2-32 query heads (32: two 16-row chunks), head dims 64 / 128 /
-256, bf16 and f16, contexts crossing KV blocks, 64-key tiles and splits, several query tokens a
+256 and 512 (Gemma-4's full layers: the kernel's own 32-key tile), bf16 and f16, contexts crossing KV blocks, 64-key tiles and splits, several query tokens a
 sequence (speculative verify rows), graph replay with changing lengths; and that ``auto`` picks it
 for long caches and keeps the CUDA-core kernel for short ones and fp8 caches."""
 
@@ -29,12 +29,16 @@ def paged(batch, h, kh, d, max_ctx, dtype=bfloat16, n_q=1):
 
 
 def run(be, arrays, d, kv_scale=1.0):
-    return be.ops.paged_attention(*(be.from_host(a) for a in arrays), d ** -0.5,
-                                  kv_scale=kv_scale)
+    dev = [be.from_host(a) for a in arrays]
+    if d == 512:  # decodes through window_decode only (Gemma-4's full layers: window 0)
+        from atlas_cuda.ops_attention import AttentionOps
+        return be.ctx.bind(AttentionOps).window_decode(*dev, d ** -0.5, 0)
+    return be.ops.paged_attention(*dev, d ** -0.5, kv_scale=kv_scale)
 
 
 @pytest.mark.parametrize("h,kh,d", [(32, 8, 128), (32, 4, 128), (16, 2, 256), (16, 8, 64),
-                                    (32, 2, 128), (64, 2, 64), (16, 1, 128), (8, 4, 256)])
+                                    (32, 2, 128), (64, 2, 64), (16, 1, 128), (8, 4, 256),
+                                    (16, 2, 512), (32, 4, 512), (8, 4, 512), (64, 2, 512)])
 @pytest.mark.parametrize("lens", [[1], [17], [64], [65], [4100], [300, 1, 63, 4097, 128, 15, 16, 2049]])
 def test_mma_decode_matches_reference(cuda_backend, use_policy, h, kh, d, lens):
     use_policy(decode_plan="mma")
@@ -55,6 +59,23 @@ def test_mma_decode_f16_and_bf16(cuda_backend, use_policy, dtype):
     q, kc, vc, bt, cu = paged(3, 32, 8, 128, 5000, dtype)
     got = run(be, (q, kc, vc, bt, sl, cu), 128)
     assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 128 ** -0.5),
+                            check_shape=False) < 1e-2
+
+
+@pytest.mark.parametrize("hb,splits", [(2, 1), (4, 3), (8, 33), (8, 1), (16, 7)])
+def test_mma_decode_512_under_every_head_chunk_and_split(cuda_backend, use_policy, monkeypatch,
+                                                        hb, splits):
+    """Head dim 512 under forced plans (the plan picks 2-16 heads a block by the SMs it fills):
+    partial tiles, empty trailing splits, the in-kernel combine, and a windowed query."""
+    from atlas_cuda import ops_attention
+    use_policy(decode_plan="mma")
+    monkeypatch.setattr(ops_attention, "mma_decode_plan", lambda *a: (hb, splits))
+    be = cuda_backend
+    sl = np.array([3001, 40, 1, 700], np.int32)
+    q, kc, vc, bt, cu = paged(4, 32, 2, 512, 3001)
+    got = run(be, (q, kc, vc, bt, sl, cu), 512)
+    assert be.kernels.last_module == "attention_decode_mma"
+    assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 512 ** -0.5),
                             check_shape=False) < 1e-2
 
 

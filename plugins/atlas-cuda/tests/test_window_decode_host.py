@@ -35,6 +35,27 @@ def test_window_decode_takes_the_mma_kernel_over_the_window():
     assert ctx.kernels.launches[-1][0].startswith("attn_dec_swa_bf16_d256_h")
 
 
+def test_window_decode_takes_the_512_wide_mma_kernel_past_512_keys():
+    """Gemma-4's full layers (head dim 512, window 0): ``attn_dec_mma_*_d512_h*`` with its own
+    shared memory (32-key tiles) past 512 keys; at 512 keys or fewer, or in float32, None (the
+    caller's ``swa_split``)."""
+    from atlas_cuda.attention_plan import mma_decode_smem
+    ctx = fake_context()
+    ops = AttentionOps(ctx)
+    q, cache = _arr((1, 16, 512)), _arr((64, 16, 2, 512))
+    tables, lens, cu = _arr((1, 64), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
+    out = ops.window_decode(q, cache, cache, tables, lens, cu, 1.0, 0)
+    name, grid, shmem, args, pdl = ctx.kernels.launches[-1]
+    hb, splits = mma_decode_plan(1, 16, 2, 512, 1024, ctx.num_sms)
+    assert name == f"attn_dec_mma_bf16_d512_h{hb}" and pdl and args[-1] == 0
+    assert args[0] is out and grid == (1, 2 * (8 // hb), splits)
+    assert shmem == mma_decode_smem(512, 2)
+    short = _arr((1, 32), "int32")
+    assert ops.window_decode(q, cache, cache, short, lens, cu, 1.0, 0) is None
+    f32, f32_cache = _arr((1, 16, 512), "float32"), _arr((64, 16, 2, 512), "float32")
+    assert ops.window_decode(f32, f32_cache, f32_cache, tables, lens, cu, 1.0, 0) is None
+
+
 def test_window_decode_launches_attn_dec_swa_with_the_window_last():
     ctx = fake_context(KernelPolicy(decode_plan="split"))
     ops = AttentionOps(ctx)

@@ -179,10 +179,11 @@ def _forget_before_window(tables, seq_lens, q_lens, window, block_size=16):
                                   "window_decode_swa"])
 def test_every_kernel_matches_the_reference_at_gemma4_shapes(cuda, dtype, shape, path):
     """Each kernel on the same rows (chunks of 37 and 20 tokens, decode rows after 2,000 and 40
-    tokens); ``window_decode`` is the core's decode kernel the op takes at decode for head sizes
-    up to 256 (None at 512, where ``_split`` stays): the tensor-core ``attn_dec_mma_*`` over the
-    window in bf16 (these caches are longer than 512 keys), ``attn_dec_swa_*`` in float32 and
-    with policy ``decode_plan=split`` (``window_decode_swa``)."""
+    tokens); ``window_decode`` is the core's decode kernel the op takes at decode: the
+    tensor-core ``attn_dec_mma_*`` over the window in bf16 (these caches are longer than 512
+    keys; at 512 its own ``attn_dec_mma512_impl``), ``attn_dec_swa_*`` in float32 and with policy
+    ``decode_plan=split`` (``window_decode_swa``) up to 256 (None at 512 there, where ``_split``
+    stays)."""
     import dataclasses
 
     from atlas_cuda.ops_attention import AttentionOps
@@ -207,10 +208,10 @@ def test_every_kernel_matches_the_reference_at_gemma4_shapes(cuda, dtype, shape,
             out = cuda.ctx.bind(AttentionOps).window_decode(*dev, scale, window)
         finally:
             cuda.set_policy(original)
-        if head_dim > 256:
+        mma = path == "window_decode" and dtype == "bfloat16"
+        if head_dim > 256 and not mma:
             assert out is None
             return
-        mma = path == "window_decode" and dtype == "bfloat16"
         assert cuda.kernels.last_module == ("attention_decode_mma" if mma else "attention_decode")
     else:
         out = cuda.ctx.out(q.shape, q.dtype)

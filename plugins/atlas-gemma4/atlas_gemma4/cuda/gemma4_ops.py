@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from atlas_cuda.array import DeviceArray
-from atlas_cuda.ops_attention import SWA_HEAD_DIMS, AttentionOps
+from atlas_cuda.ops_attention import AttentionOps
 from atlas_cuda.ops_gemv import GemvOps
 from atlas_cuda.kernels_loader import variant_of
 
@@ -209,20 +209,24 @@ class Gemma4CudaOps:
                                  window: int, kv_scale: float = 1.0) -> DeviceArray:
         """Prefill-heavy steps (at least 4 query tokens a sequence on average): ``swa_mma``
         (tensor cores) in bf16 / f16 at head sizes 64-512 on sm_80+ unless policy
-        ``attention=simt``, else ``swa_tile``; decode steps: the core's windowed paged decode
-        kernel (``attn_dec_swa_*``) at head sizes 64 / 128 / 256, else (512, the others, or
-        ``ATLAS_GEMMA_DECODE_ATTENTION=own``) ``swa_split`` (several splits merged in-kernel
-        by the last block)."""
+        ``attention=simt``, else ``swa_tile``; decode steps: the core's ``window_decode`` where it
+        applies (its tensor-core ``attn_dec_mma_*`` past 512 keys in bf16 / f16 at head sizes
+        64-512, else ``attn_dec_swa_*`` at 64 / 128 / 256), else (512 over at most 512 keys or
+        in float32, the other sizes, or ``ATLAS_GEMMA_DECODE_ATTENTION=own``) ``swa_split``
+        (several splits merged in-kernel by the last block)."""
         t, h, d = q.shape
         num_seqs = seq_lens.shape[0]
         self._check(q, k_cache, v_cache, kv_scale)
         decode = t and num_seqs and t < 4 * num_seqs
-        if decode and d in SWA_HEAD_DIMS and self.decode_attention == "auto":
+        if decode and self.decode_attention == "auto":
             # the core's paged decode kernel from the window's first key (in-kernel combine,
             # block-table entries a round ahead): 3.68 against 3.91 ms a gemma-4-26b-a4b step
-            # with swa_split at batch 1, 1k context (H200, session 22)
-            return self.ctx.bind(AttentionOps).window_decode(
+            # with swa_split at batch 1, 1k context (H200, session 22); at 512 its tensor-core
+            # kernel past 512 keys (None below: swa_split)
+            got = self.ctx.bind(AttentionOps).window_decode(
                 q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
+            if got is not None:
+                return got
         out = self.ctx.out(q.shape, q.dtype)
         if not t or not num_seqs:
             return out
