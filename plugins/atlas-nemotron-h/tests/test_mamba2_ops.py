@@ -191,7 +191,8 @@ def test_fused_cuda_decode_plan_and_its_wave_rule(monkeypatch):
 
 
 @pytest.mark.parametrize("env, tokens, n_group, experts, kernels", [
-    ("auto", 1, 1, 128, ["nemotron_h_moe_logits", "nemotron_h_moe_select"]),
+    ("auto", 1, 1, 128, ["nemotron_h_moe_route1"]),
+    ("two", 1, 1, 128, ["nemotron_h_moe_logits", "nemotron_h_moe_select"]),
     ("fused", 1, 1, 128, ["nemotron_h_moe_route1"]),
     ("fused", 512, 1, 512, ["nemotron_h_moe_route1"]),
     ("fused", 513, 1, 128, ["nemotron_h_moe_logits", "nemotron_h_moe_select"]),
@@ -200,9 +201,9 @@ def test_fused_cuda_decode_plan_and_its_wave_rule(monkeypatch):
 ])
 def test_router_kernels_by_environment_and_shape(monkeypatch, env, tokens, n_group, experts,
                                                  kernels):
-    """ATLAS_NEMOTRON_ROUTE=fused takes the one-kernel router where it applies (n_group 1, at
-    most 512 experts and 512 tokens: 64 counters of 8-token groups), the two kernels elsewhere
-    and by default (no GPU needed: the launches are recorded)."""
+    """The one-kernel router (``auto`` and ``fused``) where it applies (n_group 1, at most 512
+    experts and 512 tokens: 64 counters of 8-token groups), the two kernels elsewhere and with
+    ATLAS_NEMOTRON_ROUTE=two (no GPU needed: the launches are recorded)."""
     moe_ops = pytest.importorskip("atlas_nemotron_h.cuda.moe_ops")
     monkeypatch.setenv(moe_ops.ROUTE_KERNEL_ENV, env)
     launches = []

@@ -1,13 +1,13 @@
 """Nemotron-H MoE ops on the cuda backend (``cuda/kernels/nemotron_moe.cu``): the grouped
 sigmoid router and the non-gated experts, registered by :mod:`atlas_nemotron_h.plugin`.
 
-The router is two kernels: its logits as a GEMV with a block per expert (several tokens per
-block), then a one-warp-per-token grouped top-k; one block doing both was latency bound (a
-third of a millisecond per layer at decode). ``ATLAS_NEMOTRON_ROUTE=fused`` runs both in one
-kernel instead (the logits blocks, and the last of each token group selects, on the backend's
-shared completion counters, ``ctx.sync_counters()``), one launch fewer a MoE layer: H200
-nemotron-3-nano-30b-a3b at 1k, 2.60 against 2.66 ms at batch 1 and 9.48 against 9.49 at batch 8
-(one run each, session 22), so not the default yet.
+The router is one kernel where it applies (``auto``): a GEMV block per expert computes the
+logits of several tokens, and the last block of each token group to finish (the backend's shared
+completion counters, ``ctx.sync_counters()``) selects with a one-warp-per-token grouped top-k.
+Elsewhere (``ATLAS_NEMOTRON_ROUTE=two``, n_group > 1, more than 512 experts or tokens) those are
+two kernels; one block doing both was latency bound (a third of a millisecond per layer at
+decode). H200 nemotron-3-nano-30b-a3b at 1k, one kernel against two: 2.60 / 2.66 ms at batch 1,
+9.48 / 9.49 at batch 8 (session 22); 2.62 / 2.66 and 9.43 / 9.44 (session 24, another call).
 
 Decode batches (fewer than :data:`GROUPED_MIN_TOKENS` tokens) run the experts as two GEMV
 kernels over each token's chosen experts and the shared expert if passed: up + squared ReLU
@@ -35,10 +35,10 @@ WARPS, ROUTER_TOKENS, MAX_EXPERTS, MAX_GROUPS = 4, 8, 1024, 64
 DOWN_TILE, DOWN_PIECE = 8, 2048
 #: Tokens from which the experts run as per-expert GEMMs (above any captured decode batch).
 GROUPED_MIN_TOKENS = 512
-#: Environment variable choosing the router: ``auto`` (default; the two kernels until the one
-#: kernel wins more than one run), ``two`` (logits, then the selection) or ``fused`` (one kernel
-#: whose last block of each token group selects; n_group 1, at most
-#: :data:`ROUTE1_MAX_EXPERTS` experts and :data:`ROUTE1_MAX_TOKENS` tokens, else the two).
+#: Environment variable choosing the router: ``fused`` (one kernel whose last block of each
+#: token group selects; n_group 1, at most :data:`ROUTE1_MAX_EXPERTS` experts and
+#: :data:`ROUTE1_MAX_TOKENS` tokens, else the two), ``auto`` (default: the same as ``fused``) or
+#: ``two`` (logits, then the selection).
 ROUTE_KERNEL_ENV = "ATLAS_NEMOTRON_ROUTE"
 #: NM_ROUTE1_MAX_E of the kernel, and its counters' token groups x ROUTER_TOKENS.
 ROUTE1_MAX_EXPERTS, ROUTE1_GROUPS = 512, 64
@@ -79,7 +79,7 @@ class NemotronMoeCudaOps:
             ctx = self.ctx
             w, bias = ctx.f32(router_weight), ctx.f32(correction_bias)
             logits = ctx.out((t, e), np.float32)
-            if (route_kernel() == "fused" and n_group == 1 and e <= ROUTE1_MAX_EXPERTS
+            if (route_kernel() != "two" and n_group == 1 and e <= ROUTE1_MAX_EXPERTS
                     and t <= ROUTE1_MAX_TOKENS):
                 ctx.launch(ctx.kernel("nemotron_moe", x.dtype, "nemotron_h_moe_route1"),
                            (e, -(-t // ROUTER_TOKENS)), 32 * WARPS, weights, ids, logits,
