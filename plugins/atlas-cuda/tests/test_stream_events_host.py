@@ -1,7 +1,8 @@
 """The cuda backend's ``record_event`` over a fake driver (no GPU): events answer ``query``
 without blocking (``CUDA_ERROR_NOT_READY`` is "not yet", not an error), ``wait`` synchronizes
 once and makes the context current on the waiting thread, and handles are reused, never
-destroyed at garbage collection."""
+destroyed at garbage collection; timing events (``event`` / ``elapsed_ms``) are destroyed once
+read."""
 
 from __future__ import annotations
 
@@ -83,3 +84,23 @@ def test_handles_are_reused_after_the_last_reference_goes(fake):
     third = be.record_event()
     assert third.handle == "ev1" and drv.created == 2 and not be._free_events
     assert drv.calls[-1] == ("record", "ev1")
+
+
+def test_timing_events_are_destroyed_once_read(fake, monkeypatch):
+    """``event()`` / ``elapsed_ms``: each timing pair is destroyed after its one read (a
+    200-replay timing loop used to leave 400 events behind), also when the read fails."""
+    drv, be = fake
+    destroyed = []
+    drv.CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0)
+    monkeypatch.setattr(drv, "cuEventDestroy",
+                        lambda h: destroyed.append(h) or (_Result.CUDA_SUCCESS,), raising=False)
+    monkeypatch.setattr(drv, "cuEventElapsedTime", lambda a, b: (_Result.CUDA_SUCCESS, 2.5),
+                        raising=False)
+    start, end = be.event(), be.event()
+    assert be.elapsed_ms(start, end) == 2.5 and destroyed == [start, end]
+    monkeypatch.setattr(drv, "cuEventElapsedTime",
+                        lambda a, b: (_Result.CUDA_ERROR_NOT_READY, None))
+    start, end = be.event(), be.event()
+    with pytest.raises(driver.CudaError, match="CUDA_ERROR_NOT_READY"):
+        be.elapsed_ms(start, end)
+    assert destroyed[2:] == [start, end]
