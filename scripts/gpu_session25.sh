@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# What session 24 left for a GPU (one H200 a part; session 24's calls and numbers are in
+# docs/benchmarks.md), checks first, then timings:
+#   part a: GPU tests of what changed after session 24's last test run: CudaBackend.elapsed_ms
+#           now destroys its two events (every graph-timing test goes through it), Nemotron-H
+#           with the one-kernel router as the default (greedy cuda = numpy, router bit for bit),
+#           the 512-wide decode kernel with its trigger moved (results cannot change: the next
+#           kernel's griddepcontrol.wait waits for the whole grid); then the Gemma-4 cells
+#           session 24 could not fit: gemma-4-26b-a4b batch 32 at 32,768 tokens (a million-token
+#           prefill, ~130 s at session 24's 8,025 tok/s) and batch 1 at 32,768 beside HF eager
+#   part b: gemma-4-31b batch 32 at 32,768 tokens alone (a million-token prefill of a dense
+#           31B at session 24's 2,155 tok/s would take ~8 minutes: run it only once the 512-wide
+#           prefill attention is faster) and batch 1 at 1,024 / 32,768 beside HF eager
+# Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
+# everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
+# to $OUT/json.tgz, both rewritten as each step ends.
+set -uo pipefail
+part=${1:?usage: gpu_session25.sh a|b}
+OUT=${OUT:-$PWD/s25_out}
+LOGS=/tmp/s25_logs
+mkdir -p "$OUT" "$LOGS/json"
+exec > >(tee -a "$OUT/session.log") 2>&1
+pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" --exclude json . 2>/dev/null
+         tar czf "$OUT/json.tgz" -C "$LOGS/json" . 2>/dev/null; }
+export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
+[[ -d dev/real-models ]] && export ATLAS_FIXTURES_DIR=$PWD/dev/real-models
+T0=$SECONDS
+el() { echo "[+$((SECONDS - T0))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >"$LOGS/wheels.log" 2>&1 || tail -3 "$LOGS/wheels.log"
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
+  -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-gemma4 \
+  -e plugins/atlas-nemotron-h >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
+el installed
+tests() {  # TAG SECONDS PYTEST-ARGS...
+  local tag=$1 secs=$2; shift 2
+  timeout -s INT "$secs" python3 -m pytest -q -m gpu -p no:cacheprovider -rf "$@" \
+    >"$LOGS/tests-$tag.log" 2>&1
+  el "tests $tag: $(tail -1 "$LOGS/tests-$tag.log")"
+  grep -E "^FAILED|^ERROR|Interrupt" "$LOGS/tests-$tag.log" | head -12
+  pack
+}
+bench() {  # TAG SECONDS SHAPE BATCHES CONTEXTS [EXTRA-ARGS...]
+  local tag=$1 secs=$2 shape=$3 batches=$4 contexts=$5; shift 5
+  timeout -s INT "$secs" python3 -m atlas_core bench --model "$shape" --backend cuda \
+    --batch "$batches" --context "$contexts" --decode-tokens 32 --max-prefill-tokens 4096 \
+    --gpu-memory-utilization 0.9 --json "$LOGS/json/$tag.json" "$@" >"$LOGS/bench-$tag.log" 2>&1
+  el "$tag: exit $?"
+  grep -E "^ +[0-9]+ \| +[0-9]+ \||failed|rror|baseline|x hf" "$LOGS/bench-$tag.log" | head -16
+  pack
+}
+case $part in
+a)
+  tests timing 90 plugins/atlas-cuda/tests/test_fast_paths_cuda.py -k "graph"
+  tests nemotron 150 plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py -k "greedy or router"
+  tests mma512 60 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py -k "512"
+  bench gemma26-32k-hf 200 gemma-4-26b-a4b 1 32768 --baseline hf --baseline-decode-tokens 8
+  bench gemma26-b32-32k 240 gemma-4-26b-a4b 32 32768
+  ;;
+b)
+  bench gemma31-hf 240 gemma-4-31b 1 1024,32768 --baseline hf --baseline-decode-tokens 8
+  bench gemma31-b32-32k 340 gemma-4-31b 32 32768
+  ;;
+*) echo "part a or b"; exit 2 ;;
+esac
+el done
