@@ -5,17 +5,21 @@
 #           now destroys its two events (every graph-timing test goes through it), Nemotron-H
 #           with the one-kernel router as the default (greedy cuda = numpy, router bit for bit),
 #           the 512-wide decode kernel with its trigger moved (results cannot change: the next
-#           kernel's griddepcontrol.wait waits for the whole grid); then the Gemma-4 cells
-#           session 24 could not fit: gemma-4-26b-a4b batch 32 at 32,768 tokens (a million-token
-#           prefill, ~130 s at session 24's 8,025 tok/s) and batch 1 at 32,768 beside HF eager
-#   part b: gemma-4-31b batch 32 at 32,768 tokens alone (a million-token prefill of a dense
-#           31B at session 24's 2,155 tok/s would take ~8 minutes: run it only once the 512-wide
-#           prefill attention is faster) and batch 1 at 1,024 / 32,768 beside HF eager
+#           kernel's griddepcontrol.wait waits for the whole grid), swa_fa (Gemma's prefill
+#           attention with K/V through a cp.async ring, ATLAS_GEMMA_PREFILL_ATTENTION=fa,
+#           written without a GPU) against the reference; then the prefill bench of swa_fa
+#           against swa_mma (scripts/gemma_prefill_bench.py) and a 32k prompt's TTFT both ways
+#           (make swa_fa the default if it passes and wins every row)
+#   part b: gemma-4-26b-a4b batch 1 at 32,768 tokens beside HF eager, and batch 32 at 32,768
+#           (a million-token prefill: ~130 s at session 24's 8,025 tok/s)
+#   part c: gemma-4-31b batch 1 at 1,024 / 32,768 beside HF eager, and batch 32 at 32,768 (a
+#           million-token prefill: ~8 minutes at session 24's 2,155 tok/s; only once the
+#           prefill is faster)
 # Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
 # everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
 # to $OUT/json.tgz, both rewritten as each step ends.
 set -uo pipefail
-part=${1:?usage: gpu_session25.sh a|b}
+part=${1:?usage: gpu_session25.sh a|b|c}
 OUT=${OUT:-$PWD/s25_out}
 LOGS=/tmp/s25_logs
 mkdir -p "$OUT" "$LOGS/json"
@@ -55,13 +59,20 @@ a)
   tests timing 90 plugins/atlas-cuda/tests/test_fast_paths_cuda.py -k "graph"
   tests nemotron 150 plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py -k "greedy or router"
   tests mma512 60 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py -k "512"
-  bench gemma26-32k-hf 200 gemma-4-26b-a4b 1 32768 --baseline hf --baseline-decode-tokens 8
-  bench gemma26-b32-32k 240 gemma-4-26b-a4b 32 32768
+  tests swa-fa 150 plugins/atlas-gemma4/tests/test_gemma4_cuda.py -k "every_kernel and _tile_"
+  timeout 120 python3 scripts/gemma_prefill_bench.py >"$LOGS/prefill-bench.log" 2>&1
+  el "prefill bench: exit $?"; grep "|" "$LOGS/prefill-bench.log"; pack
+  bench gemma26-32k 90 gemma-4-26b-a4b 1 32768
+  ATLAS_GEMMA_PREFILL_ATTENTION=fa bench gemma26-32k-fa 90 gemma-4-26b-a4b 1 32768
   ;;
 b)
+  bench gemma26-32k-hf 200 gemma-4-26b-a4b 1 32768 --baseline hf --baseline-decode-tokens 8
+  bench gemma26-b32-32k 300 gemma-4-26b-a4b 32 32768
+  ;;
+c)
   bench gemma31-hf 240 gemma-4-31b 1 1024,32768 --baseline hf --baseline-decode-tokens 8
   bench gemma31-b32-32k 340 gemma-4-31b 32 32768
   ;;
-*) echo "part a or b"; exit 2 ;;
+*) echo "part a, b or c"; exit 2 ;;
 esac
 el done

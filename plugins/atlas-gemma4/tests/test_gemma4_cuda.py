@@ -175,7 +175,7 @@ def _forget_before_window(tables, seq_lens, q_lens, window, block_size=16):
 @pytest.mark.parametrize("shape", [(32, 16, 256, 1024), (32, 4, 512, 0), (16, 2, 512, 0),
                                    (16, 8, 256, 1024), (8, 4, 256, 0)],
                          ids=["31b-sliding", "31b-full", "26b-full", "26b-sliding", "g3-full"])
-@pytest.mark.parametrize("path", ["_tile_mma", "_tile", "_split", "window_decode",
+@pytest.mark.parametrize("path", ["_tile_mma", "_tile_fa", "_tile", "_split", "window_decode",
                                   "window_decode_swa"])
 def test_every_kernel_matches_the_reference_at_gemma4_shapes(cuda, dtype, shape, path):
     """Each kernel on the same rows (chunks of 37 and 20 tokens, decode rows after 2,000 and 40
@@ -189,7 +189,7 @@ def test_every_kernel_matches_the_reference_at_gemma4_shapes(cuda, dtype, shape,
     from atlas_cuda.ops_attention import AttentionOps
     from atlas_gemma4.cuda.gemma4_ops import Gemma4CudaOps
 
-    if path == "_tile_mma" and dtype == "float32":
+    if path in ("_tile_mma", "_tile_fa") and dtype == "float32":
         pytest.skip("the tensor-core kernel is built for bf16 / f16 only")
     heads, kv_heads, head_dim, window = shape
     q_lens, contexts = [37, 1, 1, 20], [1500, 2000, 40, 0]

@@ -4,7 +4,7 @@ and ``attention_common.cuh`` they include.
 
 Default run: NVRTC's front-end check of every dtype build of both modules for sm_90a (Hopper)
 and sm_121 (GB10), and the elementwise module to a cubin. The attention modules (42 SIMT
-kernels a dtype, 20 tensor-core ones in bf16 / f16; about a minute a cubin on one loaded core)
+kernels a dtype, 40 tensor-core ones in bf16 / f16: swa_mma and swa_fa; about a minute a cubin on one loaded core)
 go to cubins in the slow job (``pytest -m slow``), for bf16 (what models run) and f32 (what
 the GPU tests compare with numpy), where ptxas would report a register or shared-memory limit
 the front end cannot see.

@@ -44,13 +44,18 @@ MUL_SCALAR, MUL_ROW, MUL_COLUMN, MUL_FULL = 0, 1, 2, 3
 DECODE_ATTENTION_ENV = "ATLAS_GEMMA_DECODE_ATTENTION"
 
 
-def decode_attention() -> str:
-    """The decode attention :data:`DECODE_ATTENTION_ENV` selects (read when a backend binds
-    these ops)."""
-    kind = os.environ.get(DECODE_ATTENTION_ENV, "auto")
-    if kind not in ("auto", "own"):
-        raise ValueError(f"{DECODE_ATTENTION_ENV}={kind!r}: use 'auto' or 'own'")
+def _env_choice(name: str, allowed: tuple[str, ...]) -> str:
+    """The value of environment variable ``name`` (``allowed[0]`` if unset), one of
+    ``allowed``; read when a backend binds these ops."""
+    kind = os.environ.get(name, allowed[0])
+    if kind not in allowed:
+        raise ValueError(f"{name}={kind!r}: use " + " or ".join(repr(a) for a in allowed))
     return kind
+
+
+def decode_attention() -> str:
+    """The decode attention :data:`DECODE_ATTENTION_ENV` selects."""
+    return _env_choice(DECODE_ATTENTION_ENV, ("auto", "own"))
 
 
 #: ``ffn_in`` at decode: ``auto`` (the fused ``gemvn_norm2_act`` kernel where it applies) or
@@ -59,11 +64,20 @@ FFN_IN_ENV = "ATLAS_GEMMA_FFN_IN"
 
 
 def ffn_in_mode() -> str:
-    """The ``ffn_in`` path :data:`FFN_IN_ENV` selects (read when a backend binds these ops)."""
-    kind = os.environ.get(FFN_IN_ENV, "auto")
-    if kind not in ("auto", "composed"):
-        raise ValueError(f"{FFN_IN_ENV}={kind!r}: use 'auto' or 'composed'")
-    return kind
+    """The ``ffn_in`` path :data:`FFN_IN_ENV` selects."""
+    return _env_choice(FFN_IN_ENV, ("auto", "composed"))
+
+
+#: Prefill attention on tensor cores: ``auto`` (``swa_mma``) or ``fa`` (``swa_fa``: the same
+#: tiles with K/V streamed through a two-stage cp.async ring, 32 keys a tile; written in session
+#: 24 without a GPU: the default once its tests pass and it wins the prefill bench,
+#: scripts/gemma_prefill_bench.py).
+PREFILL_ATTENTION_ENV = "ATLAS_GEMMA_PREFILL_ATTENTION"
+
+
+def prefill_attention() -> str:
+    """The prefill attention :data:`PREFILL_ATTENTION_ENV` selects."""
+    return _env_choice(PREFILL_ATTENTION_ENV, ("auto", "fa"))
 
 
 def tile_shmem(head_dim: int, itemsize: int = 4) -> int:
@@ -78,6 +92,13 @@ def mma_shmem(head_dim: int) -> int:
     """Dynamic shared memory of ``swa_mma`` at ``head_dim`` (``SwaMma::SMEM``, 2-byte types)."""
     keys, cols = (16 if head_dim >= 512 else 32), min(head_dim, 256)
     return 2 * (MMA_ROWS * (head_dim + 8) + keys * (head_dim + 8) + cols * (keys + 8))
+
+
+def fa_shmem(head_dim: int) -> int:
+    """Dynamic shared memory of ``swa_fa`` at ``head_dim`` (``SwaFa::SMEM``, 2-byte types): the
+    query rows, then two stages of 32 keys' K rows and V column halves."""
+    cols = min(head_dim, 256)
+    return 2 * (MMA_ROWS * (head_dim + 8) + 2 * 32 * (head_dim + 8) + 2 * 32 * (cols + 8))
 
 
 def mul_mode(a_shape: tuple, b_shape: tuple) -> int:
@@ -118,6 +139,7 @@ class Gemma4CudaOps:
         self.ctx = ctx
         self.decode_attention = decode_attention()
         self.ffn_in_mode = ffn_in_mode()
+        self.prefill_attention = prefill_attention()
 
     def _grid(self, n: int) -> int:
         return max(1, min(-(-n // 256), 8 * self.ctx.num_sms))
@@ -231,7 +253,9 @@ class Gemma4CudaOps:
         if not t or not num_seqs:
             return out
         if not decode:
-            tile = self._tile_mma if self._use_mma(q) else self._tile
+            tile = self._tile
+            if self._use_mma(q):
+                tile = self._tile_fa if self.prefill_attention == "fa" else self._tile_mma
             tile(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
         else:
             self._split(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
@@ -298,14 +322,25 @@ class Gemma4CudaOps:
 
     def _tile_mma(self, out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
                   window) -> None:
+        self._tile_tc("swa_mma", mma_shmem, out, q, k_cache, v_cache, block_tables, seq_lens,
+                      cu_seqlens_q, scale, window)
+
+    def _tile_fa(self, out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+                 window) -> None:
+        self._tile_tc("swa_fa", fa_shmem, out, q, k_cache, v_cache, block_tables, seq_lens,
+                      cu_seqlens_q, scale, window)
+
+    def _tile_tc(self, name, shmem_of, out, q, k_cache, v_cache, block_tables, seq_lens,
+                 cu_seqlens_q, scale, window) -> None:
+        """A tensor-core prefill kernel (``swa_mma`` / ``swa_fa``: same grid and arguments)."""
         t, h, d = q.shape
         kh, var = k_cache.shape[2], variant_of(q.dtype)
         group = h // kh
         hb = next(n for n in MMA_HEADS if group % n == 0)
         tiles = -(-t // (MMA_ROWS // hb)) + seq_lens.shape[0]
-        shmem = mma_shmem(d)
+        shmem = shmem_of(d)
         kernel = self.ctx.kernels.kernel("gemma4_attention_mma", var,
-                                         f"swa_mma_{var}_d{d}_h{hb}", shmem)
+                                         f"{name}_{var}_d{d}_h{hb}", shmem)
         self.ctx.launch(kernel, (tiles, kh * (group // hb), d // min(d, 256)), 128, out, q,
                         k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                         *self._args(q, k_cache, block_tables, seq_lens, 1, scale, window),
