@@ -28,6 +28,9 @@ LONG_DECODE_CTX = 4096
 #: K/V ring (kept in step with the kernel's DecMma::NST and DW_NST): two blocks an SM up to 128,
 #: one at 256 and 512.
 MMA_DECODE_STAGES = {64: 4, 128: 3, 256: 2, 512: 3}
+#: Static shared memory of that kernel at most (ptxas: 1,552 bytes at head dim 512, up to 528
+#: below), on top of :func:`mma_decode_smem` when checking it fits a block.
+MMA_DECODE_STATIC = 2048
 #: Cache length (the block table's width) above which ``auto`` takes that kernel: H200,
 #: per op (scripts/attn_decode_bench.py), mma against the CUDA-core plans, qwen3-8b heads, us:
 #: batch 1 at 512 tokens 7.20 / 7.54, 1,024 7.76 / 10.98, 4,096 11.65 / 30.85; batch 8 at

@@ -123,6 +123,9 @@ class CudaBackend(DeviceTransfers, GraphCapture, GpuBackend):
         #: an integrated GPU on the host's RAM (GB10): memory_info is capped by MemAvailable
         self.unified_memory = bool(getattr(self.device.properties, "integrated", False))
         self.l2_bytes = self.device.properties.l2_cache_size
+        #: opt-in shared memory a block may take (227 KB on Hopper, 99 KB on GB10)
+        self.smem_optin = int(getattr(self.device.properties, "max_shared_memory_per_block_optin",
+                                      0) or 0)
         self._capturing = False
         self._probing = False
         self._free_events: list[Any] = []  # event handles of record_event, for reuse

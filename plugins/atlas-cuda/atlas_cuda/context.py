@@ -58,6 +58,7 @@ class OpContext:
         capability: the device's ``(major, minor)`` compute capability.
         num_sms: streaming multiprocessors of the device.
         l2_bytes: the device's L2 cache size.
+        smem_optin: the device's opt-in shared memory a block (0: unknown; :meth:`fits_smem`).
         pdl: launch the decode kernels with programmatic dependent launch (policy on and
             sm_90+); each waits before reading what the previous kernel wrote.
         ops: the backend's assembled op table, for unfused fallbacks (``compose_*``) that call
@@ -75,6 +76,7 @@ class OpContext:
         self.capability = tuple(backend.capability)
         self.num_sms = backend.num_sms
         self.l2_bytes = backend.l2_bytes
+        self.smem_optin = int(getattr(backend, "smem_optin", 0) or 0)
         self.set_policy(policy)
         self.ops: Any = None
         self._lt: Any = None
@@ -86,6 +88,13 @@ class OpContext:
         swap it between calls, never while a captured graph holds kernels of the old one)."""
         self.policy = policy
         self.pdl = policy.pdl and self.capability >= (9, 0)
+
+    def fits_smem(self, dynamic: int, static: int = 0) -> bool:
+        """Whether a block taking ``dynamic`` bytes of dynamic and ``static`` of static shared
+        memory can launch on this device (``smem_optin``: 227 KB on an H100 / H200, 99 KB on a
+        GB10; unknown, 0, fits everything). Ops check it before choosing a kernel sized for
+        Hopper and take a smaller one where it fails."""
+        return not self.smem_optin or dynamic + static <= self.smem_optin
 
     def bind(self, cls: type) -> Any:
         """The one instance of op class ``cls`` (constructed as ``cls(ctx)``) for this context,

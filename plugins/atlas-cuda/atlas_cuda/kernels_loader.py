@@ -80,6 +80,13 @@ class KernelLibrary:
         key = (module, variant, name)
         k = self.kernels.get(key)
         if k is None:
+            optin = int(getattr(self.backend, "smem_optin", 0) or 0)
+            if optin and max_shmem > optin:
+                raise ValueError(
+                    f"kernel {name} ({module}.cu) needs {max_shmem:,} bytes of shared memory a "
+                    f"block; this GPU allows {optin:,} (sized for Hopper's 227 KB: the op should "
+                    "have checked OpContext.fits_smem and taken a smaller kernel; please report "
+                    "it with the model and the step's shapes)")
             mod = self.modules.get((module, variant))
             if mod is None:
                 from cuda.core import ObjectCode

@@ -10,6 +10,7 @@ from atlas_cuda import ops_kv_nvfp4 as nvfp4
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.attention_plan import (
     LONG_DECODE_CTX, MMA_DECODE_B1_MAX_CTX, MMA_DECODE_MIN_CTX, MMA_DECODE_STAGES,
+    MMA_DECODE_STATIC,
     batch_invariant_decode_plan, decode_plan, mma_decode_heads, mma_decode_plan, mma_decode_smem,
     shared_decode_plan)
 from atlas_cuda.context import OpContext
@@ -264,8 +265,10 @@ class AttentionOps:
         :data:`MMA_DECODE_B1_MAX_CTX` for a single query token ``t`` where ``b1_limit``: the
         fused-rope CUDA-core kernel it stands against there), for a
         bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES` and
-        GQA groups of 2-16 query heads (or multiples of 16). Never in batch-invariant mode
-        (``attention=simt``): it splits the context as the step's plan says."""
+        GQA groups of 2-16 query heads (or multiples of 16), where its K/V ring fits a block
+        (:meth:`OpContext.fits_smem`: on a GB10's 99 KB only head dim 64; the CUDA-core split
+        kernels serve the others there). Never in batch-invariant mode (``attention=simt``): it
+        splits the context as the step's plan says."""
         policy = self.ctx.policy
         if policy.attention == "simt" or policy.decode_plan not in ("auto", "mma"):
             return False
@@ -273,7 +276,8 @@ class AttentionOps:
                 b1_limit and t == 1 and max_ctx <= MMA_DECODE_B1_MAX_CTX)):
             return False
         return (q.dtype.name in ("bfloat16", "float16") and k_cache.dtype == q.dtype
-                and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh) > 0)
+                and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh) > 0
+                and self.ctx.fits_smem(mma_decode_smem(d, q.dtype.itemsize), MMA_DECODE_STATIC))
 
     def _mma_decode(self, out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs,
                     num_kv_heads, block_size, max_ctx, scale, kv_scale, window: int = 0) -> None:

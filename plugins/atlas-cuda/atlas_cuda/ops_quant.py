@@ -77,6 +77,9 @@ SKINNY_NORM_ROWS = 2
 #: Shared memory the fused-norm skinny kernels may take for the normed rows (M x K of x):
 #: 8 rows of K 6,144 in bf16.
 SKINNY_NORM_XS = 96 << 10
+#: Static shared memory of the ``qskinny2_*`` kernels at most (ptxas: 128 bytes), added to their
+#: dynamic ring when checking it fits a block (``OpContext.fits_smem``).
+SKINNY2_STATIC = 256
 #: Blocks a SM the K split of the skinny kernels aims the grid at (:func:`skinny_splits`).
 SKINNY_BLOCKS_PER_SM = 2
 #: Elements one 16-byte load of weight data holds, by format (FP8 formats: 16).
@@ -168,11 +171,14 @@ def launch_skinny(ctx: Any, fmt: str, y: Any, x: Any, data: Any, scale: tuple, e
     cfg = SKINNY2_CONFIG.get((fmt, nt))
     if cfg is not None:
         mt, d = cfg
-        s = skinny_splits(N, K, ctx.num_sms, 16 * mt)
         ring = skinny2_smem(fmt, nt, mt, d, 1)
-        smem = max(ring + xs_bytes, skinny2_smem(fmt, nt, mt, d, s))
         most = max(ring + SKINNY_NORM_XS if norm else 0,
                    skinny2_smem(fmt, nt, mt, d, 2))  # the most it ever asks
+        if not ctx.fits_smem(most, SKINNY2_STATIC):
+            cfg = None  # sized for Hopper (147-196 KB): a GB10 block has 99 KB; qskinny_* below
+    if cfg is not None:
+        s = skinny_splits(N, K, ctx.num_sms, 16 * mt)
+        smem = max(ring + xs_bytes, skinny2_smem(fmt, nt, mt, d, s))
         k = ctx.kernels.kernel("quant_skinny_ring", v,
                                f"qskinny2{kind}_{fmt}_{v}_n{nt}_m{mt}_d{d}", most)
         ctx.launch(k, -(-(-(-N // (16 * mt))) * s // 8), 256, y, x, data, *scale, bias,

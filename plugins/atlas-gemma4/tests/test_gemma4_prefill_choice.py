@@ -1,6 +1,7 @@
 """Which tensor-core prefill kernel ``sliding_window_attention`` launches (no GPU needed: a
-recording context): ``swa_mma`` by default, ``swa_fa`` with ``ATLAS_GEMMA_PREFILL_ATTENTION=fa``,
-same grid and arguments, each with its own shared memory; a bad value names the choices."""
+recording context): ``swa_mma`` by default, ``swa_fa`` with ``ATLAS_GEMMA_PREFILL_ATTENTION=fa``
+where it fits the device's shared memory, same grid and arguments, each with its own shared
+memory; a bad value names the choices."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def _arr(shape, dtype="bfloat16"):
     return SimpleNamespace(shape=tuple(shape), ptr=0, dtype=dt)
 
 
-def _ops(monkeypatch, env):
+def _ops(monkeypatch, env, smem_optin=232448):
     if env is None:
         monkeypatch.delenv(gemma4_ops.PREFILL_ATTENTION_ENV, raising=False)
     else:
@@ -27,6 +28,7 @@ def _ops(monkeypatch, env):
     kernels = SimpleNamespace(kernel=lambda module, var, name, shmem=0: (module, name, shmem))
     ctx = SimpleNamespace(
         kernels=kernels, capability=(9, 0), num_sms=132, pdl=True,
+        fits_smem=lambda dynamic, static=0: dynamic + static <= smem_optin,
         policy=SimpleNamespace(attention="auto"), out=lambda shape, dtype: _arr(shape, dtype.name),
         launch=lambda kernel, grid, block, *args, shmem=0, **kw: launches.append(
             (kernel, grid, args, shmem)))
@@ -49,6 +51,16 @@ def test_prefill_takes_swa_fa_when_asked(monkeypatch, d, heads, kv, want_z):
     assert got[None][1] == got["fa"][1] and got["fa"][1][2] == want_z
     assert got[None][2] == got["fa"][2]            # the same scalar arguments
     assert got[None][3] == gemma4_ops.mma_shmem(d) and got["fa"][3] == gemma4_ops.fa_shmem(d)
+
+
+def test_a_gb10_keeps_swa_mma_where_swa_fa_does_not_fit(monkeypatch):
+    """99 KB a block (DGX Spark): swa_fa at 256 fits exactly (101,376 bytes), at 512 not."""
+    tables, lens, cu = _arr((1, 40), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
+    for d, kv, want in ((512, 2, "swa_mma"), (256, 16, "swa_fa")):
+        ops, launches = _ops(monkeypatch, "fa", smem_optin=101376)
+        ops.sliding_window_attention(_arr((64, 32, d)), _arr((40, 16, kv, d)),
+                                     _arr((40, 16, kv, d)), tables, lens, cu, 0.1, 0)
+        assert launches[-1][0][1].startswith(f"{want}_bf16_d{d}_")
 
 
 def test_fa_shared_memory_fits_one_block_an_sm_at_512_and_two_at_256():

@@ -161,11 +161,9 @@ class MlaCudaOps:
         return "mla_absorbed_attention"
 
     def _smem_optin(self) -> int:
-        """The device's opt-in shared memory per block (bytes; 0 where unknown)."""
-        if not hasattr(self, "_optin"):
-            props = getattr(getattr(self.ctx.backend, "device", None), "properties", None)
-            self._optin = int(getattr(props, "max_shared_memory_per_block_optin", 0) or 0)
-        return self._optin
+        """The device's opt-in shared memory per block (bytes; 0 where unknown: the context's
+        ``smem_optin``)."""
+        return int(getattr(self.ctx, "smem_optin", 0) or 0)
 
     def _mma_plan(self, q_lat: Any, rope: int) -> DecodePlan | None:
         """The tensor-core decode kernel for these shapes (:func:`decode_plan`, first choice

@@ -255,7 +255,8 @@ class Gemma4CudaOps:
         if not decode:
             tile = self._tile
             if self._use_mma(q):
-                tile = self._tile_fa if self.prefill_attention == "fa" else self._tile_mma
+                fa = self.prefill_attention == "fa" and self.ctx.fits_smem(fa_shmem(d))
+                tile = self._tile_fa if fa else self._tile_mma
             tile(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
         else:
             self._split(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale,
