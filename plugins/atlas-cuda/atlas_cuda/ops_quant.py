@@ -175,7 +175,7 @@ def launch_skinny(ctx: Any, fmt: str, y: Any, x: Any, data: Any, scale: tuple, e
         most = max(ring + SKINNY_NORM_XS if norm else 0,
                    skinny2_smem(fmt, nt, mt, d, 2))  # the most it ever asks
         if not ctx.fits_smem(most, SKINNY2_STATIC):
-            cfg = None  # sized for Hopper (147-196 KB): a GB10 block has 99 KB; qskinny_* below
+            cfg = None  # a fused-norm ring and its 96 KB of rows: over a GB10's 99 KB
     if cfg is not None:
         s = skinny_splits(N, K, ctx.num_sms, 16 * mt)
         smem = max(ring + xs_bytes, skinny2_smem(fmt, nt, mt, d, s))
