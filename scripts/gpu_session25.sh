@@ -4,12 +4,14 @@
 #   part a: GPU tests of what changed after session 24's last test run: CudaBackend.elapsed_ms
 #           now destroys its two events (every graph-timing test goes through it), Nemotron-H
 #           with the one-kernel router as the default (greedy cuda = numpy, router bit for bit),
-#           the 512-wide decode kernel with its trigger moved (results cannot change: the next
-#           kernel's griddepcontrol.wait waits for the whole grid), swa_fa (Gemma's prefill
-#           attention with K/V through a cp.async ring, ATLAS_GEMMA_PREFILL_ATTENTION=fa,
-#           written without a GPU) against the reference; then the prefill bench of swa_fa
-#           against swa_mma (scripts/gemma_prefill_bench.py) and a 32k prompt's TTFT both ways
-#           (make swa_fa the default if it passes and wins every row)
+#           the tensor-core decode kernels (the 512-wide one with its trigger moved: results
+#           cannot change, the next kernel's griddepcontrol.wait waits for the whole grid; all
+#           of them behind the new shared-memory check, which a Hopper passes), swa_fa
+#           (Gemma's prefill attention with K/V through a cp.async ring,
+#           ATLAS_GEMMA_PREFILL_ATTENTION=fa, written without a GPU) against the reference;
+#           then the prefill bench of swa_fa against swa_mma (scripts/gemma_prefill_bench.py)
+#           and a 32k prompt's TTFT both ways (make swa_fa the default if it passes and wins
+#           every row)
 #   part b: gemma-4-26b-a4b batch 1 at 32,768 tokens beside HF eager, and batch 32 at 32,768
 #           (a million-token prefill: ~130 s at session 24's 8,025 tok/s)
 #   part c: gemma-4-31b batch 1 at 1,024 / 32,768 beside HF eager, and batch 32 at 32,768 (a
@@ -58,7 +60,7 @@ case $part in
 a)
   tests timing 90 plugins/atlas-cuda/tests/test_fast_paths_cuda.py -k "graph"
   tests nemotron 150 plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py -k "greedy or router"
-  tests mma512 60 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py -k "512"
+  tests mma-decode 90 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py
   tests swa-fa 150 plugins/atlas-gemma4/tests/test_gemma4_cuda.py -k "every_kernel and _tile_"
   timeout 120 python3 scripts/gemma_prefill_bench.py >"$LOGS/prefill-bench.log" 2>&1
   el "prefill bench: exit $?"; grep "|" "$LOGS/prefill-bench.log"; pack
