@@ -212,7 +212,7 @@ def gemma_full(be, bf16) -> None:
     """Gemma-4's full-attention decode (head dim 512, window 0): the tensor-core kernel under
     its plan and forced heads a block, against atlas-gemma4's CUDA-core ``swa_split``."""
     from atlas_cuda import ops_attention
-    from atlas_cuda.attention_plan import mma_decode_plan
+    from atlas_cuda.attention_plan import mma_512_splits, mma_decode_plan
     from atlas_cuda.ops_attention import AttentionOps
     from atlas_gemma4.cuda.gemma4_ops import Gemma4CudaOps
     ops, own = be.ctx.bind(AttentionOps), be.ctx.bind(Gemma4CudaOps)
@@ -226,8 +226,7 @@ def gemma_full(be, bf16) -> None:
             us = per_op_us(be, call)
             forced = []
             for hb in (8, 4, 2):
-                splits = max(1, min(be.num_sms // (batch * h // hb), 131072 // (hb * 512),
-                                    -(-ctx // 32)))
+                splits = mma_512_splits(batch, h, kh, hb, ctx, be.num_sms)
                 ops_attention.mma_decode_plan = lambda *a, p=(hb, splits): p
                 try:
                     forced.append(f"{per_op_us(be, call):.2f} ({splits})")

@@ -34,7 +34,7 @@ def keys_seen(ctx: int, n: int, window: int) -> int:
 def main() -> None:
     from atlas_core.ops._dtypes import bfloat16
     from atlas_cuda.backend import CudaBackend
-    from atlas_gemma4.cuda.gemma4_ops import Gemma4CudaOps
+    from atlas_gemma4.cuda.gemma4_ops import MMA_HEADS, MMA_ROWS, Gemma4CudaOps
 
     be = CudaBackend()
     ops = be.ctx.bind(Gemma4CudaOps)
@@ -65,11 +65,11 @@ def main() -> None:
             mma_ms, fa_ms = timed(ops._tile_mma), timed(ops._tile_fa)
             seen = keys_seen(ctx, CHUNK, window)
             flops = 4 * d * h * seen
-            # blocks of 64 (token, head) rows, hb heads of a KV head each, times the column
+            # blocks of MMA_ROWS (token, head) rows, hb heads of a KV head each, times the column
             # halves of a 512-wide head; each reads all of K and its half of V over the span
             group, cols = h // kh, min(d, 256)
-            hb = next(n for n in (16, 8, 4, 2, 1) if group % n == 0)
-            blocks = -(-CHUNK // (64 // hb)) * (group // hb) * (d // cols) * kh
+            hb = next(n for n in MMA_HEADS if group % n == 0)
+            blocks = -(-CHUNK // (MMA_ROWS // hb)) * (group // hb) * (d // cols) * kh
             kv_read = blocks * (seen / CHUNK) * 2 * (d + cols)
             print(f"gemma prefill | {name} | {ctx} + {CHUNK} | {mma_ms:.2f} | "
                   f"{flops / mma_ms / 1e9:,.1f} | {fa_ms:.2f} | {flops / fa_ms / 1e9:,.1f} | "

@@ -98,13 +98,20 @@ def _mma_decode_plan_512(t: int, h: int, kh: int, hb: int, max_ctx: int,
         base = t * kh * (h // kh // hb)
         if base > COUNTERS:
             break
-        splits = max(1, min(num_sms // base, COMBINE_FLOATS_MMA // (hb * 512),
-                            -(-max_ctx // MMA_DECODE_BN_512)))
+        splits = mma_512_splits(t, h, kh, hb, max_ctx, num_sms)
         cost = _mma_512_cost(t, h, kh, hb, splits, max_ctx, num_sms)
         if best is None or cost < best[0]:
             best = (cost, hb, splits)
         hb //= 2
     return (best[1], best[2]) if best else (mma_decode_heads(h, kh), 1)
+
+
+def mma_512_splits(t: int, h: int, kh: int, hb: int, max_ctx: int, num_sms: int) -> int:
+    """Splits of the 512-wide decode plan at ``hb`` heads a block: the most one wave (a block an
+    SM), the partials' cap (:data:`COMBINE_FLOATS_MMA`) and one 32-key tile a split allow."""
+    base = t * kh * (h // kh // hb)
+    return max(1, min(num_sms // base, COMBINE_FLOATS_MMA // (hb * 512),
+                      -(-max_ctx // MMA_DECODE_BN_512)))
 
 
 #: The cost model of the 512-wide plan, fitted to H200 per-op times (session 24,
