@@ -20,6 +20,20 @@ struct SwaMma {
 
 __device__ __forceinline__ u32 swa_ld2(const void* p) { return *reinterpret_cast<const u32*>(p); }
 
+// The two (token, head) rows a thread holds in the mma fragments (row and row + 8 of the
+// block's R): whether each is a token of the sequence, its position and its window's first key.
+template <int HB>
+__device__ __forceinline__ void swa_mma_rows(int row, int t0, int t_end, int p0, int window,
+                                             bool* ok, int* pos, int* first) {
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    int tok = (row + 8 * i) / HB;
+    ok[i] = t0 + tok < t_end;
+    pos[i] = p0 + tok;
+    first[i] = swa_first(pos[i], window);
+  }
+}
+
 // swa_tile on tensor cores (bf16 / f16): S = Q K^T and O += P V with mma.sync m16n8k16, fp32
 // accumulators, the online softmax in registers. A thread holds rows g and g + 8 of its warp's
 // 16 (g = lane / 4) and, of every 8-column tile, columns 2 (lane % 4) and 2 (lane % 4) + 1.
@@ -51,13 +65,7 @@ __device__ void swa_mma_impl(T* out, const T* q, const T* kc, const T* vc,
   }
   int row_pos[2], row_first[2];
   bool row_ok[2];
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    int tok = (warp * 16 + g + 8 * i) / HB;
-    row_ok[i] = t0 + tok < t_end;
-    row_pos[i] = p0 + tok;
-    row_first[i] = swa_first(row_pos[i], a.window);
-  }
+  swa_mma_rows<HB>(warp * 16 + g, t0, t_end, p0, a.window, row_ok, row_pos, row_first);
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
   float o[DO / 8][4];
 #pragma unroll
@@ -225,13 +233,7 @@ __device__ void swa_fa_impl(T* out, const T* q, const T* kc, const T* vc, const 
 
   int row_pos[2], row_first[2];
   bool row_ok[2];
-#pragma unroll
-  for (int i = 0; i < 2; i++) {
-    int tok = (warp * 16 + g + 8 * i) / HB;
-    row_ok[i] = t0 + tok < t_end;
-    row_pos[i] = p0 + tok;
-    row_first[i] = swa_first(row_pos[i], a.window);
-  }
+  swa_mma_rows<HB>(warp * 16 + g, t0, t_end, p0, a.window, row_ok, row_pos, row_first);
   float o[ND][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int n = 0; n < ND; n++)
