@@ -14,11 +14,15 @@ heads under forced split counts against the plan's (is the one-wave plan right a
 1k-8k?), and the windowed decode of gemma-4-26b-a4b's sliding layers (``window_decode``,
 1,024-key window) on the mma kernel against ``attn_dec_swa_*``.
 
+Odd GQA groups (``--odd-groups``: that section only): MiniMax-M2 (48/8), Qwen3-14B (40/8) and
+Qwen2.5-7B (28/4) heads at 128 under each decode plan (tensor-core kernel with the whole group
+in its tile, against the CUDA-core ``split`` / ``shared`` plans, which take 2 or 1 heads a block).
+
 Gemma-4 full layers (``--gemma-full``: that section only): head dim 512 on the tensor-core
 kernel (plan and forced heads a block) against atlas-gemma4's ``swa_split``.
 
     python scripts/attn_decode_bench.py [--precompile | --rope-attention | --mma-splits |
-                                         --gemma-full]
+                                         --odd-groups | --gemma-full]
 """
 
 from __future__ import annotations
@@ -264,6 +268,28 @@ def gemma_full(be, bf16) -> None:
             del kc, vc
 
 
+def odd_groups(be, bf16) -> None:
+    """GQA groups of 5, 6 and 7 at head dim 128: each decode plan, per op."""
+    import dataclasses
+    original = be.policy
+    print("odd groups | heads q/kv/d | batch | ctx | KV MB | floor us | auto | mma | split | "
+          "shared us")
+    for h, kh in ((48, 8), (40, 8), (28, 4)):
+        for batch, ctx in ((1, 1024), (1, 4096), (1, 16384), (1, 32768), (8, 1024), (8, 8192),
+                           (32, 1024), (8, 32768)):
+            q, kc, vc, bt, sl, cu = _paged(be, bf16, batch, ctx, h, kh, 128)
+            row = []
+            for plan in ("auto", "mma", "split", "shared"):
+                be.set_policy(dataclasses.replace(original, decode_plan=plan))
+                row.append(per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu,
+                                                                        128 ** -0.5)))
+            be.set_policy(original)
+            nbytes = 2 * batch * ctx * kh * 128 * 2
+            print(f"odd groups | {h}/{kh}/128 | {batch} | {ctx} | {nbytes / 1e6:.1f} | "
+                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | " + " | ".join(f"{u:.2f}" for u in row))
+            del kc, vc
+
+
 def sampling(be) -> None:
     print("sample (vocab 151936) | rows | temperature | us")
     vocab = 151936
@@ -309,6 +335,9 @@ def main() -> None:
         return
     if "--mma-splits" in sys.argv:
         mma_splits(be, bfloat16)
+        return
+    if "--odd-groups" in sys.argv:
+        odd_groups(be, bfloat16)
         return
     if "--gemma-full" in sys.argv:
         gemma_full(be, bfloat16)

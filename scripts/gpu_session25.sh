@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
-# What session 24 left for a GPU (one H200 a part; session 24's calls and numbers are in
-# docs/benchmarks.md), checks first, then timings:
-#   part a: GPU tests of what changed after session 24's last test run: CudaBackend.elapsed_ms
+# What session 24 left for a GPU, and session 25's odd-GQA-group decode kernels (one H200 a
+# part; numbers go to docs/benchmarks.md), checks first, then timings:
+#   part a1: GPU tests of what changed after session 24's last test run: CudaBackend.elapsed_ms
 #           now destroys its two events (every graph-timing test goes through it), Nemotron-H
 #           with the one-kernel router as the default (greedy cuda = numpy, router bit for bit),
-#           the tensor-core decode kernels (the 512-wide one with its trigger moved: results
-#           cannot change, the next kernel's griddepcontrol.wait waits for the whole grid; all
-#           of them behind the new shared-memory check, which a Hopper passes), swa_fa
-#           (Gemma's prefill attention with K/V through a cp.async ring,
-#           ATLAS_GEMMA_PREFILL_ATTENTION=fa, written without a GPU) against the reference;
-#           then the prefill bench of swa_fa against swa_mma (scripts/gemma_prefill_bench.py)
-#           and a 32k prompt's TTFT both ways (make swa_fa the default if it passes and wins
-#           every row)
+#           the tensor-core decode kernels (the 512-wide one with its trigger moved; the new
+#           whole-group tiles of 3 / 5 / 6 / 7 heads at head dim 128, MiniMax-M2 / Qwen3-14B /
+#           Qwen2.5-7B), then the per-op bench of those groups under each decode plan
+#           (attn_decode_bench.py --odd-groups), then swa_fa's GPU test (Gemma's prefill
+#           attention with K/V through a cp.async ring, written without a GPU)
+#   part a2: the prefill bench of swa_fa against swa_mma (scripts/gemma_prefill_bench.py), a
+#           32k prompt's TTFT both ways (make swa_fa the default only if it passes and wins
+#           every row), minimax-m2 at 1k / 32k, batch 1 / 32 (its 6-head groups now decode on
+#           tensor cores past 512 tokens)
 #   part b: gemma-4-26b-a4b batch 1 at 32,768 tokens beside HF eager, and batch 32 at 32,768
 #           (a million-token prefill: ~130 s at session 24's 8,025 tok/s)
-#   part c: gemma-4-31b batch 1 at 1,024 / 32,768 beside HF eager, and batch 32 at 32,768 (a
-#           million-token prefill: ~8 minutes at session 24's 2,155 tok/s; only once the
-#           prefill is faster)
+#   part c: gemma-4-31b batch 1 at 1,024 / 32,768 beside HF eager
 # Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
 # everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
 # to $OUT/json.tgz, both rewritten as each step ends.
 set -uo pipefail
-part=${1:?usage: gpu_session25.sh a|b|c}
+part=${1:?usage: gpu_session25.sh a1|a2|b|c}
 OUT=${OUT:-$PWD/s25_out}
 LOGS=/tmp/s25_logs
 mkdir -p "$OUT" "$LOGS/json"
@@ -37,7 +36,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
   -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-gemma4 \
-  -e plugins/atlas-nemotron-h >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
+  -e plugins/atlas-nemotron-h -e plugins/atlas-minimax >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
 el installed
 tests() {  # TAG SECONDS PYTEST-ARGS...
   local tag=$1 secs=$2; shift 2
@@ -57,15 +56,20 @@ bench() {  # TAG SECONDS SHAPE BATCHES CONTEXTS [EXTRA-ARGS...]
   pack
 }
 case $part in
-a)
-  tests timing 90 plugins/atlas-cuda/tests/test_fast_paths_cuda.py -k "graph"
-  tests nemotron 150 plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py -k "greedy or router"
-  tests mma-decode 90 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py
+a1)
+  tests timing 60 plugins/atlas-cuda/tests/test_fast_paths_cuda.py -k "graph"
+  tests mma-decode 150 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py
+  timeout 90 python3 scripts/attn_decode_bench.py --odd-groups >"$LOGS/odd-groups.log" 2>&1
+  el "odd groups: exit $?"; grep "|" "$LOGS/odd-groups.log"; pack
+  tests nemotron 130 plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py -k "greedy or router"
   tests swa-fa 150 plugins/atlas-gemma4/tests/test_gemma4_cuda.py -k "every_kernel and _tile_"
+  ;;
+a2)
   timeout 120 python3 scripts/gemma_prefill_bench.py >"$LOGS/prefill-bench.log" 2>&1
   el "prefill bench: exit $?"; grep "|" "$LOGS/prefill-bench.log"; pack
-  bench gemma26-32k 90 gemma-4-26b-a4b 1 32768
-  ATLAS_GEMMA_PREFILL_ATTENTION=fa bench gemma26-32k-fa 90 gemma-4-26b-a4b 1 32768
+  bench gemma26-32k 100 gemma-4-26b-a4b 1 32768
+  ATLAS_GEMMA_PREFILL_ATTENTION=fa bench gemma26-32k-fa 100 gemma-4-26b-a4b 1 32768
+  bench minimax 200 minimax-m2 1,32 1024,32768
   ;;
 b)
   bench gemma26-32k-hf 200 gemma-4-26b-a4b 1 32768 --baseline hf --baseline-decode-tokens 8
@@ -73,8 +77,7 @@ b)
   ;;
 c)
   bench gemma31-hf 240 gemma-4-31b 1 1024,32768 --baseline hf --baseline-decode-tokens 8
-  bench gemma31-b32-32k 340 gemma-4-31b 32 32768
   ;;
-*) echo "part a, b or c"; exit 2 ;;
+*) echo "part a1, a2, b or c"; exit 2 ;;
 esac
 el done

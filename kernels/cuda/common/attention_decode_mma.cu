@@ -194,6 +194,11 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
   }
 #define DECM_D(T, S, D) DECM_ONE(T, S, D, 2) DECM_ONE(T, S, D, 4) DECM_ONE(T, S, D, 8)        \
   DECM_ONE(T, S, D, 16)
+// GQA groups that are not a power of two (MiniMax-M2 48 / 8, Qwen3-14B 40 / 8, Qwen2.5-7B
+// 28 / 4: head dim 128): the whole group in one tile, its rows past HB zero, so the cache is
+// read once a KV head (the CUDA-core kernels take 2 or 1 heads a block there)
+#define DECM_ODD(T, S) DECM_ONE(T, S, 128, 3) DECM_ONE(T, S, 128, 5) DECM_ONE(T, S, 128, 6)    \
+  DECM_ONE(T, S, 128, 7)
 #define DECM512(T, S, HB)                                                                     \
   extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_dec_mma_##S##_d512_h##HB(     \
       T* out, float* pa, float* pm, int* cnt, const T* q, const T* k, const T* v,             \
@@ -203,6 +208,6 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
     attn_dec_mma512_impl<T, HB>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);                    \
   }
 #define DECM(T, S) DECM_D(T, S, 64) DECM_D(T, S, 128) DECM_D(T, S, 256) DECM512(T, S, 2)       \
-  DECM512(T, S, 4) DECM512(T, S, 8) DECM512(T, S, 16)
+  DECM512(T, S, 4) DECM512(T, S, 8) DECM512(T, S, 16) DECM_ODD(T, S)
 INSTANTIATE(DECM)
 #endif

@@ -52,13 +52,23 @@ MMA_DECODE_BN, MMA_DECODE_BN_512 = 64, 32
 COMBINE_FLOATS_MMA = 131072
 
 
-def mma_decode_heads(h: int, kh: int) -> int:
-    """Query heads a block of the tensor-core decode kernel takes (the rows of its 16-row mma
-    tile: the whole GQA group up to 16, else 16 at a time), or 0 where it does not apply
-    (one query head per KV head: nothing to share)."""
+#: GQA groups other than 2 / 4 / 8 / 16 the tensor-core decode kernel takes whole (its tile's
+#: rows past the group zero), at head dim 128 only: MiniMax-M2 (6), Qwen3-14B / Qwen2.5-14B and
+#: 32B (5), Qwen2.5-7B (7). The CUDA-core kernels take 2 or 1 of such a group's heads a block,
+#: so they read the group's cache 3-7 times.
+MMA_DECODE_ODD_HEADS = (3, 5, 6, 7)
+
+
+def mma_decode_heads(h: int, kh: int, d: int = 128) -> int:
+    """Query heads a block of the tensor-core decode kernel takes at head dim ``d`` (the rows of
+    its 16-row mma tile: the whole GQA group up to 16, else 16 at a time), or 0 where it does
+    not apply (one query head per KV head: nothing to share; a group it has no kernel for)."""
     group = h // kh
-    hb = min(group, 16)
-    return hb if hb in (2, 4, 8, 16) and group % hb == 0 else 0
+    if group > 16:
+        return 16 if group % 16 == 0 else 0
+    if group in (2, 4, 8, 16) or (d == 128 and group in MMA_DECODE_ODD_HEADS):
+        return group
+    return 0
 
 
 def mma_decode_bn(d: int) -> int:
@@ -77,7 +87,7 @@ def mma_decode_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
     """``(heads per block, splits)`` of the tensor-core decode kernel: a wave of blocks (two an
     SM up to head dim 128, one at 256), each split at least one 64-key tile, the partials within
     :data:`COMBINE_FLOATS_MMA`."""
-    hb = mma_decode_heads(h, kh)
+    hb = mma_decode_heads(h, kh, d)
     if d == 512:
         return _mma_decode_plan_512(t, h, kh, hb, max_ctx, num_sms)
     target = (2 if d <= 128 else 1) * num_sms
@@ -103,7 +113,7 @@ def _mma_decode_plan_512(t: int, h: int, kh: int, hb: int, max_ctx: int,
         if best is None or cost < best[0]:
             best = (cost, hb, splits)
         hb //= 2
-    return (best[1], best[2]) if best else (mma_decode_heads(h, kh), 1)
+    return (best[1], best[2]) if best else (mma_decode_heads(h, kh, 512), 1)
 
 
 def mma_512_splits(t: int, h: int, kh: int, hb: int, max_ctx: int, num_sms: int) -> int:

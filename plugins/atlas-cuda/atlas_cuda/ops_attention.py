@@ -161,7 +161,8 @@ class AttentionOps(RopeCacheOps):
         :data:`MMA_DECODE_B1_MAX_CTX` for a single query token ``t`` where ``b1_limit``: the
         fused-rope CUDA-core kernel it stands against there), for a
         bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES` and
-        GQA groups of 2-16 query heads (or multiples of 16), where its K/V ring fits a block
+        GQA groups of 2 / 4 / 8 / 16 query heads (3, 5, 6, 7 too at head dim 128; or multiples
+        of 16), where its K/V ring fits a block
         (:meth:`OpContext.fits_smem`: on a GB10's 99 KB only head dim 64; the CUDA-core split
         kernels serve the others there). Never in batch-invariant mode (``attention=simt``): it
         splits the context as the step's plan says."""
@@ -172,7 +173,7 @@ class AttentionOps(RopeCacheOps):
                 b1_limit and t == 1 and max_ctx <= MMA_DECODE_B1_MAX_CTX)):
             return False
         return (q.dtype.name in ("bfloat16", "float16") and k_cache.dtype == q.dtype
-                and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh) > 0
+                and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh, d) > 0
                 and self.ctx.fits_smem(mma_decode_smem(d, q.dtype.itemsize), MMA_DECODE_STATIC))
 
     def _mma_decode(self, out, q, k, v, block_tables, seq_lens, cu_seqlens, num_seqs,

@@ -83,10 +83,32 @@ def test_prefill_attention_refuses_a_head_dim_no_kernel_has():
 
 
 @pytest.mark.parametrize("h,kh,want", [(32, 8, 4), (32, 4, 8), (16, 2, 8), (16, 8, 2),
-                                       (64, 2, 16), (48, 1, 16), (16, 16, 0), (24, 8, 0)])
+                                       (64, 2, 16), (48, 1, 16), (16, 16, 0), (24, 8, 3),
+                                       (48, 8, 6), (40, 8, 5), (28, 4, 7), (40, 2, 0), (36, 4, 0)])
 def test_mma_decode_heads(h, kh, want):
     from atlas_cuda.attention_plan import mma_decode_heads
     assert mma_decode_heads(h, kh) == want
+
+
+@pytest.mark.parametrize("d", [64, 256, 512])
+def test_odd_groups_have_kernels_at_head_dim_128_only(d):
+    from atlas_cuda.attention_plan import mma_decode_heads
+    assert mma_decode_heads(48, 8, d) == 0 and mma_decode_heads(32, 8, d) == 4
+
+
+def test_every_planned_head_count_has_a_kernel():
+    import re
+    from pathlib import Path
+
+    from atlas_cuda.attention_plan import mma_decode_heads
+    src = (Path(__file__).parents[3] / "kernels/cuda/common/attention_decode_mma.cu").read_text()
+    have = {(int(d), int(hb)) for d, hb in re.findall(r"DECM_ONE\(T, S, (\d+), (\d+)\)", src)}
+    have |= {(d, hb) for d in (64, 128, 256) for hb in (2, 4, 8, 16)}  # DECM_D
+    for d in (64, 128, 256):
+        for kh in (1, 2, 4, 8):
+            for group in range(1, 33):
+                hb = mma_decode_heads(group * kh, kh, d)
+                assert hb == 0 or (d, hb) in have, (d, group, hb)
 
 
 @pytest.mark.parametrize("t,h,kh,d,ctx,want", [

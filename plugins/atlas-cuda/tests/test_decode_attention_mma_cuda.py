@@ -38,7 +38,8 @@ def run(be, arrays, d, kv_scale=1.0):
 
 @pytest.mark.parametrize("h,kh,d", [(32, 8, 128), (32, 4, 128), (16, 2, 256), (16, 8, 64),
                                     (32, 2, 128), (64, 2, 64), (16, 1, 128), (8, 4, 256),
-                                    (16, 2, 512), (32, 4, 512), (8, 4, 512), (64, 2, 512)])
+                                    (16, 2, 512), (32, 4, 512), (8, 4, 512), (64, 2, 512),
+                                    (48, 8, 128), (40, 8, 128), (28, 4, 128), (12, 4, 128)])
 @pytest.mark.parametrize("lens", [[1], [17], [64], [65], [4100], [300, 1, 63, 4097, 128, 15, 16, 2049]])
 def test_mma_decode_matches_reference(cuda_backend, use_policy, h, kh, d, lens):
     use_policy(decode_plan="mma")
