@@ -19,7 +19,8 @@ Qwen2.5-7B (28/4) heads at 128 under each decode plan (tensor-core kernel with t
 in its tile, against the CUDA-core ``split`` / ``shared`` plans, which take 2 or 1 heads a block).
 
 Gemma-4 full layers (``--gemma-full``: that section only): head dim 512 on the tensor-core
-kernel (plan and forced heads a block) against atlas-gemma4's ``swa_split``.
+kernel (plan and forced heads a block; and with policy ``decode_merge=kernel``, the whole group
+a block and the partials merged by ``attn_dec_merge_*``) against atlas-gemma4's ``swa_split``.
 
     python scripts/attn_decode_bench.py [--precompile | --rope-attention | --mma-splits |
                                          --odd-groups | --gemma-full]
@@ -220,8 +221,11 @@ def gemma_full(be, bf16) -> None:
     from atlas_cuda.ops_attention import AttentionOps
     from atlas_gemma4.cuda.gemma4_ops import Gemma4CudaOps
     ops, own = be.ctx.bind(AttentionOps), be.ctx.bind(Gemma4CudaOps)
+    import dataclasses
+    from atlas_cuda.attention_plan import mma_512_merge_plan
+    original = be.policy
     print("gemma full 512 | heads q/kv | batch | ctx | KV MB | floor us | plan | plan us | "
-          "hb 8 / 4 / 2 us | swa_split us")
+          "hb 8 / 4 / 2 us | merge kernel (plan) us | swa_split us")
     for h, kh in ((16, 2), (32, 4)):
         for batch, ctx in ((1, 1024), (1, 8192), (1, 32768), (8, 32768), (32, 8192)):
             q, kc, vc, bt, sl, cu = _paged(be, bf16, batch, ctx, h, kh, 512)
@@ -236,17 +240,23 @@ def gemma_full(be, bf16) -> None:
                     forced.append(f"{per_op_us(be, call):.2f} ({splits})")
                 finally:
                     ops_attention.mma_decode_plan = mma_decode_plan
+            be.set_policy(dataclasses.replace(original, decode_merge="kernel"))
+            try:
+                merged = ops.ctx.bind(AttentionOps)
+                kern = per_op_us(be, lambda: merged.window_decode(q, kc, vc, bt, sl, cu,
+                                                                  512 ** -0.5, 0))
+            finally:
+                be.set_policy(original)
+            merge_plan = mma_512_merge_plan(batch, h, kh, ctx, be.num_sms)
             out = be.empty(q.shape, bf16)
             swa = per_op_us(be, lambda: own._split(out, q, kc, vc, bt, sl, cu, 512 ** -0.5, 0))
             nbytes = 2 * batch * ctx * kh * 512 * 2
             print(f"gemma full 512 | {h}/{kh} | {batch} | {ctx} | {nbytes / 1e6:.1f} | "
                   f"{nbytes / FLOOR_BPS * 1e6:.2f} | {plan} | {us:.2f} | {' / '.join(forced)} | "
-                  f"{swa:.2f}")
+                  f"{kern:.2f} {merge_plan} | {swa:.2f}")
             del kc, vc
     # as a decode graph sees them: 1,056 keys in tables 32,832 tokens wide (the plan's width),
     # the full layers (window 0) and the sliding ones (window 1,024) of both shapes
-    import dataclasses
-    original = be.policy
     print("gemma decode, 32k-wide tables | heads q/kv/d | window | batch | default us | "
           "decode_plan=split us | swa_split us")
     for h, kh, d, window in ((16, 2, 512, 0), (32, 4, 512, 0), (16, 8, 256, 1024),

@@ -206,8 +206,23 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
       int nsp, float sc, float kvs, int win) {                                                \
     AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs, win};                                          \
     attn_dec_mma512_impl<T, HB>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);                    \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_dec_mma_##S##_d512_h##HB##_x( \
+      T* out, float* pa, float* pm, int* cnt, const T* q, const T* k, const T* v,             \
+      const int* bt, const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns,     \
+      int nsp, float sc, float kvs, int win) {                                                \
+    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs, win};                                          \
+    attn_dec_mma512_impl<T, HB, false>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);             \
+  }
+// attn_dec_merge_<dtype>_d512: the partials of attn_dec_mma_*_d512_h*_x, a block a (token, head)
+#define DECM512_MERGE(T, S)                                                                   \
+  extern "C" __global__ void __launch_bounds__(128) attn_dec_merge_##S##_d512(                \
+      T* out, const float* pa, const float* pm, const int* sl, const int* cu, int H, int ns,  \
+      int nsp, int win, float kvs) {                                                          \
+    attn_dec_merge_impl<T, 512, DW_BN>(out, pa, pm, sl, cu, H, ns, nsp, win, kvs);            \
   }
 #define DECM(T, S) DECM_D(T, S, 64) DECM_D(T, S, 128) DECM_D(T, S, 256) DECM512(T, S, 2)       \
-  DECM512(T, S, 4) DECM512(T, S, 8) DECM512(T, S, 16) DECM_ODD(T, S)
+  DECM512(T, S, 4) DECM512(T, S, 8) DECM512(T, S, 16) DECM_ODD(T, S)        \
+  DECM512_MERGE(T, S)
 INSTANTIATE(DECM)
 #endif

@@ -15,7 +15,9 @@
 // head's cache four times at Gemma-4's groups of 8; it ran ~10x the bytes' time at 32k tokens.
 constexpr int DW_D = 512, DW_BN = 32, DW_NST = 3, DW_COLS = DW_D / 4, DW_PLD = DW_BN + 8;
 
-template <typename T, int HB>
+// MERGE: the last split block merges the partials (dec_combine); false leaves them to
+// attn_dec_merge_impl below, a kernel of its own (policy decode_merge=kernel).
+template <typename T, int HB, bool MERGE = true>
 __device__ void attn_dec_mma512_impl(T* out, float* part_acc, float* part_ml, int* counters,
                                      const T* q, const T* kb, const T* vb,
                                      const int* block_tables, const int* seq_lens,
@@ -197,6 +199,32 @@ __device__ void attn_dec_mma512_impl(T* out, float* part_acc, float* part_ml, in
       part_ml[(th * a.num_splits + split) * 2 + 1] = L;
     }
   }
+  if constexpr (!MERGE) return;
   if (single || !dec_last_split(counters, t, n_act)) return;
   dec_combine<T, D, HB>(out, part_acc, part_ml, th0, a.num_splits, n_act, a.kv_scale);
+}
+
+// The split partials of one (query token, head) of the kernel above with MERGE false, merged by
+// a block of D / 4 threads (grid: tokens x heads; launched with PDL after it). Why: the last
+// split block merging a whole GQA group's partials alone read ~1 MB at Gemma-4 26B-A4B's 8 heads
+// and a wave of splits, so the plan took 4 heads a block and read each KV head's cache twice.
+// The split count follows the split kernel's rule (the same span, chunk and n_act); a token
+// with one active split was written by the split kernel.
+template <typename T, int D, int BN>
+__device__ void attn_dec_merge_impl(T* out, const float* part_acc, const float* part_ml,
+                                    const int* seq_lens, const int* cu_q, int H, int num_seqs,
+                                    int num_splits, int window, float kv_scale) {
+  pdl_trigger();
+  pdl_wait();
+  int t = blockIdx.x, h = blockIdx.y;
+  int b = find_seq(cu_q, num_seqs, t);
+  int n_q = cu_q[b + 1] - cu_q[b], i = t - cu_q[b];
+  int len = seq_lens[b] - n_q + i + 1;
+  int lo = window > 0 ? max(0, len - window) : 0, span = len - lo;
+  int chunk = (max(span, 1) + num_splits - 1) / num_splits;
+  chunk = (chunk + BN - 1) / BN * BN;
+  int n_act = max(1, (span + chunk - 1) / chunk);
+  if (n_act == 1) return;
+  dec_combine<T, D, 1>(out, part_acc, part_ml, (long long)t * H + h, num_splits, n_act,
+                       kv_scale);
 }

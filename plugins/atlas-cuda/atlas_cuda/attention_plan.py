@@ -42,6 +42,11 @@ MMA_DECODE_MIN_CTX = 512
 #: 8.04 / 9.73; at 32,768 the mma kernel is 27 us a layer faster per op (41.7 against 69.1 us).
 #: Where between 8k and 32k batch 1 crosses over is not measured: 16,384 is a guess.
 MMA_DECODE_B1_MAX_CTX = 16384
+#: The same for GQA groups of :data:`MMA_DECODE_ODD_HEADS`, where the CUDA-core kernel takes 1-2
+#: heads a block. H200, qwen3-14b (groups of 5) batch 1 step ms, one context a run (tables that
+#: wide), session 25: 1,024 tokens mma 8.40 against the CUDA-core split plan 8.02; 4,096 tokens
+#: mma 8.91 against shared 9.13. Between the two not measured.
+MMA_DECODE_B1_MAX_CTX_ODD = 4096
 #: Keys of one K/V tile of that kernel (16 a warp), and at head dim 512 (``DW_BN``: 8 keys a
 #: warp score, all 32 every warp multiplies into its quarter of the columns).
 MMA_DECODE_BN, MMA_DECODE_BN_512 = 64, 32
@@ -114,6 +119,17 @@ def _mma_decode_plan_512(t: int, h: int, kh: int, hb: int, max_ctx: int,
             best = (cost, hb, splits)
         hb //= 2
     return (best[1], best[2]) if best else (mma_decode_heads(h, kh, 512), 1)
+
+
+def mma_512_merge_plan(t: int, h: int, kh: int, max_ctx: int, num_sms: int) -> tuple[int, int]:
+    """``(heads per block, splits)`` of the 512-wide decode kernel whose partials a kernel of their
+    own merges (policy ``decode_merge=kernel``: ``attn_dec_merge_*``): the whole GQA group a block
+    (up to 16 heads), so each KV head's cache is read once, and the splits of one wave of a block
+    an SM, at least one 32-key tile each; no cap on the partials (nothing merges them in one
+    block)."""
+    hb = mma_decode_heads(h, kh, 512)
+    base = t * kh * (h // kh // hb)
+    return hb, max(1, min(num_sms // base, -(-max_ctx // MMA_DECODE_BN_512)))
 
 
 def mma_512_splits(t: int, h: int, kh: int, hb: int, max_ctx: int, num_sms: int) -> int:

@@ -9,10 +9,10 @@ from atlas_core.api import compose_rope_cache_attention
 from atlas_cuda import ops_kv_nvfp4 as nvfp4
 from atlas_cuda.array import DeviceArray
 from atlas_cuda.attention_plan import (
-    LONG_DECODE_CTX, MMA_DECODE_B1_MAX_CTX, MMA_DECODE_MIN_CTX, MMA_DECODE_STAGES,
-    MMA_DECODE_STATIC,
-    batch_invariant_decode_plan, decode_plan, mma_decode_heads, mma_decode_plan, mma_decode_smem,
-    shared_decode_plan)
+    LONG_DECODE_CTX, MMA_DECODE_B1_MAX_CTX, MMA_DECODE_B1_MAX_CTX_ODD, MMA_DECODE_MIN_CTX,
+    MMA_DECODE_ODD_HEADS, MMA_DECODE_STAGES, MMA_DECODE_STATIC,
+    batch_invariant_decode_plan, decode_plan, mma_512_merge_plan, mma_decode_heads,
+    mma_decode_plan, mma_decode_smem, shared_decode_plan)
 from atlas_cuda.context import OpContext
 from atlas_cuda.kernels_loader import variant_of
 from atlas_cuda.ops_rope import RopeCacheOps, cache_suffix
@@ -159,7 +159,9 @@ class AttentionOps(RopeCacheOps):
         """The tensor-core decode kernel (attention_decode_mma.cu): policy ``decode_plan`` ``mma``,
         or ``auto`` with more than :data:`MMA_DECODE_MIN_CTX` tokens of cache a sequence (more than
         :data:`MMA_DECODE_B1_MAX_CTX` for a single query token ``t`` where ``b1_limit``: the
-        fused-rope CUDA-core kernel it stands against there), for a
+        fused-rope CUDA-core kernel it stands against there; past
+        :data:`MMA_DECODE_B1_MAX_CTX_ODD` for odd groups, of which it takes 1-2 heads a block),
+        for a
         bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES` and
         GQA groups of 2 / 4 / 8 / 16 query heads (3, 5, 6, 7 too at head dim 128; or multiples
         of 16), where its K/V ring fits a block
@@ -169,8 +171,10 @@ class AttentionOps(RopeCacheOps):
         policy = self.ctx.policy
         if policy.attention == "simt" or policy.decode_plan not in ("auto", "mma"):
             return False
+        b1_max = (MMA_DECODE_B1_MAX_CTX_ODD if mma_decode_heads(h, kh, d) in MMA_DECODE_ODD_HEADS
+                  else MMA_DECODE_B1_MAX_CTX)
         if policy.decode_plan == "auto" and (max_ctx <= MMA_DECODE_MIN_CTX or (
-                b1_limit and t == 1 and max_ctx <= MMA_DECODE_B1_MAX_CTX)):
+                b1_limit and t == 1 and max_ctx <= b1_max)):
             return False
         return (q.dtype.name in ("bfloat16", "float16") and k_cache.dtype == q.dtype
                 and d in MMA_DECODE_STAGES and mma_decode_heads(h, kh, d) > 0
@@ -181,17 +185,26 @@ class AttentionOps(RopeCacheOps):
         """``attn_dec_mma_*`` over each query's last ``window`` keys (all of them with 0);
         ``max_ctx`` the most keys a query reads (the plan's split count)."""
         t, h, d = q.shape
-        hb, splits = mma_decode_plan(t, h, num_kv_heads, d, max_ctx, self.ctx.num_sms)
+        merge = d == 512 and self.ctx.policy.decode_merge == "kernel"
+        hb, splits = (mma_512_merge_plan(t, h, num_kv_heads, max_ctx, self.ctx.num_sms) if merge
+                      else mma_decode_plan(t, h, num_kv_heads, d, max_ctx, self.ctx.num_sms))
+        merge = merge and splits > 1
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
         var = variant_of(q.dtype)
         shmem = mma_decode_smem(d, q.dtype.itemsize)
         kern = self.ctx.kernels.kernel("attention_decode_mma", var,
-                                       f"attn_dec_mma_{var}_d{d}_h{hb}", shmem)
+                                       f"attn_dec_mma_{var}_d{d}_h{hb}{'_x' if merge else ''}",
+                                       shmem)
         self.ctx.launch(kern, (t, num_kv_heads * (h // num_kv_heads // hb), splits), 128, out,
                         part_acc, part_ml, self.ctx.sync_counters(), q, k, v, block_tables,
                         seq_lens, cu_seqlens, h, num_kv_heads, block_size,
                         block_tables.shape[1], num_seqs, splits, float(scale * LOG2E),
                         float(kv_scale), int(window), shmem=shmem, pdl=self.ctx.pdl)
+        if merge:  # each (token, head)'s partials, after the split kernel
+            kern = self.ctx.kernels.kernel("attention_decode_mma", var,
+                                           f"attn_dec_merge_{var}_d{d}")
+            self.ctx.launch(kern, (t, h), 128, out, part_acc, part_ml, seq_lens, cu_seqlens, h,
+                            num_seqs, splits, int(window), float(kv_scale), pdl=self.ctx.pdl)
 
     def _dec_partials(self, t: int, h: int, d: int, splits: int):
         """The split partials of the decode kernel (accumulators, (max, sum) pairs), or Nones."""

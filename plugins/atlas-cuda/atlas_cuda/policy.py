@@ -50,6 +50,12 @@ KNOBS = (
          "heads a block where that fills the GPU) or auto (mma where it applies and the cache "
          "may hold more than 512 tokens a sequence, 16,384 for one query token; else shared "
          "above 4,096 tokens, split below)"),
+    Knob("decode_merge", "ATLAS_CUDA_DECODE_MERGE", ("auto", "block", "kernel"),
+         "split partials of the tensor-core decode attention at head dim 512 (Gemma-4's full "
+         "layers): auto/block (the last split block merges them; the plan caps them, taking 2-8 "
+         "heads a block) or kernel (attn_dec_merge_*, a kernel of its own, so a block takes the "
+         "whole GQA group, each KV head's cache read once, and a wave of splits; opt-in: "
+         "written in session 25 without a GPU)"),
     Knob("pdl", "ATLAS_CUDA_PDL", None,
          "programmatic dependent launch of the decode kernels on sm_90+"),
     Knob("moe", "ATLAS_CUDA_MOE", ("auto", "grouped", "gemv"),
@@ -112,6 +118,7 @@ class KernelPolicy:
     gemm_tune: bool = False
     attention: str = "auto"
     decode_plan: str = "auto"
+    decode_merge: str = "auto"
     pdl: bool = True
     moe: str = "auto"
     moe_fused: str = "auto"

@@ -182,3 +182,20 @@ def test_one_query_token_keeps_the_fused_kernel_below_16k(t, ctx, want):
     ops = AttentionOps(fake_context(KernelPolicy()))
     q = SimpleNamespace(dtype=np.dtype(bfloat16))
     assert ops._use_mma_decode(q, q, 32, 8, 128, ctx, t) == want
+
+
+@pytest.mark.parametrize("h,kh,ctx,want", [(40, 8, 4096, False), (40, 8, 4097, True),
+                                           (48, 8, 8192, True), (28, 4, 1024, False),
+                                           (32, 8, 8192, False), (24, 8, 8192, True)])
+def test_one_query_token_of_an_odd_group_takes_tensor_cores_past_4k(h, kh, ctx, want):
+    """Groups of 3, 5, 6, 7 at 128: the fused CUDA-core kernel takes 1-2 of their heads a block,
+    so the tensor-core kernel wins from a shorter cache (session 25, qwen3-14b step times)."""
+    import numpy as np
+    from types import SimpleNamespace
+    from atlas_core.api import bfloat16
+    from atlas_cuda.ops_attention import AttentionOps
+    from atlas_cuda.policy import KernelPolicy
+    from fake_context import fake_context
+    ops = AttentionOps(fake_context(KernelPolicy()))
+    q = SimpleNamespace(dtype=np.dtype(bfloat16))
+    assert ops._use_mma_decode(q, q, h, kh, 128, ctx, 1) == want

@@ -1,7 +1,8 @@
 """The tensor-core decode kernel (attention_decode_mma.cu, policy ``decode_plan=mma``) against
 the NumPy reference: GQA groups of 2-32 query heads (32: two 16-row chunks), head dims 64 / 128 /
 256 and 512 (Gemma-4's full layers: the kernel's own 32-key tile), bf16 and f16, contexts crossing KV blocks, 64-key tiles and splits, several query tokens a
-sequence (speculative verify rows), graph replay with changing lengths; and that ``auto`` picks it
+sequence (speculative verify rows), graph replay with changing lengths, the 512-wide kernel with
+its partials merged by a kernel of their own (policy ``decode_merge=kernel``); and that ``auto`` picks it
 for long caches and keeps the CUDA-core kernel for short ones and fp8 caches."""
 
 import numpy as np
@@ -78,6 +79,42 @@ def test_mma_decode_512_under_every_head_chunk_and_split(cuda_backend, use_polic
     assert be.kernels.last_module == "attention_decode_mma"
     assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 512 ** -0.5),
                             check_shape=False) < 1e-2
+
+
+@pytest.mark.parametrize("h,kh", [(16, 2), (32, 4), (8, 4), (64, 2)])
+@pytest.mark.parametrize("lens", [[1], [17], [4100], [3001, 40, 1, 700], [33] * 9])
+def test_mma_decode_512_with_the_merge_kernel(cuda_backend, use_policy, h, kh, lens):
+    """Policy ``decode_merge=kernel``: the 512-wide kernel without its in-block merge, the whole
+    group a block (two 16-row chunks at 32), a wave of splits, then ``attn_dec_merge_*`` (a
+    token with one active split is the split kernel's own output)."""
+    use_policy(decode_plan="mma", decode_merge="kernel")
+    be = cuda_backend
+    sl = np.array(lens, np.int32)
+    q, kc, vc, bt, cu = paged(len(lens), h, kh, 512, max(lens))
+    got = run(be, (q, kc, vc, bt, sl, cu), 512)
+    assert be.kernels.last_module == "attention_decode_mma"
+    assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 512 ** -0.5),
+                            check_shape=False) < 1e-2
+
+
+def test_mma_decode_512_merge_kernel_replays_with_changing_lengths(cuda_backend, use_policy):
+    """In a graph (as decode runs it): the split count stays the captured one, the lengths
+    change between replays, and both kernels recompute each token's active splits."""
+    use_policy(decode_plan="mma", decode_merge="kernel")
+    be = cuda_backend
+    q, kc, vc, bt, cu = paged(2, 16, 2, 512, 5000)
+    dev = [be.from_host(a) for a in (q, kc, vc, bt)]
+    sl_dev, cu_dev = be.from_host(np.array([5000, 5000], np.int32)), be.from_host(cu)
+    from atlas_cuda.ops_attention import AttentionOps
+    ops = be.ctx.bind(AttentionOps)
+    graph = be.capture(lambda: ops.window_decode(*dev, sl_dev, cu_dev, 512 ** -0.5, 0))
+    for lens in ([5000, 5000], [33, 4097], [1, 2500]):
+        sl = np.array(lens, np.int32)
+        be.copy_from_host(sl_dev, sl)
+        for _ in range(2):
+            graph.replay()
+        want = ref.paged_attention(q, kc, vc, bt, sl, cu, 512 ** -0.5)
+        assert device_rel_error(be, graph.output, want, check_shape=False) < 1e-2, lens
 
 
 @pytest.mark.parametrize("n_q", [2, 3, 4])

@@ -77,3 +77,38 @@ def test_window_decode_launches_attn_dec_swa_with_the_window_last():
                              tables, lens, cu, 1.0, 0) is None
     fp8 = _arr((64, 16, 8, 256), "uint8")
     assert ops.window_decode(q, fp8, fp8, tables, lens, cu, 1.0, 1024) is None
+
+
+def test_decode_merge_kernel_takes_the_whole_group_and_a_wave_of_splits():
+    """Policy ``decode_merge=kernel`` at head dim 512: ``attn_dec_mma_*_d512_h8_x`` (no in-block
+    merge) over the whole GQA group of 8, a wave of splits, then ``attn_dec_merge_*_d512`` a
+    block a (token, head) over the same partials and split count; one split needs no merge."""
+    from atlas_cuda.attention_plan import mma_512_merge_plan
+    ctx = fake_context(KernelPolicy(decode_merge="kernel"))
+    ops = AttentionOps(ctx)
+    q, cache = _arr((1, 16, 512)), _arr((4096, 16, 2, 512))
+    tables, lens, cu = _arr((1, 2048), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
+    out = ops.window_decode(q, cache, cache, tables, lens, cu, 1.0, 0)
+    (name, grid, _, args, _), (mname, mgrid, _, margs, mpdl) = ctx.kernels.launches[-2:]
+    assert mma_512_merge_plan(1, 16, 2, 32768, ctx.num_sms) == (8, ctx.num_sms // 2)
+    assert name == "attn_dec_mma_bf16_d512_h8_x" and grid == (1, 2, ctx.num_sms // 2)
+    assert mname == "attn_dec_merge_bf16_d512" and mgrid == (1, 16) and mpdl
+    assert margs[0] is out and margs[1] is args[1] and margs[2] is args[2]   # the partials
+    assert margs[3] is lens and margs[4] is cu
+    assert list(margs[5:9]) == [16, 1, ctx.num_sms // 2, 0]
+    # batch 64: one block a (token, KV head) already fills the GPU: one split, no merge kernel
+    q64, tables64 = _arr((64, 16, 512)), _arr((64, 2048), "int32")
+    lens64, cu64 = _arr((64,), "int32"), _arr((65,), "int32")
+    n = len(ctx.kernels.launches)
+    ops.window_decode(q64, cache, cache, tables64, lens64, cu64, 1.0, 0)
+    assert [x[0] for x in ctx.kernels.launches[n:]] == ["attn_dec_mma_bf16_d512_h8"]
+
+
+def test_decode_merge_block_keeps_the_capped_plan():
+    ctx = fake_context(KernelPolicy(decode_merge="block"))
+    q, cache = _arr((1, 16, 512)), _arr((4096, 16, 2, 512))
+    tables, lens, cu = _arr((1, 2048), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
+    AttentionOps(ctx).window_decode(q, cache, cache, tables, lens, cu, 1.0, 0)
+    hb, splits = mma_decode_plan(1, 16, 2, 512, 32768, ctx.num_sms)
+    name, grid, *_ = ctx.kernels.launches[-1]
+    assert name == f"attn_dec_mma_bf16_d512_h{hb}" and grid == (1, 2 * (8 // hb), splits)
