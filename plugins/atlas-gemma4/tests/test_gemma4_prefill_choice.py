@@ -1,6 +1,6 @@
 """Which tensor-core prefill kernel ``sliding_window_attention`` launches (no GPU needed: a
-recording context): ``swa_mma`` by default, ``swa_fa`` with ``ATLAS_GEMMA_PREFILL_ATTENTION=fa``
-where it fits the device's shared memory, same grid and arguments, each with its own shared
+recording context): ``swa_fa`` by default where it fits the device's shared memory,
+``swa_mma`` with ``ATLAS_GEMMA_PREFILL_ATTENTION=mma``, same grid and arguments, each with its own shared
 memory; a bad value names the choices."""
 
 from __future__ import annotations
@@ -36,28 +36,29 @@ def _ops(monkeypatch, env, smem_optin=232448):
 
 
 @pytest.mark.parametrize("d,heads,kv,want_z", [(512, 16, 2, 2), (256, 32, 16, 1)])
-def test_prefill_takes_swa_fa_when_asked(monkeypatch, d, heads, kv, want_z):
+def test_prefill_takes_swa_fa_unless_asked_for_swa_mma(monkeypatch, d, heads, kv, want_z):
     q, cache = _arr((64, heads, d)), _arr((40, 16, kv, d))
     tables, lens, cu = _arr((1, 40), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
     got = {}
-    for env in (None, "fa"):
+    for env in (None, "fa", "mma"):
         ops, launches = _ops(monkeypatch, env)
         ops.sliding_window_attention(q, cache, cache, tables, lens, cu, 0.1, 0)
         (module, name, shmem), grid, args, launched_shmem = launches[-1]
         assert module == "gemma4_attention_mma" and shmem == launched_shmem
         got[env] = (name, grid, args[7:], shmem)
     hb = next(n for n in (16, 8, 4, 2, 1) if (heads // kv) % n == 0)
-    assert got[None][0] == f"swa_mma_bf16_d{d}_h{hb}" and got["fa"][0] == f"swa_fa_bf16_d{d}_h{hb}"
-    assert got[None][1] == got["fa"][1] and got["fa"][1][2] == want_z
-    assert got[None][2] == got["fa"][2]            # the same scalar arguments
-    assert got[None][3] == gemma4_ops.mma_shmem(d) and got["fa"][3] == gemma4_ops.fa_shmem(d)
+    assert got["mma"][0] == f"swa_mma_bf16_d{d}_h{hb}" and got["fa"][0] == f"swa_fa_bf16_d{d}_h{hb}"
+    assert got[None] == got["fa"]
+    assert got["mma"][1] == got["fa"][1] and got["fa"][1][2] == want_z
+    assert got["mma"][2] == got["fa"][2]           # the same scalar arguments
+    assert got["mma"][3] == gemma4_ops.mma_shmem(d) and got["fa"][3] == gemma4_ops.fa_shmem(d)
 
 
 def test_a_gb10_keeps_swa_mma_where_swa_fa_does_not_fit(monkeypatch):
     """99 KB a block (DGX Spark): swa_fa at 256 fits exactly (101,376 bytes), at 512 not."""
     tables, lens, cu = _arr((1, 40), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
     for d, kv, want in ((512, 2, "swa_mma"), (256, 16, "swa_fa")):
-        ops, launches = _ops(monkeypatch, "fa", smem_optin=101376)
+        ops, launches = _ops(monkeypatch, None, smem_optin=101376)
         ops.sliding_window_attention(_arr((64, 32, d)), _arr((40, 16, kv, d)),
                                      _arr((40, 16, kv, d)), tables, lens, cu, 0.1, 0)
         assert launches[-1][0][1].startswith(f"{want}_bf16_d{d}_")
@@ -72,5 +73,5 @@ def test_fa_shared_memory_fits_one_block_an_sm_at_512_and_two_at_256():
 def test_a_bad_choice_names_the_allowed_ones(monkeypatch):
     monkeypatch.setenv(gemma4_ops.PREFILL_ATTENTION_ENV, "fast")
     with pytest.raises(ValueError, match="ATLAS_GEMMA_PREFILL_ATTENTION='fast': use 'auto' or "
-                                         "'fa'"):
+                                         "'fa' or 'mma'"):
         gemma4_ops.prefill_attention()

@@ -68,16 +68,19 @@ def ffn_in_mode() -> str:
     return _env_choice(FFN_IN_ENV, ("auto", "composed"))
 
 
-#: Prefill attention on tensor cores: ``auto`` (``swa_mma``) or ``fa`` (``swa_fa``: the same
-#: tiles with K/V streamed through a two-stage cp.async ring, 32 keys a tile; written in session
-#: 24 without a GPU: the default once its tests pass and it wins the prefill bench,
-#: scripts/gemma_prefill_bench.py).
+#: Prefill attention on tensor cores: ``auto`` / ``fa`` (``swa_fa``: K/V streamed through a
+#: two-stage cp.async ring, 32 keys a tile, where its shared memory fits a block, else
+#: ``swa_mma``) or ``mma`` (``swa_mma``: each tile copied synchronously). H200, per op
+#: (scripts/gemma_prefill_bench.py, session 25), a 4k chunk after 0 / 12k / 28k tokens:
+#: 26b full layers 9.42 / 61.59 / 130.83 -> 6.80 / 45.53 / 97.11 ms, 31b full 17.81 / 120.56 /
+#: 258.91 -> 13.15 / 89.79 / 192.97, sliding layers 2.3-2.4x; 26b's 32k-token TTFT 4.08 ->
+#: 3.15 s.
 PREFILL_ATTENTION_ENV = "ATLAS_GEMMA_PREFILL_ATTENTION"
 
 
 def prefill_attention() -> str:
     """The prefill attention :data:`PREFILL_ATTENTION_ENV` selects."""
-    return _env_choice(PREFILL_ATTENTION_ENV, ("auto", "fa"))
+    return _env_choice(PREFILL_ATTENTION_ENV, ("auto", "fa", "mma"))
 
 
 def tile_shmem(head_dim: int, itemsize: int = 4) -> int:
@@ -255,7 +258,7 @@ class Gemma4CudaOps:
         if not decode:
             tile = self._tile
             if self._use_mma(q):
-                fa = self.prefill_attention == "fa" and self.ctx.fits_smem(fa_shmem(d))
+                fa = self.prefill_attention != "mma" and self.ctx.fits_smem(fa_shmem(d))
                 tile = self._tile_fa if fa else self._tile_mma
             tile(out, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, window)
         else:
