@@ -174,17 +174,20 @@ class ModelRunner(DecodeGraphsMixin):
         self.backend.reset_workspace()
         batch = len(sched.scheduled)
         bucket = next(b for b in self.buckets if b >= batch)
+        width = self._graph_width(sched)
         self._ensure_graph(bucket)
         self._fill_decode(sched, bucket, chained=prev is not None)
         copies: list = []
         self._upload(bucket, bucket, bucket, copies, device_ids=batch if prev is not None else 0)
+        if width:
+            self._narrow_upload(width, copies)
         self.sampler.upload_params(rows, bucket, ahead=int(prev is not None), copies=copies)
         chained: list = []
         if prev is not None:
             self._chain_inputs(sched, prev, chained)
             self.num_chained_steps += 1
         self.backend.copy_many(copies, chained)
-        tokens = self._replay(bucket)[:batch]
+        tokens = self._replay(bucket, width)[:batch]
         return PendingStep(sched, rows, tokens, self.backend.to_host_async(tokens))
 
     def _warm_verify(self) -> None:
