@@ -1,7 +1,7 @@
 """NCCL all-reduce through atlas-nccl's comm backend, on the cuda backend's stream: time per
 all-reduce of decode-sized activations (eager and replayed from one CUDA graph, as the decode
-steps run them) through NCCL and through the peer-memory kernel in each protocol (pull and
-push, switched on every rank at once), and bus bandwidth of large ones, against the link's.
+steps run them) through NCCL and through the peer-memory kernel in each protocol (pull, push
+and ll, switched on every rank at once), and bus bandwidth of large ones, against the link's.
 
     python scripts/allreduce_bench.py [-n 2] [--hidden 4096] [--layers 36] [--link-gbs 450]
 
@@ -17,6 +17,9 @@ import os
 import time
 
 import numpy as np
+
+#: The peer-memory kernel's protocols timed after NCCL (atlas_nccl.p2p.MODES), in column order.
+P2P_MODES = ("pull", "push", "ll")
 
 
 def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
@@ -47,7 +50,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, out) -> None:
         backend.synchronize()
         return eager, (time.perf_counter() - start) / 200
 
-    modes = ("pull", "push", "ll") if comm._p2p is not None else ()
+    modes = P2P_MODES if comm._p2p is not None else ()
     for batch in (1, 8, 32, 128):
         x = backend.from_host(np.ones((batch, args.hidden), bfloat16))
         rows[batch] = list(timed(comm.nccl_all_reduce, x))
@@ -89,7 +92,7 @@ def main() -> None:
     per_step = 2 * args.layers + 1
     print(f"{args.n} GPUs, bf16, hidden {args.hidden}; peer-memory all-reduce "
           f"{'on' if p2p else 'OFF (NCCL only)'}")
-    names = ["NCCL"] + (["pull", "push"] if p2p else [])
+    names = ["NCCL"] + (list(P2P_MODES) if p2p else [])
     print("batch | KB | " + " | ".join(f"{n} eager us | {n} graph us" for n in names)
           + f" | {per_step} per step ({' / '.join(names)}, graph) ms")
     for batch, times in rows.items():

@@ -16,11 +16,17 @@
 #   part b: gemma-4-26b-a4b batch 1 at 32,768 tokens beside HF eager, and batch 32 at 32,768
 #           (a million-token prefill: ~130 s at session 24's 8,025 tok/s)
 #   part c: gemma-4-31b batch 1 at 1,024 / 32,768 beside HF eager
+#   part e: qwen3-14b (GQA groups of 5) at 1k / 32k, batch 1 / 8, default against
+#           ATLAS_CUDA_DECODE_PLAN=shared (the CUDA-core kernels those groups took before)
+#   part f: qwen3-14b batch 1 at 1k / 4k, one context a run (narrow block tables), default
+#           against the CUDA-core plan the old `auto` took at that width
+#   part d: gemma-4-31b batch 32 at 32,768 (a million-token prefill: ~6 minutes at part c's
+#           2,746 tok/s)
 # Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
 # everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
 # to $OUT/json.tgz, both rewritten as each step ends.
 set -uo pipefail
-part=${1:?usage: gpu_session25.sh a1|a2|b|c}
+part=${1:?usage: gpu_session25.sh a1|a2|b|c|d|e|f}
 OUT=${OUT:-$PWD/s25_out}
 LOGS=/tmp/s25_logs
 mkdir -p "$OUT" "$LOGS/json"
@@ -78,6 +84,21 @@ b)
 c)
   bench gemma31-hf 240 gemma-4-31b 1 1024,32768 --baseline hf --baseline-decode-tokens 8
   ;;
-*) echo "part a1, a2, b or c"; exit 2 ;;
+d)
+  bench gemma31-b32-32k 60 gemma-4-31b 32 32768   # skipped: 80.74 GiB of KV, 36.14 fit
+  bench gemma31-b8-32k 240 gemma-4-31b 8 32768
+  ;;
+e)  # qwen3-14b (groups of 5): the tensor-core decode against the CUDA-core kernels it took before
+  bench qwen14 150 qwen3-14b 1,8 1024,32768
+  ATLAS_CUDA_DECODE_PLAN=shared bench qwen14-shared 150 qwen3-14b 1,8 1024,32768
+  ;;
+f)  # qwen3-14b batch 1 in narrow tables (one context a run), where odd groups now take the
+    # tensor-core kernel past 512 keys: against the CUDA-core plan auto took before at that width
+  bench q14-1k 100 qwen3-14b 1 1024
+  ATLAS_CUDA_DECODE_PLAN=split bench q14-1k-split 100 qwen3-14b 1 1024
+  bench q14-4k 100 qwen3-14b 1 4096
+  ATLAS_CUDA_DECODE_PLAN=shared bench q14-4k-shared 100 qwen3-14b 1 4096
+  ;;
+*) echo "part a1, a2, b, c, d, e or f"; exit 2 ;;
 esac
 el done

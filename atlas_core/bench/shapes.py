@@ -16,6 +16,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3-8b": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288,
                  "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
                  "tie_word_embeddings": False},
+    # GQA groups of 5 (40 / 8): its decode attention takes the whole group a tile
+    "qwen3-14b": {**_QWEN3, "hidden_size": 5120, "intermediate_size": 17408,
+                  "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 8,
+                  "tie_word_embeddings": False},
     "qwen3-30b-a3b": {**_QWEN3, "architectures": ["Qwen3MoeForCausalLM"],
                       "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
                       "num_hidden_layers": 48, "num_attention_heads": 32,

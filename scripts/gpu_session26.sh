@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# What session 25 left for a GPU (numbers go to docs/benchmarks.md), checks first, then timings:
+#   part a (one H200): batch 1's decode graphs over narrower block tables (new, mock-tested
+#           only): their GPU test (tokens = the full-width graph's, overlap on and off), the
+#           async-scheduling tests, then each A/B in one run with 1k and 32k cells (decode graph
+#           tables 33k wide, as a server whose longest sequence is 32k builds them): default
+#           against ATLAS_DECODE_GRAPH_WIDTHS=0, qwen3-8b, qwen3-14b (groups of 5: CUDA-core at
+#           batch 1 up to 4k of table), gemma-4-31b (its 512-wide plan at 1k: 17.90 against
+#           17.67 ms in session 24)
+#   part c (one H200): the 512-wide decode attention with its partials merged by a kernel of
+#           their own (ATLAS_CUDA_DECODE_MERGE=kernel, written in session 25 without a GPU): its
+#           GPU tests, the per-op bench (attn_decode_bench.py --gemma-full: plan, forced heads,
+#           merge kernel, swa_split), then gemma-4-26b-a4b batch 1 at 1k / 32k and gemma-4-31b
+#           batch 1 at 32k both ways (make it the default only if it wins every row)
+#   part b (2 x H200): the peer-memory all-reduce's `ll` protocol (written in session 21, never
+#           run): the collectives test under each mode, then allreduce_bench.py
+# Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
+# everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
+# to $OUT/json.tgz, both rewritten as each step ends.
+set -uo pipefail
+part=${1:?usage: gpu_session26.sh a|b|c}
+OUT=${OUT:-$PWD/s26_out}
+LOGS=/tmp/s26_logs
+mkdir -p "$OUT" "$LOGS/json"
+exec > >(tee -a "$OUT/session.log") 2>&1
+pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" --exclude json . 2>/dev/null
+         tar czf "$OUT/json.tgz" -C "$LOGS/json" . 2>/dev/null; }
+export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
+[[ -d dev/real-models ]] && export ATLAS_FIXTURES_DIR=$PWD/dev/real-models
+T0=$SECONDS
+el() { echo "[+$((SECONDS - T0))s] $*"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >"$LOGS/wheels.log" 2>&1 || tail -3 "$LOGS/wheels.log"
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
+  -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-qwen35 -e plugins/atlas-gemma4 \
+  -e plugins/atlas-nccl >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
+el installed
+tests() {  # TAG SECONDS PYTEST-ARGS...
+  local tag=$1 secs=$2; shift 2
+  timeout -s INT "$secs" python3 -m pytest -q -m gpu -p no:cacheprovider -rf "$@" \
+    >"$LOGS/tests-$tag.log" 2>&1
+  el "tests $tag: $(tail -1 "$LOGS/tests-$tag.log")"
+  grep -E "^FAILED|^ERROR|Interrupt" "$LOGS/tests-$tag.log" | head -12
+  pack
+}
+bench() {  # TAG SECONDS SHAPE BATCHES CONTEXTS [EXTRA-ARGS...]
+  local tag=$1 secs=$2 shape=$3 batches=$4 contexts=$5; shift 5
+  timeout -s INT "$secs" python3 -m atlas_core bench --model "$shape" --backend cuda \
+    --batch "$batches" --context "$contexts" --decode-tokens 32 --max-prefill-tokens 4096 \
+    --gpu-memory-utilization 0.9 --json "$LOGS/json/$tag.json" "$@" >"$LOGS/bench-$tag.log" 2>&1
+  el "$tag: exit $?"
+  grep -E "^ +[0-9]+ \| +[0-9]+ \||failed|rror|baseline|x hf" "$LOGS/bench-$tag.log" | head -16
+  pack
+}
+case $part in
+a)
+  tests narrow 120 plugins/atlas-cuda/tests/test_narrow_graphs_cuda.py \
+    plugins/atlas-cuda/tests/test_async_scheduling_cuda.py
+  for shape in qwen3-8b qwen3-14b gemma-4-31b; do
+    bench "$shape-narrow" 120 "$shape" 1 1024,32768
+    ATLAS_DECODE_GRAPH_WIDTHS=0 bench "$shape-wide" 120 "$shape" 1 1024,32768
+  done
+  ;;
+c)
+  tests merge 200 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py -k "512"
+  timeout 150 python3 scripts/attn_decode_bench.py --gemma-full >"$LOGS/gemma-full.log" 2>&1
+  el "gemma full: exit $?"; grep "|" "$LOGS/gemma-full.log"; pack
+  bench g26-block 100 gemma-4-26b-a4b 1 1024,32768
+  ATLAS_CUDA_DECODE_MERGE=kernel bench g26-kernel 100 gemma-4-26b-a4b 1 1024,32768
+  bench g31-block 100 gemma-4-31b 1 32768
+  ATLAS_CUDA_DECODE_MERGE=kernel bench g31-kernel 100 gemma-4-31b 1 32768
+  ;;
+b)
+  for mode in push ll; do
+    ATLAS_P2P_ALLREDUCE_MODE=$mode tests "collectives-$mode" 150 \
+      plugins/atlas-nccl/tests/test_nccl_comm.py
+  done
+  timeout 200 python3 scripts/allreduce_bench.py -n 2 >"$LOGS/allreduce.log" 2>&1
+  el "allreduce bench: exit $?"; grep "|" "$LOGS/allreduce.log"; pack
+  ;;
+*) echo "part a, b or c"; exit 2 ;;
+esac
+el done
