@@ -12,13 +12,15 @@
 #           GPU tests, the per-op bench (attn_decode_bench.py --gemma-full: plan, forced heads,
 #           merge kernel, swa_split), then gemma-4-26b-a4b batch 1 at 1k / 32k and gemma-4-31b
 #           batch 1 at 32k both ways (make it the default only if it wins every row)
+#   part d (one H200): nemotron-3-nano-30b-a3b batch 1 / 8 / 32 at 1k beside HF eager, and at
+#           32k (batch 32 at 32k never ran: a million-token prefill)
 #   part b (2 x H200): the peer-memory all-reduce's `ll` protocol (written in session 21, never
 #           run): the collectives test under each mode, then allreduce_bench.py
 # Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
 # everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
 # to $OUT/json.tgz, both rewritten as each step ends.
 set -uo pipefail
-part=${1:?usage: gpu_session26.sh a|b|c}
+part=${1:?usage: gpu_session26.sh a|b|c|d}
 OUT=${OUT:-$PWD/s26_out}
 LOGS=/tmp/s26_logs
 mkdir -p "$OUT" "$LOGS/json"
@@ -34,7 +36,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
   -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-qwen35 -e plugins/atlas-gemma4 \
-  -e plugins/atlas-nccl >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
+  -e plugins/atlas-nemotron-h -e plugins/atlas-nccl >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
 el installed
 tests() {  # TAG SECONDS PYTEST-ARGS...
   local tag=$1 secs=$2; shift 2
@@ -71,6 +73,10 @@ c)
   bench g31-block 100 gemma-4-31b 1 32768
   ATLAS_CUDA_DECODE_MERGE=kernel bench g31-kernel 100 gemma-4-31b 1 32768
   ;;
+d)
+  bench nem-1k 240 nemotron-3-nano-30b-a3b 1,8,32 1024 --baseline hf --baseline-decode-tokens 8
+  bench nem-32k 330 nemotron-3-nano-30b-a3b 1,8,32 32768
+  ;;
 b)
   for mode in push ll; do
     ATLAS_P2P_ALLREDUCE_MODE=$mode tests "collectives-$mode" 150 \
@@ -79,6 +85,6 @@ b)
   timeout 200 python3 scripts/allreduce_bench.py -n 2 >"$LOGS/allreduce.log" 2>&1
   el "allreduce bench: exit $?"; grep "|" "$LOGS/allreduce.log"; pack
   ;;
-*) echo "part a, b or c"; exit 2 ;;
+*) echo "part a, b, c or d"; exit 2 ;;
 esac
 el done

@@ -48,7 +48,8 @@ KNOBS = (
          "rows of one mma tile, bf16/f16 caches), shared (CUDA cores, every query head of a KV "
          "head in one block, so K/V are read once, and more splits), split (CUDA cores, fewer "
          "heads a block where that fills the GPU) or auto (mma where it applies and the cache "
-         "may hold more than 512 tokens a sequence, 16,384 for one query token; else shared "
+         "may hold more than 512 tokens a sequence, 16,384 for one query token in "
+         "rope_cache_attention (4,096 for groups of 3 / 5 / 6 / 7); else shared "
          "above 4,096 tokens, split below)"),
     Knob("decode_merge", "ATLAS_CUDA_DECODE_MERGE", ("auto", "block", "kernel"),
          "split partials of the tensor-core decode attention at head dim 512 (Gemma-4's full "

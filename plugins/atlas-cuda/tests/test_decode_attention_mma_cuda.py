@@ -161,8 +161,9 @@ def test_auto_takes_mma_for_long_caches_only(cuda_backend, use_policy):
     q = q.astype(np.float32).astype(bfloat16)  # bf16 queries over an fp8 cache
     run(be, (q, kc, vc, bt, sl, cu), 128, kv_scale=0.5)
     assert be.kernels.last_module == "attention_decode"  # fp8 caches stay on CUDA cores
-    # one query token keeps the CUDA-core kernel up to 16,384 tokens of cache, then mma
-    for max_ctx, module in ((16384, "attention_decode"), (16400, "attention_decode_mma")):
+    # one query token too (the batch-1 limit is rope_cache_attention's, whose fused-rope
+    # kernel the tensor-core one stands against there: AttentionOps._use_mma_decode)
+    for max_ctx, module in ((512, "attention_decode"), (528, "attention_decode_mma")):
         q, kc, vc, bt, cu = paged(1, 32, 8, 128, max_ctx)
         run(be, (q, kc, vc, bt, sl[:1], cu), 128)
         assert be.kernels.last_module == module

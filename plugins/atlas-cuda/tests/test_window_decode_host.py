@@ -112,3 +112,17 @@ def test_decode_merge_block_keeps_the_capped_plan():
     hb, splits = mma_decode_plan(1, 16, 2, 512, 32768, ctx.num_sms)
     name, grid, *_ = ctx.kernels.launches[-1]
     assert name == f"attn_dec_mma_bf16_d512_h{hb}" and grid == (1, 2 * (8 // hb), splits)
+
+
+def test_paged_attention_of_one_token_takes_tensor_cores_past_512_keys():
+    """The batch-1 limit is rope_cache_attention's (its fused-rope kernel); a plain
+    ``paged_attention`` of one query token (MiniMax-M2, the two-op rope path) takes the
+    tensor-core kernel past 512 keys as larger batches do."""
+    ctx = fake_context()
+    ops = AttentionOps(ctx)
+    q, cache = _arr((1, 48, 128)), _arr((80, 16, 8, 128))
+    lens, cu = _arr((1,), "int32"), _arr((2,), "int32")
+    ops.paged_attention(q, cache, cache, _arr((1, 64), "int32"), lens, cu, 1.0)
+    assert ctx.kernels.launches[-1][0] == "attn_dec_mma_bf16_d128_h6"
+    ops.paged_attention(q, cache, cache, _arr((1, 32), "int32"), lens, cu, 1.0)
+    assert ctx.kernels.launches[-1][0].startswith("attn_dec_bf16_d128_h")
