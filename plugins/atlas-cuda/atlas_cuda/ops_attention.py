@@ -164,10 +164,9 @@ class AttentionOps(RopeCacheOps):
         :data:`MMA_DECODE_B1_MAX_CTX` for a single query token ``t`` where ``b1_limit``: the
         fused-rope CUDA-core kernel it stands against there; past
         :data:`MMA_DECODE_B1_MAX_CTX_ODD` for odd groups, of which it takes 1-2 heads a block),
-        for a
-        bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES` and
-        GQA groups of 2 / 4 / 8 / 16 query heads (3, 5, 6, 7 too at head dim 128; or multiples
-        of 16), where its K/V ring fits a block
+        for a bf16/f16 cache in the activation dtype, a head dim of :data:`MMA_DECODE_STAGES`
+        and GQA groups of 2 / 4 / 8 / 16 query heads (3, 5, 6, 7 too at head dim 128; or
+        multiples of 16), where its K/V ring fits a block
         (:meth:`OpContext.fits_smem`: on a GB10's 99 KB only head dim 64; the CUDA-core split
         kernels serve the others there). Never in batch-invariant mode (``attention=simt``): it
         splits the context as the step's plan says."""
