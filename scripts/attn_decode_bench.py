@@ -18,12 +18,17 @@ Odd GQA groups (``--odd-groups``: that section only): MiniMax-M2 (48/8), Qwen3-1
 Qwen2.5-7B (28/4) heads at 128 under each decode plan (tensor-core kernel with the whole group
 in its tile, against the CUDA-core ``split`` / ``shared`` plans, which take 2 or 1 heads a block).
 
+Merge kernel (``--merge``: that section only): the tensor-core decode kernel with its partials
+merged by its last split block (policy ``decode_merge=block``, the default) against a kernel of
+their own (``decode_merge=kernel``), at qwen3-8b / qwen3-30b-a3b / nemotron / qwen3.5-35b-a3b /
+MiniMax-M2 heads.
+
 Gemma-4 full layers (``--gemma-full``: that section only): head dim 512 on the tensor-core
 kernel (plan and forced heads a block; and with policy ``decode_merge=kernel``, the whole group
 a block and the partials merged by ``attn_dec_merge_*``) against atlas-gemma4's ``swa_split``.
 
     python scripts/attn_decode_bench.py [--precompile | --rope-attention | --mma-splits |
-                                         --odd-groups | --gemma-full]
+                                         --odd-groups | --merge | --gemma-full]
 """
 
 from __future__ import annotations
@@ -222,7 +227,7 @@ def gemma_full(be, bf16) -> None:
     from atlas_gemma4.cuda.gemma4_ops import Gemma4CudaOps
     ops, own = be.ctx.bind(AttentionOps), be.ctx.bind(Gemma4CudaOps)
     import dataclasses
-    from atlas_cuda.attention_plan import mma_512_merge_plan
+    from atlas_cuda.attention_plan import mma_merge_plan
     original = be.policy
     print("gemma full 512 | heads q/kv | batch | ctx | KV MB | floor us | plan | plan us | "
           "hb 8 / 4 / 2 us | merge kernel (plan) us | swa_split us")
@@ -247,7 +252,7 @@ def gemma_full(be, bf16) -> None:
                                                                   512 ** -0.5, 0))
             finally:
                 be.set_policy(original)
-            merge_plan = mma_512_merge_plan(batch, h, kh, ctx, be.num_sms)
+            merge_plan = mma_merge_plan(batch, h, kh, 512, ctx, be.num_sms)
             out = be.empty(q.shape, bf16)
             swa = per_op_us(be, lambda: own._split(out, q, kc, vc, bt, sl, cu, 512 ** -0.5, 0))
             nbytes = 2 * batch * ctx * kh * 512 * 2
@@ -300,6 +305,32 @@ def odd_groups(be, bf16) -> None:
             del kc, vc
 
 
+def merge(be, bf16) -> None:
+    """decode_merge=block against kernel, per op, tables as wide as the context."""
+    import dataclasses
+
+    from atlas_cuda.attention_plan import mma_decode_plan, mma_merge_plan
+    original = be.policy
+    print("merge | heads q/kv/d | batch | ctx | KV MB | floor us | block (plan) us | "
+          "kernel (plan) us")
+    for h, kh, d in ((32, 8, 128), (32, 4, 128), (32, 2, 128), (16, 2, 256), (48, 8, 128)):
+        for batch, ctx in ((1, 4096), (1, 32768), (4, 32768), (8, 32768)):
+            q, kc, vc, bt, sl, cu = _paged(be, bf16, batch, ctx, h, kh, d)
+            us = []
+            for kind in ("block", "kernel"):
+                be.set_policy(dataclasses.replace(original, decode_plan="mma", decode_merge=kind))
+                us.append(per_op_us(be, lambda: be.ops.paged_attention(q, kc, vc, bt, sl, cu,
+                                                                       d ** -0.5)))
+            be.set_policy(original)
+            plans = (mma_decode_plan(batch, h, kh, d, ctx, be.num_sms),
+                     mma_merge_plan(batch, h, kh, d, ctx, be.num_sms))
+            nbytes = 2 * batch * ctx * kh * d * 2
+            print(f"merge | {h}/{kh}/{d} | {batch} | {ctx} | {nbytes / 1e6:.1f} | "
+                  f"{nbytes / FLOOR_BPS * 1e6:.2f} | {us[0]:.2f} {plans[0]} | "
+                  f"{us[1]:.2f} {plans[1]}")
+            del kc, vc
+
+
 def sampling(be) -> None:
     print("sample (vocab 151936) | rows | temperature | us")
     vocab = 151936
@@ -348,6 +379,9 @@ def main() -> None:
         return
     if "--odd-groups" in sys.argv:
         odd_groups(be, bfloat16)
+        return
+    if "--merge" in sys.argv:
+        merge(be, bfloat16)
         return
     if "--gemma-full" in sys.argv:
         gemma_full(be, bfloat16)

@@ -7,11 +7,13 @@
 #           against ATLAS_DECODE_GRAPH_WIDTHS=0, qwen3-8b, qwen3-14b (groups of 5: CUDA-core at
 #           batch 1 up to 4k of table), gemma-4-31b (its 512-wide plan at 1k: 17.90 against
 #           17.67 ms in session 24)
-#   part c (one H200): the 512-wide decode attention with its partials merged by a kernel of
-#           their own (ATLAS_CUDA_DECODE_MERGE=kernel, written in session 25 without a GPU): its
-#           GPU tests, the per-op bench (attn_decode_bench.py --gemma-full: plan, forced heads,
-#           merge kernel, swa_split), then gemma-4-26b-a4b batch 1 at 1k / 32k and gemma-4-31b
-#           batch 1 at 32k both ways (make it the default only if it wins every row)
+#   parts c1 / c2 (one H200): the tensor-core decode attention with its partials merged by a kernel
+#           of their own (ATLAS_CUDA_DECODE_MERGE=kernel, written in session 25 without a GPU):
+#           c1 its GPU tests, the per-op benches (attn_decode_bench.py --merge at 64-256,
+#           --gemma-full at 512: plan, forced heads, merge kernel, swa_split); c2 whole steps
+#           both ways: gemma-4-26b-a4b batch 1 at 1k / 32k, gemma-4-31b, qwen3-30b-a3b and
+#           nemotron-3-nano-30b-a3b batch 1 at 32k (make it the default only if it wins every
+#           row, per head dim)
 #   part d (one H200): nemotron-3-nano-30b-a3b batch 1 / 8 / 32 at 1k beside HF eager, and at
 #           32k (batch 32 at 32k never ran: a million-token prefill)
 #   part b (2 x H200): the peer-memory all-reduce's `ll` protocol (written in session 21, never
@@ -20,7 +22,7 @@
 # everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
 # to $OUT/json.tgz, both rewritten as each step ends.
 set -uo pipefail
-part=${1:?usage: gpu_session26.sh a|b|c|d}
+part=${1:?usage: gpu_session26.sh a|b|c1|c2|d}
 OUT=${OUT:-$PWD/s26_out}
 LOGS=/tmp/s26_logs
 mkdir -p "$OUT" "$LOGS/json"
@@ -64,14 +66,20 @@ a)
     ATLAS_DECODE_GRAPH_WIDTHS=0 bench "$shape-wide" 120 "$shape" 1 1024,32768
   done
   ;;
-c)
-  tests merge 200 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py -k "512"
+c1)
+  tests merge 200 plugins/atlas-cuda/tests/test_decode_attention_mma_cuda.py -k "merge or 512"
+  timeout 90 python3 scripts/attn_decode_bench.py --merge >"$LOGS/merge.log" 2>&1
+  el "merge: exit $?"; grep "|" "$LOGS/merge.log"; pack
   timeout 150 python3 scripts/attn_decode_bench.py --gemma-full >"$LOGS/gemma-full.log" 2>&1
   el "gemma full: exit $?"; grep "|" "$LOGS/gemma-full.log"; pack
-  bench g26-block 100 gemma-4-26b-a4b 1 1024,32768
-  ATLAS_CUDA_DECODE_MERGE=kernel bench g26-kernel 100 gemma-4-26b-a4b 1 1024,32768
-  bench g31-block 100 gemma-4-31b 1 32768
-  ATLAS_CUDA_DECODE_MERGE=kernel bench g31-kernel 100 gemma-4-31b 1 32768
+  ;;
+c2)
+  for cell in "gemma-4-26b-a4b 1024,32768" "gemma-4-31b 32768" "qwen3-30b-a3b 32768" \
+              "nemotron-3-nano-30b-a3b 32768"; do
+    set -- $cell
+    bench "${1}-block" 100 "$1" 1 "$2"
+    ATLAS_CUDA_DECODE_MERGE=kernel bench "${1}-kernel" 100 "$1" 1 "$2"
+  done
   ;;
 d)
   bench nem-1k 240 nemotron-3-nano-30b-a3b 1,8,32 1024 --baseline hf --baseline-decode-tokens 8
@@ -85,6 +93,6 @@ b)
   timeout 200 python3 scripts/allreduce_bench.py -n 2 >"$LOGS/allreduce.log" 2>&1
   el "allreduce bench: exit $?"; grep "|" "$LOGS/allreduce.log"; pack
   ;;
-*) echo "part a, b, c or d"; exit 2 ;;
+*) echo "part a, b, c1, c2 or d"; exit 2 ;;
 esac
 el done

@@ -18,7 +18,9 @@ constexpr int DM_BN = 64, DM_THREADS = 128;
 // mma_decode_smem keeps in step): 4 at 64, 3 at 128 (two blocks an SM), 2 at 256 (one).
 template <int D> struct DecMma { static constexpr int NST = D <= 64 ? 4 : D <= 128 ? 3 : 2; };
 
-template <typename T, int D, int HB>
+// MERGE: the last split block merges the partials (dec_combine); false leaves them to
+// attn_dec_merge_impl (attention_decode_mma512.cuh), a kernel of its own (decode_merge=kernel).
+template <typename T, int D, int HB, bool MERGE = true>
 __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* counters,
                                   const T* q, const T* kb, const T* vb, const int* block_tables,
                                   const int* seq_lens, const int* cu_q, AttnArgs a) {
@@ -175,6 +177,7 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
   long long th0 = (long long)t * H + h0;
   attn_group_write<T, 4, HB, D>(out, part_acc, part_ml, sm_acc, sm_m, sm_l, th0, split,
                                 a.num_splits, n_act == 1, a.kv_scale);
+  if constexpr (!MERGE) return;
   if (n_act == 1 || !dec_last_split(counters, t, n_act)) return;
   dec_combine<T, D, HB>(out, part_acc, part_ml, th0, a.num_splits, n_act, a.kv_scale);
 }
@@ -191,6 +194,14 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
       int nsp, float sc, float kvs, int win) {                                                \
     AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs, win};                                          \
     attn_dec_mma_impl<T, D, HB>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);                    \
+  }                                                                                           \
+  extern "C" __global__ void __launch_bounds__(DM_THREADS)                                    \
+      attn_dec_mma_##S##_d##D##_h##HB##_x(                                                    \
+          T* out, float* pa, float* pm, int* cnt, const T* q, const T* k, const T* v,         \
+          const int* bt, const int* sl, const int* cu, int H, int KH, int bs, int mb, int ns, \
+          int nsp, float sc, float kvs, int win) {                                            \
+    AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs, win};                                          \
+    attn_dec_mma_impl<T, D, HB, false>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);             \
   }
 #define DECM_D(T, S, D) DECM_ONE(T, S, D, 2) DECM_ONE(T, S, D, 4) DECM_ONE(T, S, D, 8)        \
   DECM_ONE(T, S, D, 16)
@@ -214,13 +225,16 @@ __device__ void attn_dec_mma_impl(T* out, float* part_acc, float* part_ml, int* 
     AttnArgs a{H, KH, bs, mb, ns, nsp, sc, kvs, win};                                          \
     attn_dec_mma512_impl<T, HB, false>(out, pa, pm, cnt, q, k, v, bt, sl, cu, a);             \
   }
-// attn_dec_merge_<dtype>_d512: the partials of attn_dec_mma_*_d512_h*_x, a block a (token, head)
-#define DECM512_MERGE(T, S)                                                                   \
-  extern "C" __global__ void __launch_bounds__(128) attn_dec_merge_##S##_d512(                \
+// attn_dec_merge_<dtype>_d<D>: the partials of attn_dec_mma_*_d<D>_h*_x, a block (D / 4
+// threads) a (token, head); the split rule's tile: 64 keys, 32 at 512
+#define DECM_MERGE(T, S, D, BN)                                                               \
+  extern "C" __global__ void __launch_bounds__(128) attn_dec_merge_##S##_d##D(                \
       T* out, const float* pa, const float* pm, const int* sl, const int* cu, int H, int ns,  \
       int nsp, int win, float kvs) {                                                          \
-    attn_dec_merge_impl<T, 512, DW_BN>(out, pa, pm, sl, cu, H, ns, nsp, win, kvs);            \
+    attn_dec_merge_impl<T, D, BN>(out, pa, pm, sl, cu, H, ns, nsp, win, kvs);                 \
   }
+#define DECM512_MERGE(T, S) DECM_MERGE(T, S, 64, DM_BN) DECM_MERGE(T, S, 128, DM_BN)          \
+  DECM_MERGE(T, S, 256, DM_BN) DECM_MERGE(T, S, 512, DW_BN)
 #define DECM(T, S) DECM_D(T, S, 64) DECM_D(T, S, 128) DECM_D(T, S, 256) DECM512(T, S, 2)       \
   DECM512(T, S, 4) DECM512(T, S, 8) DECM512(T, S, 16) DECM_ODD(T, S)        \
   DECM512_MERGE(T, S)

@@ -204,12 +204,14 @@ __device__ void attn_dec_mma512_impl(T* out, float* part_acc, float* part_ml, in
   dec_combine<T, D, HB>(out, part_acc, part_ml, th0, a.num_splits, n_act, a.kv_scale);
 }
 
-// The split partials of one (query token, head) of the kernel above with MERGE false, merged by
-// a block of D / 4 threads (grid: tokens x heads; launched with PDL after it). Why: the last
-// split block merging a whole GQA group's partials alone read ~1 MB at Gemma-4 26B-A4B's 8 heads
-// and a wave of splits, so the plan took 4 heads a block and read each KV head's cache twice.
-// The split count follows the split kernel's rule (the same span, chunk and n_act); a token
-// with one active split was written by the split kernel.
+// The split partials of one (query token, head) of the split kernels with MERGE false (this
+// one, or attn_dec_mma_impl at 64-256 with BN = 64), merged by a block of D / 4 threads (grid:
+// tokens x heads; launched with PDL after it). Why: the last split block merging a whole GQA
+// group's partials alone reads them with one SM (~1 MB at Gemma-4 26B-A4B's 8 heads of 512 and
+// a wave of splits, so the 512 plan took 4 heads a block and read each KV head's cache twice;
+// 0.5 MB at 16 heads of 128 or 8 of 256 and 64 splits). The split count follows the split
+// kernel's rule (the same span, chunk and n_act); a token with one active split was written by
+// the split kernel.
 template <typename T, int D, int BN>
 __device__ void attn_dec_merge_impl(T* out, const float* part_acc, const float* part_ml,
                                     const int* seq_lens, const int* cu_q, int H, int num_seqs,

@@ -121,15 +121,17 @@ def _mma_decode_plan_512(t: int, h: int, kh: int, hb: int, max_ctx: int,
     return (best[1], best[2]) if best else (mma_decode_heads(h, kh, 512), 1)
 
 
-def mma_512_merge_plan(t: int, h: int, kh: int, max_ctx: int, num_sms: int) -> tuple[int, int]:
-    """``(heads per block, splits)`` of the 512-wide decode kernel whose partials a kernel of their
-    own merges (policy ``decode_merge=kernel``: ``attn_dec_merge_*``): the whole GQA group a block
-    (up to 16 heads), so each KV head's cache is read once, and the splits of one wave of a block
-    an SM, at least one 32-key tile each; no cap on the partials (nothing merges them in one
-    block)."""
-    hb = mma_decode_heads(h, kh, 512)
+def mma_merge_plan(t: int, h: int, kh: int, d: int, max_ctx: int,
+                   num_sms: int) -> tuple[int, int]:
+    """``(heads per block, splits)`` of the tensor-core decode kernel whose partials a kernel of
+    their own merges (policy ``decode_merge=kernel``: ``attn_dec_merge_*``): the whole GQA group
+    a block (up to 16 heads), so each KV head's cache is read once, and the splits of one wave
+    (two blocks an SM up to head dim 128, one above), at least one K/V tile each; no cap on the
+    partials (no single block merges them)."""
+    hb = mma_decode_heads(h, kh, d)
     base = t * kh * (h // kh // hb)
-    return hb, max(1, min(num_sms // base, -(-max_ctx // MMA_DECODE_BN_512)))
+    target = (2 if d <= 128 else 1) * num_sms
+    return hb, max(1, min(target // base, -(-max_ctx // mma_decode_bn(d))))
 
 
 def mma_512_splits(t: int, h: int, kh: int, hb: int, max_ctx: int, num_sms: int) -> int:

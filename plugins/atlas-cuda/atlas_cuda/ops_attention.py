@@ -11,7 +11,7 @@ from atlas_cuda.array import DeviceArray
 from atlas_cuda.attention_plan import (
     LONG_DECODE_CTX, MMA_DECODE_B1_MAX_CTX, MMA_DECODE_B1_MAX_CTX_ODD, MMA_DECODE_MIN_CTX,
     MMA_DECODE_ODD_HEADS, MMA_DECODE_STAGES, MMA_DECODE_STATIC,
-    batch_invariant_decode_plan, decode_plan, mma_512_merge_plan, mma_decode_heads,
+    batch_invariant_decode_plan, decode_plan, mma_decode_heads, mma_merge_plan,
     mma_decode_plan, mma_decode_smem, shared_decode_plan)
 from atlas_cuda.context import OpContext
 from atlas_cuda.kernels_loader import variant_of
@@ -187,9 +187,9 @@ class AttentionOps(RopeCacheOps):
         """``attn_dec_mma_*`` over each query's last ``window`` keys (all of them with 0);
         ``max_ctx`` the most keys a query reads (the plan's split count)."""
         t, h, d = q.shape
-        merge = d == 512 and self.ctx.policy.decode_merge == "kernel"
-        hb, splits = (mma_512_merge_plan(t, h, num_kv_heads, max_ctx, self.ctx.num_sms) if merge
-                      else mma_decode_plan(t, h, num_kv_heads, d, max_ctx, self.ctx.num_sms))
+        merge = self.ctx.policy.decode_merge == "kernel"
+        hb, splits = (mma_merge_plan if merge else mma_decode_plan)(
+            t, h, num_kv_heads, d, max_ctx, self.ctx.num_sms)
         merge = merge and splits > 1
         part_acc, part_ml = self._dec_partials(t, h, d, splits)
         var = variant_of(q.dtype)
@@ -205,8 +205,8 @@ class AttentionOps(RopeCacheOps):
         if merge:  # each (token, head)'s partials, after the split kernel
             kern = self.ctx.kernels.kernel("attention_decode_mma", var,
                                            f"attn_dec_merge_{var}_d{d}")
-            self.ctx.launch(kern, (t, h), 128, out, part_acc, part_ml, seq_lens, cu_seqlens, h,
-                            num_seqs, splits, int(window), float(kv_scale), pdl=self.ctx.pdl)
+            self.ctx.launch(kern, (t, h), d // 4, out, part_acc, part_ml, seq_lens, cu_seqlens,
+                            h, num_seqs, splits, int(window), float(kv_scale), pdl=self.ctx.pdl)
 
     def _dec_partials(self, t: int, h: int, d: int, splits: int):
         """The split partials of the decode kernel (accumulators, (max, sum) pairs), or Nones."""

@@ -52,11 +52,11 @@ KNOBS = (
          "rope_cache_attention (4,096 for groups of 3 / 5 / 6 / 7); else shared "
          "above 4,096 tokens, split below)"),
     Knob("decode_merge", "ATLAS_CUDA_DECODE_MERGE", ("auto", "block", "kernel"),
-         "split partials of the tensor-core decode attention at head dim 512 (Gemma-4's full "
-         "layers): auto/block (the last split block merges them; the plan caps them, taking 2-8 "
-         "heads a block) or kernel (attn_dec_merge_*, a kernel of its own, so a block takes the "
-         "whole GQA group, each KV head's cache read once, and a wave of splits; opt-in: "
-         "written in session 25 without a GPU)"),
+         "split partials of the tensor-core decode attention: auto/block (the last split block "
+         "of a GQA group merges them alone; the plan caps them, at head dim 512 taking 2-8 heads "
+         "a block) or kernel (attn_dec_merge_*, a kernel of its own, a block a (token, head): "
+         "the whole GQA group a split block, a wave of splits; opt-in: written in session 25 "
+         "without a GPU)"),
     Knob("pdl", "ATLAS_CUDA_PDL", None,
          "programmatic dependent launch of the decode kernels on sm_90+"),
     Knob("moe", "ATLAS_CUDA_MOE", ("auto", "grouped", "gemv"),

@@ -2,7 +2,7 @@
 the NumPy reference: GQA groups of 2-32 query heads (32: two 16-row chunks), head dims 64 / 128 /
 256 and 512 (Gemma-4's full layers: the kernel's own 32-key tile), bf16 and f16, contexts crossing KV blocks, 64-key tiles and splits, several query tokens a
 sequence (speculative verify rows), graph replay with changing lengths, the 512-wide kernel with
-its partials merged by a kernel of their own (policy ``decode_merge=kernel``); and that ``auto`` picks it
+the partials merged by a kernel of their own (policy ``decode_merge=kernel``); and that ``auto`` picks it
 for long caches and keeps the CUDA-core kernel for short ones and fp8 caches."""
 
 import numpy as np
@@ -81,19 +81,21 @@ def test_mma_decode_512_under_every_head_chunk_and_split(cuda_backend, use_polic
                             check_shape=False) < 1e-2
 
 
-@pytest.mark.parametrize("h,kh", [(16, 2), (32, 4), (8, 4), (64, 2)])
+@pytest.mark.parametrize("h,kh,d", [(16, 2, 512), (32, 4, 512), (8, 4, 512), (64, 2, 512),
+                                    (16, 2, 128), (32, 4, 128), (48, 8, 128), (16, 2, 256),
+                                    (16, 8, 64)])
 @pytest.mark.parametrize("lens", [[1], [17], [4100], [3001, 40, 1, 700], [33] * 9])
-def test_mma_decode_512_with_the_merge_kernel(cuda_backend, use_policy, h, kh, lens):
-    """Policy ``decode_merge=kernel``: the 512-wide kernel without its in-block merge, the whole
+def test_mma_decode_with_the_merge_kernel(cuda_backend, use_policy, h, kh, d, lens):
+    """Policy ``decode_merge=kernel``: the split kernel without its in-block merge, the whole
     group a block (two 16-row chunks at 32), a wave of splits, then ``attn_dec_merge_*`` (a
     token with one active split is the split kernel's own output)."""
     use_policy(decode_plan="mma", decode_merge="kernel")
     be = cuda_backend
     sl = np.array(lens, np.int32)
-    q, kc, vc, bt, cu = paged(len(lens), h, kh, 512, max(lens))
-    got = run(be, (q, kc, vc, bt, sl, cu), 512)
+    q, kc, vc, bt, cu = paged(len(lens), h, kh, d, max(lens))
+    got = run(be, (q, kc, vc, bt, sl, cu), d)
     assert be.kernels.last_module == "attention_decode_mma"
-    assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, 512 ** -0.5),
+    assert device_rel_error(be, got, ref.paged_attention(q, kc, vc, bt, sl, cu, d ** -0.5),
                             check_shape=False) < 1e-2
 
 

@@ -83,14 +83,14 @@ def test_decode_merge_kernel_takes_the_whole_group_and_a_wave_of_splits():
     """Policy ``decode_merge=kernel`` at head dim 512: ``attn_dec_mma_*_d512_h8_x`` (no in-block
     merge) over the whole GQA group of 8, a wave of splits, then ``attn_dec_merge_*_d512`` a
     block a (token, head) over the same partials and split count; one split needs no merge."""
-    from atlas_cuda.attention_plan import mma_512_merge_plan
+    from atlas_cuda.attention_plan import mma_merge_plan
     ctx = fake_context(KernelPolicy(decode_merge="kernel"))
     ops = AttentionOps(ctx)
     q, cache = _arr((1, 16, 512)), _arr((4096, 16, 2, 512))
     tables, lens, cu = _arr((1, 2048), "int32"), _arr((1,), "int32"), _arr((2,), "int32")
     out = ops.window_decode(q, cache, cache, tables, lens, cu, 1.0, 0)
     (name, grid, _, args, _), (mname, mgrid, _, margs, mpdl) = ctx.kernels.launches[-2:]
-    assert mma_512_merge_plan(1, 16, 2, 32768, ctx.num_sms) == (8, ctx.num_sms // 2)
+    assert mma_merge_plan(1, 16, 2, 512, 32768, ctx.num_sms) == (8, ctx.num_sms // 2)
     assert name == "attn_dec_mma_bf16_d512_h8_x" and grid == (1, 2, ctx.num_sms // 2)
     assert mname == "attn_dec_merge_bf16_d512" and mgrid == (1, 16) and mpdl
     assert margs[0] is out and margs[1] is args[1] and margs[2] is args[2]   # the partials
@@ -126,3 +126,20 @@ def test_paged_attention_of_one_token_takes_tensor_cores_past_512_keys():
     assert ctx.kernels.launches[-1][0] == "attn_dec_mma_bf16_d128_h6"
     ops.paged_attention(q, cache, cache, _arr((1, 32), "int32"), lens, cu, 1.0)
     assert ctx.kernels.launches[-1][0].startswith("attn_dec_bf16_d128_h")
+
+
+def test_decode_merge_kernel_at_head_dim_128_and_256():
+    """``decode_merge=kernel`` below 512 (paged decode of a long cache): the ``_x`` split kernel
+    over the whole group, a wave of splits (two blocks an SM up to 128, one at 256), then
+    ``attn_dec_merge_*_d<D>``."""
+    from atlas_cuda.attention_plan import mma_merge_plan
+    for h, kh, d, per_sm in ((16, 2, 128, 2), (16, 2, 256, 1), (48, 8, 128, 2)):
+        ctx = fake_context(KernelPolicy(decode_merge="kernel"))
+        q, cache = _arr((1, h, d)), _arr((4096, 16, kh, d))
+        lens, cu = _arr((1,), "int32"), _arr((2,), "int32")
+        AttentionOps(ctx).paged_attention(q, cache, cache, _arr((1, 2048), "int32"), lens, cu, 1.0)
+        (name, grid, *_), (mname, mgrid, *_) = ctx.kernels.launches[-2:]
+        hb, splits = mma_merge_plan(1, h, kh, d, 32768, ctx.num_sms)
+        assert hb == h // kh and splits == per_sm * ctx.num_sms // kh
+        assert name == f"attn_dec_mma_bf16_d{d}_h{hb}_x" and grid == (1, kh, splits)
+        assert mname == f"attn_dec_merge_bf16_d{d}" and mgrid == (1, h)
