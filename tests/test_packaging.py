@@ -163,3 +163,21 @@ def test_wheels_install_in_a_clean_venv(dist, tmp_path):
     assert proc.returncode == 0, proc.stderr
     where, num_kernels, target = proc.stdout.split()
     assert str(venv) in where and int(num_kernels) > 10 and target == "gb10"
+
+
+def test_every_kernel_file_is_package_data():
+    """Every .cu / .cuh / .toml under a workspace package is matched by its pyproject's
+    package-data globs, so the wheel ships it (atlas-nemotron-h's wheel once lacked the header
+    its Mamba-2 kernels include)."""
+    import fnmatch
+    for path in [*ROOT.glob("plugins/*/pyproject.toml"), ROOT / "pyproject.toml"]:
+        data = tomllib.loads(path.read_text()).get("tool", {}).get("setuptools", {}).get(
+            "package-data", {})
+        for package in [p for p in path.parent.iterdir() if (p / "__init__.py").is_file()]:
+            globs = data.get(package.name, [])
+            for f in package.rglob("*"):
+                if f.suffix not in (".cu", ".cuh", ".toml") or "egg-info" in str(f):
+                    continue
+                rel = f.relative_to(package).as_posix()
+                assert any(fnmatch.fnmatch(rel, g) or fnmatch.fnmatch(rel, g.replace("**/", ""))
+                           for g in globs), f"{path}: {package.name}/{rel} is not package data"

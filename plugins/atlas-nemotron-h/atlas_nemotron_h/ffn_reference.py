@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_core.api import f32, reference
+from atlas_core.api import QuantizedWeight, dequantize, f32, reference
+
+
+def _weight_f32(w) -> np.ndarray:
+    """float32 value of a weight: a :class:`QuantizedWeight` (an FP8 / NVFP4 checkpoint's experts
+    kept quantized) dequantized exactly, an array as is."""
+    return dequantize(w) if isinstance(w, QuantizedWeight) else f32(w)
 
 
 def relu2(x: np.ndarray) -> np.ndarray:
@@ -69,7 +75,8 @@ def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
 
     Args:
         x: ``[num_tokens, hidden]`` (the latent when the model projects into one).
-        w_up: ``[num_experts, intermediate, hidden]``.
+        w_up: ``[num_experts, intermediate, hidden]`` (this and every weight below may be a
+            :class:`~atlas_core.api.QuantizedWeight` of that shape: its exact dequantized value).
         w_down: ``[num_experts, hidden, intermediate]``.
         topk_weights: ``[num_tokens, top_k]`` float32.
         topk_ids: ``[num_tokens, top_k]`` int32.
@@ -86,10 +93,11 @@ def nemotron_h_moe_experts(x: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
     ids = np.asarray(topk_ids)
     for e in np.unique(ids):
         rows, slots = np.nonzero(ids == e)
-        h = np.maximum(xf[rows] @ f32(w_up[e]).T, 0.0)
+        h = np.maximum(xf[rows] @ _weight_f32(w_up[int(e)]).T, 0.0)
         # add.at: a token may name an expert twice (expert parallelism's remapped choices)
-        np.add.at(out, rows, ((h * h) @ f32(w_down[e]).T) * f32(topk_weights)[rows, slots][:, None])
+        np.add.at(out, rows, ((h * h) @ _weight_f32(w_down[int(e)]).T)
+                  * f32(topk_weights)[rows, slots][:, None])
     if shared_up is not None:
-        h = np.maximum(xf @ f32(shared_up).T, 0.0)
-        out += (h * h) @ f32(shared_down).T
+        h = np.maximum(xf @ _weight_f32(shared_up).T, 0.0)
+        out += (h * h) @ _weight_f32(shared_down).T
     return out.astype(x.dtype)

@@ -192,3 +192,17 @@ def test_fused_router_decodes_the_same_tokens(checkpoint, monkeypatch):
     """The tiny checkpoint's greedy tokens with the fused router are numpy's."""
     monkeypatch.setenv("ATLAS_NEMOTRON_ROUTE", "fused")
     test_cuda_greedy_matches_numpy(checkpoint)
+
+
+@pytest.mark.parametrize("scheme", ["fp8_block", "nvfp4_modelopt"])
+def test_cuda_greedy_with_experts_kept_quantized(tmp_path, registry, monkeypatch, scheme):
+    """ATLAS_CUDA_QUANT_WEIGHTS=1: the experts stay FP8 / NVFP4 on the device and the cuda op
+    dequantizes them each call; greedy tokens equal numpy's of the same quantized model."""
+    from atlas_core.testing.quant_checkpoints import write_quantized_checkpoint
+    path = write_quantized_checkpoint("NemotronHForCausalLM", tmp_path / "q", scheme,
+                                      registry=registry)
+    prompts = [prompt(1, 11), prompt(2, 5)]
+    want = _greedy(path, "numpy", prompts)
+    monkeypatch.setenv("ATLAS_CUDA_QUANT_WEIGHTS", "1")
+    got = _greedy(path, "cuda", prompts)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]

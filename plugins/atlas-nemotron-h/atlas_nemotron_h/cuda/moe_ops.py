@@ -97,7 +97,19 @@ class NemotronMoeCudaOps:
     def nemotron_h_moe_experts(self, x: Any, w_up: Any, w_down: Any, topk_weights: Any,
                                topk_ids: Any, shared_up: Any = None,
                                shared_down: Any = None) -> Any:
-        """See :func:`atlas_nemotron_h.ffn_reference.nemotron_h_moe_experts`."""
+        """See :func:`atlas_nemotron_h.ffn_reference.nemotron_h_moe_experts`. Expert stacks kept
+        quantized (FP8 / NVFP4 checkpoints with ``ATLAS_CUDA_QUANT_WEIGHTS=1``, or ones that fit
+        the device only quantized) are dequantized into the backend's reused buffers each call
+        first: correct, with all of a layer's experts written and read again (no quantized
+        kernel for these non-gated experts yet)."""
+        from atlas_core.api import QuantizedWeight
+        stacks = (w_up, w_down, shared_up, shared_down)
+        if any(isinstance(w, QuantizedWeight) for w in stacks):
+            from atlas_cuda.ops_quant import QuantOps
+            quant = self.ctx.bind(QuantOps)
+            w_up, w_down, shared_up, shared_down = (
+                quant.dequantize(w, x.dtype, slot=1 + i) if isinstance(w, QuantizedWeight) else w
+                for i, w in enumerate(stacks))
         t, width = x.shape
         inter, top_k = w_up.shape[1], topk_ids.shape[1]
         shared = [w for w in (shared_up, shared_down) if w is not None]
