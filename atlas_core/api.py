@@ -33,7 +33,9 @@ Groups:
   (:func:`quantize_kv_nvfp4`, :func:`dequantize_kv_nvfp4`, :func:`nvfp4_row_bytes`, and
   :data:`NVFP4_PREFILL_SCRATCH`, the bytes the KV sizing keeps out of the pool for a backend's
   prefill over an nvfp4 history), :func:`pool_row_bytes` (bytes of
-  one block row of a pool, for ``gather_blocks`` / ``scatter_blocks``), :data:`bfloat16`,
+  one block row of a pool, for ``gather_blocks`` / ``scatter_blocks``), :func:`recurrent_verify`
+  and :func:`recurrent_verify_graph` (a recurrent layer's speculative verify step, one state
+  row a query position), :data:`bfloat16`,
   :data:`float8_e4m3fn`, :func:`as_dtype`, :func:`f32`.
 - Running a model: :class:`LLM`, :class:`SamplingParams`, :class:`EngineArgs`,
   :class:`LLMEngine`, :class:`AsyncLLMEngine`, :class:`GuidedDecodingParams`,
@@ -71,6 +73,8 @@ _EXPORTS = {
     "RecurrentStateSpec": "atlas_core.interfaces:RecurrentStateSpec",
     "StepMetadata": "atlas_core.interfaces:StepMetadata",
     "SpecVerifyRows": "atlas_core.interfaces.metadata:SpecVerifyRows",
+    "recurrent_verify": "atlas_core.model.recurrent_verify:recurrent_verify",
+    "recurrent_verify_graph": "atlas_core.model.recurrent_verify:recurrent_verify_graph",
     "pool_row_bytes": "atlas_core.ops.block_copy:pool_row_bytes",
     "StorageBackend": "atlas_core.interfaces:StorageBackend",
     "BlockDirectory": "atlas_core.storage.posix:BlockDirectory",

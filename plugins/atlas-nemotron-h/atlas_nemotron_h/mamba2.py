@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_core.api import Module, RecurrentStateSpec, StepMetadata, TransformerLayer
+from atlas_core.api import (Module, RecurrentStateSpec, StepMetadata, TransformerLayer,
+                            recurrent_verify, recurrent_verify_graph)
 
 
 class Mamba2Mixer(Module, TransformerLayer):
@@ -21,7 +22,9 @@ class Mamba2Mixer(Module, TransformerLayer):
     Prefill (any step with a multi-token sequence) runs ``mamba2_conv1d``,
     ``mamba2_ssd_chunked`` and ``mamba2_gated_norm``; decode steps ``mamba2_decode`` (conv
     update, state update and gated norm as one op). Per-sequence state lives in the slots
-    ``meta.state_indices`` of the pools bound by :meth:`bind_state`.
+    ``meta.state_indices`` of the pools bound by :meth:`bind_state`. Speculative verify steps
+    run ``mamba2_decode`` once a query position, each position's state in its own row
+    (:meth:`_verify`), so rejected drafts roll back.
 
     Args:
         hidden_size: model width.
@@ -128,7 +131,9 @@ class Mamba2Mixer(Module, TransformerLayer):
         conv_states, ssm_states = self.state["conv"], self.state["ssm"]
         sizes = dict(num_heads=self.num_heads, head_dim=self.head_dim, n_groups=self.n_groups,
                      state_size=self.state_size, dt_min=self.dt_min, dt_max=self.dt_max)
-        if meta.is_decode:
+        if meta.spec_verify is not None or meta.spec_state_rows is not None:
+            y = self._verify(z, xbc, dt, meta, sizes)
+        elif meta.is_decode:
             # y: [num_seqs, num_heads * head_dim], conv + scan step + gated norm
             y = ops.mamba2_decode(xbc, z, dt, p["conv1d.weight"], self.param("conv1d.bias"),
                                   p["A_log"], p["dt_bias"], p["D"], p["norm.weight"],
@@ -144,3 +149,22 @@ class Mamba2Mixer(Module, TransformerLayer):
             y = ops.mamba2_gated_norm(y, z, p["norm.weight"], self.inner // self.n_groups,
                                       self.eps)
         return ops.linear(y, p["out_proj.weight"], self.param("out_proj.bias"))
+
+    def _verify(self, z: Any, xbc: Any, dt: Any, meta: StepMetadata, sizes: dict) -> Any:
+        """A speculative verify step: each query position runs ``mamba2_decode`` from the conv
+        and SSM state its previous position left in its own row, so rejected drafts roll back
+        by row choice, without recompute (core's ``recurrent_verify``; graph-replayed verify
+        steps: ``recurrent_verify_graph``)."""
+        ops, p = self.ops, self.params
+        pools = [self.state["conv"], self.state["ssm"]]
+
+        def step(rows, cu, seq_lens, state):
+            return ops.mamba2_decode(ops.embedding(rows, xbc), ops.embedding(rows, z),
+                                     ops.embedding(rows, dt), p["conv1d.weight"],
+                                     self.param("conv1d.bias"), p["A_log"], p["dt_bias"], p["D"],
+                                     p["norm.weight"], pools[0], pools[1], cu, seq_lens, state,
+                                     **sizes, eps=self.eps)
+        if meta.spec_verify is not None:
+            return recurrent_verify_graph(ops, self.backend, meta, pools, step, self.inner,
+                                          z.dtype, "mamba2")
+        return recurrent_verify(ops, self.backend, meta, pools, step, self.inner, z.dtype)
