@@ -244,3 +244,31 @@ def test_preemption_under_kv_pressure(model_dir):
     assert engine.stats().num_preemptions > 0
     assert engine.stats().speculative.num_accepted_tokens > 0
     assert engine.block_manager.num_used_blocks == 0
+
+
+def test_speculation_refuses_a_recurrent_layer_that_cannot_roll_back():
+    """A recurrent layer without ``RecurrentStateSpec.spec_verify`` would keep rejected drafts in
+    its state: speculation is refused with the layer named; one that verifies position by
+    position passes."""
+    from types import SimpleNamespace
+
+    from atlas_core.engine.spec.setup import prepare_model
+    from atlas_core.interfaces.layer import KVCacheSpec, RecurrentStateSpec
+
+    class LegacyMamba:
+        def state_spec(self):
+            return RecurrentStateSpec({"ssm": (4, 4)})
+
+    class Verifying(LegacyMamba):
+        def state_spec(self):
+            return RecurrentStateSpec({"ssm": (4, 4)}, spec_verify=True)
+
+    class Attn:
+        def state_spec(self):
+            return KVCacheSpec(2, 8)
+
+    config = SpeculativeConfig.parse(SPEC)
+    with pytest.raises(ValueError, match="LegacyMamba layers of this model keep a recurrent"):
+        prepare_model(SimpleNamespace(layers=[Attn(), LegacyMamba()]), config)
+    prepare_model(SimpleNamespace(layers=[Attn(), Verifying()]), config)
+    prepare_model(SimpleNamespace(layers=[LegacyMamba()]), None)

@@ -70,11 +70,17 @@ class RecurrentStateSpec:
         prefill_bytes_per_token: device work memory a prefill token of this layer may need
             beyond its output (e.g. the float32 buffers of a chunked delta-rule kernel, shared
             by all layers); added to the activation reserve when the KV cache is sized.
+        spec_verify: the layer runs speculative verify steps one query position at a time,
+            each position's state in its own row (``meta.spec_state_rows`` /
+            ``meta.spec_verify``; :func:`atlas_core.api.recurrent_verify`), so a rejected
+            draft rolls back. Speculative decoding refuses a model with a recurrent layer
+            that does not: its state would keep the rejected tokens.
     """
 
     shapes: dict[str, tuple[int, ...]]
     dtype: str = "float32"
     prefill_bytes_per_token: int = 0
+    spec_verify: bool = False
 
 
 class TransformerLayer(ABC):

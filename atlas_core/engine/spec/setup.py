@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from atlas_core.engine.spec.config import SpeculativeConfig
+from atlas_core.interfaces.layer import RecurrentStateSpec
 from atlas_core.engine.spec.draft_graphs import DraftGraphs
 from atlas_core.engine.spec.mtp import MTPProposer
 from atlas_core.engine.spec.speculator import Speculator
@@ -14,9 +15,20 @@ def prepare_model(model: Any, config: SpeculativeConfig | None) -> None:
     """Before the KV cache is planned: ``mtp`` gives the model's MTP head its KV pool.
 
     Raises:
-        ValueError: ``mtp`` for a model without a multi-token-prediction head.
+        ValueError: ``mtp`` for a model without a multi-token-prediction head; any method for
+            a model with a recurrent layer that cannot roll a rejected draft back
+            (``RecurrentStateSpec.spec_verify``).
     """
-    if config is None or config.method != "mtp":
+    if config is None:
+        return
+    for layer in getattr(model, "layers", ()):
+        spec = layer.state_spec() if hasattr(layer, "state_spec") else None
+        if isinstance(spec, RecurrentStateSpec) and not spec.spec_verify:
+            raise ValueError(
+                f"speculative decoding: the {type(layer).__name__} layers of this model keep a "
+                "recurrent state that cannot roll a rejected draft back, so its output would "
+                "change; serve it without --speculative / speculative_config")
+    if config.method != "mtp":
         return
     enable = getattr(model, "enable_mtp", None)
     if enable is None or not enable():

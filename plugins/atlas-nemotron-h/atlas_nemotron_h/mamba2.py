@@ -76,7 +76,8 @@ class Mamba2Mixer(Module, TransformerLayer):
         return RecurrentStateSpec(shapes={
             "conv": (self.kernel_size - 1, self.conv_dim),
             "ssm": (self.num_heads, self.head_dim, self.state_size)}, dtype="float32",
-            prefill_bytes_per_token=4 * (self.conv_dim + 2 * self.inner + self.num_heads))
+            prefill_bytes_per_token=4 * (self.conv_dim + 2 * self.inner + self.num_heads),
+            spec_verify=True)
 
     def bind_state(self, state: Any) -> None:
         """Receive the pools ``{"conv": [num_slots, K - 1, conv_dim],

@@ -109,7 +109,7 @@ class GatedDeltaNet(Module, TransformerLayer):
         return RecurrentStateSpec(shapes={
             "conv": (self.kernel_size - 1, self.conv_dim),
             "ssm": (self.num_v_heads, self.head_k_dim, self.head_v_dim)}, dtype="float32",
-            prefill_bytes_per_token=per_token)
+            prefill_bytes_per_token=per_token, spec_verify=True)
 
     def bind_state(self, state: Any) -> None:
         """Receive the pools ``{"conv": [num_slots, K - 1, conv_dim], "ssm": [num_slots, Hv, Dk, Dv]}``
