@@ -14,8 +14,10 @@
 #           both ways: gemma-4-26b-a4b batch 1 at 1k / 32k, gemma-4-31b, qwen3-30b-a3b and
 #           nemotron-3-nano-30b-a3b batch 1 at 32k (make it the default only if it wins every
 #           row, per head dim)
-#   part d (one H200): nemotron-3-nano-30b-a3b batch 1 / 8 / 32 at 1k beside HF eager, and at
-#           32k (batch 32 at 32k never ran: a million-token prefill)
+#   part d (one H200): Nemotron-H's GPU tests of session 25's fixes (experts kept FP8 / NVFP4,
+#           n-gram speculation on Mamba-2 state rows, greedy), then nemotron-3-nano-30b-a3b
+#           batch 1 / 8 / 32 at 1k beside HF eager, and at 32k (batch 32 at 32k never ran: a
+#           million-token prefill)
 #   part b (2 x H200): the peer-memory all-reduce's `ll` protocol (written in session 21, never
 #           run): the collectives test under each mode, then allreduce_bench.py
 # Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
@@ -82,6 +84,8 @@ c2)
   done
   ;;
 d)
+  tests nemotron 200 plugins/atlas-nemotron-h/tests/test_nemotron_h_cuda.py \
+    -k "quantized or speculation or greedy"
   bench nem-1k 240 nemotron-3-nano-30b-a3b 1,8,32 1024 --baseline hf --baseline-decode-tokens 8
   bench nem-32k 330 nemotron-3-nano-30b-a3b 1,8,32 32768
   ;;

@@ -206,3 +206,20 @@ def test_cuda_greedy_with_experts_kept_quantized(tmp_path, registry, monkeypatch
     monkeypatch.setenv("ATLAS_CUDA_QUANT_WEIGHTS", "1")
     got = _greedy(path, "cuda", prompts)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
+
+
+def test_cuda_ngram_speculation_keeps_plain_greedy_tokens(checkpoint):
+    """Verify steps run mamba2_decode once a position into per-position state rows (the cuda
+    kernels with other state indices): greedy tokens equal plain decoding on cuda."""
+    from atlas_core.api import LLM, SamplingParams
+
+    prompts = [prompt(1, 11) * 3, prompt(2, 5), prompt(3, 37)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    for spec in (None, {"method": "ngram", "num_speculative_tokens": 3,
+                        "draft_token_cost": 0.0}):
+        llm = LLM(str(checkpoint), backend="cuda", num_kv_blocks=64, max_num_seqs=4,
+                  block_size=8, speculative_config=spec)
+        outs[spec is None] = [o.outputs[0].token_ids for o in
+                              llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+    assert outs[False] == outs[True]
