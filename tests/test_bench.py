@@ -47,3 +47,28 @@ def test_doctor_runs_without_gpu(capsys):
     assert main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert "atlas" in text and "plugin" in text
+
+
+def test_reduced_shapes_state_their_layers_and_per_layer_bytes():
+    """Issues #24 / #25: a shape cut to fit one GPU says so, with what a layer costs a step."""
+    from atlas_core.bench.shapes import shape_note
+    assert shape_note("minimax-m2", SHAPES["minimax-m2"]).startswith(
+        "shape minimax-m2: 5 layers of the released model's 62 (cut to fit one GPU in bf16); ")
+    assert "1.169 GB a layer (mean)" in shape_note("deepseek-v3", SHAPES["deepseek-v3"])
+    assert "of the released" not in shape_note("qwen3-8b", SHAPES["qwen3-8b"])
+    assert shape_note("my-checkpoint", SHAPES["qwen3-8b"]) == ""
+
+
+def test_report_prints_the_shape_and_kv_lines():
+    from types import SimpleNamespace
+
+    from atlas_core.bench import report
+    from atlas_core.bench.runner import BenchResult, kv_note
+    kv = SimpleNamespace(bytes_per_block=16 * 3456, block_size=16, window_pool=None)
+    result = BenchResult("deepseek-v3", "cuda", "H200", shape="shape deepseek-v3: 3 layers",
+                         kv=kv_note(kv))
+    text = report.to_text(result)
+    assert "shape deepseek-v3: 3 layers" in text
+    assert "KV cache: 3,456 bytes a token of context over the paged layers" in text
+    assert kv_note(None) == "" and "window apart" in kv_note(
+        SimpleNamespace(bytes_per_block=64, block_size=16, window_pool=object()))

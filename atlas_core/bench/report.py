@@ -77,6 +77,10 @@ def to_text(result: BenchResult) -> str:
              f"cold start (weights + KV cache + first compile): {result.cold_start_s:.2f} s",
              f"decode: {result.decode_tokens} tokens per request after a prefill of the cell's "
              "context; floor = bytes read per step / bandwidth"]
+    if result.shape:
+        lines.append(result.shape)
+    if result.kv:
+        lines.append(result.kv)
     if result.matmul:
         lines.append(f"matmuls of more than one row: {result.matmul}")
     if result.per_rank:

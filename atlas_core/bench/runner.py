@@ -44,6 +44,22 @@ class BenchResult:
     #: What ran matmuls of more than one row (the backend's ``matmul_library()``; "" when it
     #: does not say): a GPU run without cuBLASLt measures another configuration.
     matmul: str = ""
+    #: The shape's layers and per-layer bytes (:func:`~atlas_core.bench.shapes.shape_note`) and
+    #: the KV cache's bytes a token as the engine sized it (:func:`kv_note`; "" when unknown).
+    shape: str = ""
+    kv: str = ""
+
+
+def kv_note(kv_config: Any) -> str:
+    """The paged KV cache's bytes a token of context over every layer it holds (a latent for
+    MLA, K and V for attention) from the engine's plan, ``""`` without one."""
+    if kv_config is None or not getattr(kv_config, "bytes_per_block", 0):
+        return ""
+    note = (f"KV cache: {kv_config.bytes_per_block // kv_config.block_size:,} bytes a token of "
+            "context over the paged layers")
+    if getattr(kv_config, "window_pool", None) is not None:
+        note += " (the sliding-window layers keep their window apart)"
+    return note
 
 
 class CellFailed(RuntimeError):

@@ -291,3 +291,28 @@ def step_flops(config: dict[str, Any], tokens: int) -> int:
     weights = step_bytes(config, 0) // 2 - config["vocab_size"] * config["hidden_size"]
     return 2 * tokens * (weights + (config["vocab_size"] * config["hidden_size"]
                                     if config.get("tie_word_embeddings") else 0))
+
+
+#: Layers of the released models the bench shapes cut to fit one GPU in bf16 (the full models
+#: are the multi-GPU targets).
+FULL_LAYERS = {"minimax-m2": 62, "deepseek-v3": 61, "mistral-small-4": 36}
+
+
+def shape_note(name: str, config: dict[str, Any]) -> str:
+    """One line on a named shape for the bench report: its layers (of the released model's, when
+    cut) and the weight bytes a decode step reads at batch 1 per layer and besides them (the
+    embedding row, the head); ``""`` for a model that is not a named shape."""
+    if name not in SHAPES:
+        return ""
+    config = config.get("text_config", config)
+    layers = int(config["num_hidden_layers"])
+    total = step_bytes(config, 0, 1)
+    rest = step_bytes({**config, "num_hidden_layers": 0}, 0, 1)
+    cut = (f" of the released model's {FULL_LAYERS[name]} (cut to fit one GPU in bf16)"
+           if name in FULL_LAYERS else "")
+    return (f"shape {name}: {layers} layers{cut}; weights a decode step reads at batch 1: "
+            f"{_size((total - rest) / layers)} a layer (mean), {_size(rest)} besides")
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.3f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.3f} MB"

@@ -222,7 +222,8 @@ def _write(target: str | None, text: str) -> None:
 
 def run(args) -> int:
     from atlas_core.bench import report
-    from atlas_core.bench.runner import BenchResult, measure
+    from atlas_core.bench.runner import BenchResult, kv_note, measure
+    from atlas_core.bench.shapes import shape_note
     from atlas_core.cli import UserError
     if args.decode_tokens < 4:
         raise UserError(f"--decode-tokens {args.decode_tokens} is too few to time decode steps; "
@@ -247,7 +248,9 @@ def run(args) -> int:
     result = BenchResult(args.model, engine.backend.name, info.name, bw, source, cold,
                          args.decode_tokens, cells, baselines,
                          per_rank=args.tensor_parallel_size if parallel else 0,
-                         matmul=describe() if callable(describe) else "")
+                         matmul=describe() if callable(describe) else "",
+                         shape=shape_note(args.model, config) if config else "",
+                         kv=kv_note(getattr(engine, "kv_config", None)))
     print(report.to_text(result))
     from atlas_core.bench.vision import measure_vision, takes_images
     if takes_images(engine.model):
