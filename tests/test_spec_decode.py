@@ -272,3 +272,33 @@ def test_speculation_refuses_a_recurrent_layer_that_cannot_roll_back():
         prepare_model(SimpleNamespace(layers=[Attn(), LegacyMamba()]), config)
     prepare_model(SimpleNamespace(layers=[Attn(), Verifying()]), config)
     prepare_model(SimpleNamespace(layers=[LegacyMamba()]), None)
+
+
+def test_speculative_flag_asks_the_family_loader_for_a_real_head(tmp_path):
+    """``--speculative`` takes ``mtp`` only for a checkpoint whose loader attaches an MTP head:
+    Qwen3.5 with ``mtp.*`` tensors; not for a config that declares MTP layers without them,
+    nor for DeepSeek-V3's ``num_nextn_predict_layers`` (its loader skips that head)."""
+    import argparse
+    import json
+
+    from atlas_core.cli._speculative import add_speculative_arguments, has_mtp_layers
+    from atlas_core.plugins import Registry
+    from atlas_core.testing.mtp_heads import add_mtp_head
+    registry = Registry()
+    if "Qwen3_5ForCausalLM" not in registry.names("weight_loaders"):
+        pytest.skip("atlas-qwen35 is not installed")
+    parser = argparse.ArgumentParser()
+    add_speculative_arguments(parser)
+    arch = "Qwen3_5ForCausalLM"
+    with_head = write_tiny_checkpoint(arch, tmp_path / "head", registry=registry)
+    add_mtp_head(with_head, arch, registry.create("weight_loaders", arch, registry=registry))
+    assert has_mtp_layers(str(with_head))
+    without = write_tiny_checkpoint(arch, tmp_path / "declared", registry=registry)
+    config = json.loads((without / "config.json").read_text())
+    (without / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    assert not has_mtp_layers(str(without))
+    if "DeepseekV3ForCausalLM" in registry.names("weight_loaders"):
+        deepseek = write_tiny_checkpoint("DeepseekV3ForCausalLM", tmp_path / "ds",
+                                         registry=registry, num_nextn_predict_layers=1)
+        assert not has_mtp_layers(str(deepseek))
+    assert not has_mtp_layers(str(tmp_path / "nowhere"))
