@@ -371,21 +371,12 @@ def main() -> None:
     from atlas_core.ops._dtypes import bfloat16
     from atlas_cuda.backend import CudaBackend
     be = CudaBackend()
-    if "--rope-attention" in sys.argv:
-        rope_attention(be, bfloat16)
-        return
-    if "--mma-splits" in sys.argv:
-        mma_splits(be, bfloat16)
-        return
-    if "--odd-groups" in sys.argv:
-        odd_groups(be, bfloat16)
-        return
-    if "--merge" in sys.argv:
-        merge(be, bfloat16)
-        return
-    if "--gemma-full" in sys.argv:
-        gemma_full(be, bfloat16)
-        return
+    sections = {"--rope-attention": rope_attention, "--mma-splits": mma_splits,
+                "--odd-groups": odd_groups, "--merge": merge, "--gemma-full": gemma_full}
+    for flag, section in sections.items():
+        if flag in sys.argv:
+            section(be, bfloat16)
+            return
     attention(be, bfloat16)
     sweep(be, bfloat16)
     rope(be, bfloat16)

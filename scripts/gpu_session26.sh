@@ -20,45 +20,15 @@
 #           million-token prefill)
 #   part b (2 x H200): the peer-memory all-reduce's `ll` protocol (written in session 21, never
 #           run): the collectives test under each mode, then allreduce_bench.py
-# Run with carry [".whl", "dev"] as the command itself (no `| tail`). At most 8 files come back:
-# everything goes to $OUT/session.log (also stdout), step logs to $OUT/logs.tgz and bench JSONs
-# to $OUT/json.tgz, both rewritten as each step ends.
+# Run with carry [".whl", "dev"] as the command itself (no `| tail`); the logs and JSONs come
+# back as scripts/gpu_lib.sh says.
 set -uo pipefail
 part=${1:?usage: gpu_session26.sh a|b|c1|c2|d}
 OUT=${OUT:-$PWD/s26_out}
 LOGS=/tmp/s26_logs
-mkdir -p "$OUT" "$LOGS/json"
-exec > >(tee -a "$OUT/session.log") 2>&1
-pack() { tar czf "$OUT/logs.tgz" -C "$LOGS" --exclude json . 2>/dev/null
-         tar czf "$OUT/json.tgz" -C "$LOGS/json" . 2>/dev/null; }
-export PYTHONUNBUFFERED=1 ATLAS_CACHE_DIR=${ATLAS_CACHE_DIR:-/tmp/atlas-cache}
-[[ -d dev/real-models ]] && export ATLAS_FIXTURES_DIR=$PWD/dev/real-models
-T0=$SECONDS
-el() { echo "[+$((SECONDS - T0))s] $*"; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl >"$LOGS/wheels.log" 2>&1 || tail -3 "$LOGS/wheels.log"
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/atlas-cuda \
-  -e plugins/atlas-hopper -e plugins/atlas-qwen3 -e plugins/atlas-qwen35 -e plugins/atlas-gemma4 \
-  -e plugins/atlas-nemotron-h -e plugins/atlas-nccl >"$LOGS/install.log" 2>&1 || { tail "$LOGS/install.log"; exit 1; }
-el installed
-tests() {  # TAG SECONDS PYTEST-ARGS...
-  local tag=$1 secs=$2; shift 2
-  timeout -s INT "$secs" python3 -m pytest -q -m gpu -p no:cacheprovider -rf "$@" \
-    >"$LOGS/tests-$tag.log" 2>&1
-  el "tests $tag: $(tail -1 "$LOGS/tests-$tag.log")"
-  grep -E "^FAILED|^ERROR|Interrupt" "$LOGS/tests-$tag.log" | head -12
-  pack
-}
-bench() {  # TAG SECONDS SHAPE BATCHES CONTEXTS [EXTRA-ARGS...]
-  local tag=$1 secs=$2 shape=$3 batches=$4 contexts=$5; shift 5
-  timeout -s INT "$secs" python3 -m atlas_core bench --model "$shape" --backend cuda \
-    --batch "$batches" --context "$contexts" --decode-tokens 32 --max-prefill-tokens 4096 \
-    --gpu-memory-utilization 0.9 --json "$LOGS/json/$tag.json" "$@" >"$LOGS/bench-$tag.log" 2>&1
-  el "$tag: exit $?"
-  grep -E "^ +[0-9]+ \| +[0-9]+ \||failed|rror|baseline|x hf" "$LOGS/bench-$tag.log" | head -16
-  pack
-}
+PLUGINS="atlas-cuda atlas-hopper atlas-qwen3 atlas-qwen35 atlas-gemma4 atlas-nemotron-h atlas-nccl"
+# shellcheck source=scripts/gpu_lib.sh
+source scripts/gpu_lib.sh
 case $part in
 a)
   tests narrow 120 plugins/atlas-cuda/tests/test_narrow_graphs_cuda.py \

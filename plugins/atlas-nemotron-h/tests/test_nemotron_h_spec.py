@@ -44,6 +44,13 @@ def run(engine, params, plain=None, wrong_rate=0.35):
     return {rid: out.outputs[0].token_ids for rid, out in run_to_completion(engine).items()}
 
 
+def plain_outputs(model_dir, params):
+    engine = make_engine(model_dir)
+    for i, p in enumerate(prompts()):
+        engine.add_request(f"r{i}", p, params)
+    return run_to_completion(engine)
+
+
 def _freed(engine):
     bm = engine.block_manager
     return bm.num_free_blocks == bm.num_blocks
@@ -61,10 +68,7 @@ def test_ngram_speculation_keeps_plain_greedy_tokens(model_dir):
 @pytest.mark.parametrize("wrong_rate", [0.35, 1.0])
 def test_scripted_drafts_with_rejections_keep_plain_tokens(model_dir, wrong_rate):
     params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
-    plain_engine = make_engine(model_dir)
-    for i, p in enumerate(prompts()):
-        plain_engine.add_request(f"r{i}", p, params)
-    plain = run_to_completion(plain_engine)
+    plain = plain_outputs(model_dir, params)
     want = {rid: out.outputs[0].token_ids for rid, out in plain.items()}
     engine = make_engine(model_dir, NGRAM)
     assert run(engine, params, plain, wrong_rate) == want
@@ -74,10 +78,7 @@ def test_scripted_drafts_with_rejections_keep_plain_tokens(model_dir, wrong_rate
 
 def test_verify_steps_replayed_from_graphs_keep_plain_tokens(model_dir):
     params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
-    plain_engine = make_engine(model_dir)
-    for i, p in enumerate(prompts()):
-        plain_engine.add_request(f"r{i}", p, params)
-    plain = run_to_completion(plain_engine)
+    plain = plain_outputs(model_dir, params)
     want = {rid: out.outputs[0].token_ids for rid, out in plain.items()}
     spec = {**NGRAM, "verify_graphs": True, "disable_by_batch_size": 4}
     engine = make_engine(model_dir, spec, backend="mock")
