@@ -22,6 +22,10 @@ def _collectives(rank, port, out):
         "scatter": comm.reduce_scatter(np.arange(4, dtype=np.float32) + rank),
         "a2a": comm.all_to_all([np.array([10 * rank + d]) for d in range(2)]),
     }
+    # all-to-all-v: rank r sends rank d (r + d) rows of value 10 r + d, two columns
+    send = [np.full((rank + d, 2), 10 * rank + d, np.int32) for d in range(2)]
+    results["a2av_rows"] = comm.all_to_all_rows([len(a) for a in send])
+    results["a2av"] = comm.all_to_all(send, results["a2av_rows"])
     if rank == 0:
         comm.send(np.array([7.0]), 1)
     else:
@@ -72,6 +76,9 @@ def test_collectives_across_two_processes(store):
         np.testing.assert_array_equal(r["gather"], [[0, 0], [1, 1]])
         np.testing.assert_array_equal(r["scatter"], (2 * np.arange(4) + 1)[2 * rank:2 * rank + 2])
         assert [int(a[0]) for a in r["a2a"]] == [rank, 10 + rank]
+        assert r["a2av_rows"] == [rank, 1 + rank]
+        for src, part in enumerate(r["a2av"]):
+            np.testing.assert_array_equal(part, np.full((src + rank, 2), 10 * src + rank))
     np.testing.assert_array_equal(got[1]["recv"], [7.0])
 
 
@@ -95,6 +102,7 @@ def test_cpu_comm_is_registered_and_single_rank_is_identity():
         CpuComm(0, 2)
     with pytest.raises(ValueError, match="unsupported all_reduce op 'avg'"):
         comm.all_reduce(x, "avg")
+    assert comm.all_to_all_rows([3]) == [3]
 
 
 class TestCpuCommContract(CommBackendContract):

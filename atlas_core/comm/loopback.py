@@ -36,8 +36,14 @@ class LoopbackComm(CommBackend):
     def all_gather(self, array: Any, axis: int = 0) -> Any:
         return array
 
-    def all_to_all(self, arrays: list[Any]) -> list[Any]:
+    def all_to_all(self, arrays: list[Any], recv_rows: list[int] | None = None) -> list[Any]:
         if len(arrays) != self.world_size:
             raise ValueError(f"all_to_all needs one array per rank ({self.world_size}), "
                              f"got {len(arrays)}")
+        if recv_rows is not None and list(recv_rows) != [arrays[0].shape[0]]:
+            raise ValueError(f"all_to_all: recv_rows {list(recv_rows)} but this rank sends "
+                             f"itself {arrays[0].shape[0]} rows")
         return list(arrays)
+
+    def all_to_all_rows(self, send_rows: list[int]) -> list[int]:
+        return [int(n) for n in send_rows]

@@ -29,9 +29,20 @@ class CommBackend(ABC):
         """Optional. Reduce ``array`` ``[world_size * n, ...]``; return this rank's ``n`` rows."""
         raise NotImplementedError(f"{type(self).__name__} does not implement reduce_scatter")
 
-    def all_to_all(self, arrays: list[Any]) -> list[Any]:
-        """Optional. Send ``arrays[r]`` to rank r; return what each rank sent here."""
+    def all_to_all(self, arrays: list[Any], recv_rows: list[int] | None = None) -> list[Any]:
+        """Optional. Send ``arrays[r]`` to rank r; return what each rank sent here.
+
+        Without ``recv_rows`` every rank sends every peer arrays of one shape. With it
+        (all-to-all-v) the arrays may differ in their first dimension (the rest of the shape
+        and the dtype are every array's) and ``recv_rows[r]`` is how many rows rank r sends
+        here (:meth:`all_to_all_rows` exchanges them)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement all_to_all")
+
+    def all_to_all_rows(self, send_rows: list[int]) -> list[int]:
+        """Optional. The rows each rank sends here, given ``send_rows[r]``, the rows this rank
+        sends rank r (an all-to-all of the counts; a host sync, so not inside a captured
+        graph): the ``recv_rows`` of :meth:`all_to_all`."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement all_to_all_rows")
 
     def send(self, array: Any, dst: int) -> None:
         """Optional. Point-to-point send."""

@@ -144,12 +144,22 @@ class CpuComm(CommBackend):
         total = self.all_reduce(np.array(array), op)
         return total[self.rank * n:(self.rank + 1) * n]
 
-    def all_to_all(self, arrays: list[Any]) -> list[Any]:
+    def all_to_all(self, arrays: list[Any], recv_rows: list[int] | None = None) -> list[Any]:
+        """Any shapes go through (pickled arrays); ``recv_rows`` is checked against them."""
         if len(arrays) != self.world_size:
             raise ValueError(f"all_to_all needs one array per rank ({self.world_size}), "
                              f"got {len(arrays)}")
         got = self._exchange({p: arrays[p] for p in self._peers})
-        return [arrays[r] if r == self.rank else got[r] for r in range(self.world_size)]
+        out = [arrays[r] if r == self.rank else got[r] for r in range(self.world_size)]
+        if recv_rows is not None and [len(a) for a in out] != [int(n) for n in recv_rows]:
+            raise ValueError(f"rank {self.rank}: all_to_all recv_rows {list(recv_rows)}, but the "
+                             f"ranks sent {[len(a) for a in out]} rows")
+        return out
+
+    def all_to_all_rows(self, send_rows: list[int]) -> list[int]:
+        got = self._exchange({p: np.array([send_rows[p]], np.int64) for p in self._peers})
+        return [int(send_rows[r]) if r == self.rank else int(got[r][0])
+                for r in range(self.world_size)]
 
     def send(self, array: Any, dst: int) -> None:
         self._peers[dst].outbox.put(np.array(array))

@@ -171,6 +171,14 @@ class CommBackendContract:
             pytest.skip("all_to_all is optional")
         assert len(out) == 1
         np.testing.assert_array_equal(backend.to_host(out[0]), host)
+        rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+        try:
+            counts = comm.all_to_all_rows([3])
+            out = comm.all_to_all([backend.from_host(rows)], counts)
+        except NotImplementedError:
+            return  # all-to-all-v is optional too
+        assert counts == [3]
+        np.testing.assert_array_equal(backend.to_host(out[0]), rows)
 
     def test_barrier(self, comm):
         comm.barrier()

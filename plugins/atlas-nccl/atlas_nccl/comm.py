@@ -170,20 +170,41 @@ class NcclComm(CommBackend):
                                self._handle, self.backend.stream)
         return out
 
-    def all_to_all(self, arrays: list[Any]) -> list[Any]:
-        """Send ``arrays[r]`` to rank r (equal shapes); returns what each rank sent here."""
+    def all_to_all(self, arrays: list[Any], recv_rows: list[int] | None = None) -> list[Any]:
+        """Send ``arrays[r]`` to rank r; returns what each rank sent here: arrays of the shape
+        sent (every rank sending one shape), or with ``recv_rows`` (all-to-all-v) of
+        ``recv_rows[r]`` rows and the sent arrays' other dimensions. One NCCL group of a send
+        and a receive a peer (empty ones left out, on both sides alike), on the backend stream:
+        capturable in a graph."""
         if len(arrays) != self.world_size:
             raise ValueError(f"all_to_all needs one array per rank ({self.world_size}), "
                              f"got {len(arrays)}")
-        got = [self._out(a.shape, a.dtype) for a in arrays]
+        if recv_rows is None:
+            got = [self._out(a.shape, a.dtype) for a in arrays]
+        else:
+            rest, dtype = tuple(arrays[0].shape[1:]), arrays[0].dtype
+            if any(tuple(a.shape[1:]) != rest or np.dtype(a.dtype) != np.dtype(dtype)
+                   for a in arrays) or len(recv_rows) != self.world_size:
+                raise ValueError("all_to_all with recv_rows: one row shape and dtype for every "
+                                 f"array and one count a rank (got shapes "
+                                 f"{[tuple(a.shape) for a in arrays]}, recv_rows {recv_rows})")
+            got = [self._out((int(n), *rest), dtype) for n in recv_rows]
         self._b.group_start()
         for peer, (send, recv) in enumerate(zip(arrays, got)):
-            self._b.send(send.ptr, send.size, self._dtype(send), peer, self._handle,
-                         self.backend.stream)
-            self._b.recv(recv.ptr, recv.size, self._dtype(recv), peer, self._handle,
-                         self.backend.stream)
+            if send.size:
+                self._b.send(send.ptr, send.size, self._dtype(send), peer, self._handle,
+                             self.backend.stream)
+            if recv.size:
+                self._b.recv(recv.ptr, recv.size, self._dtype(recv), peer, self._handle,
+                             self.backend.stream)
         self._b.group_end()
         return got
+
+    def all_to_all_rows(self, send_rows: list[int]) -> list[int]:
+        """The rows each rank sends here (an all-to-all of int64 counts, then a host sync)."""
+        counts = [self.backend.from_host(np.array([n], np.int64)) for n in send_rows]
+        got = self.all_to_all(counts)
+        return [int(self.backend.to_host(g)[0]) for g in got]
 
     def send(self, array: Any, dst: int) -> None:
         self._b.send(array.ptr, array.size, self._dtype(array), dst, self._handle,

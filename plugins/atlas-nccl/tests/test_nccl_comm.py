@@ -138,6 +138,21 @@ def test_collectives_pass_raw_pointers_on_the_backend_stream(fake_nccl):
     assert [g.shape for g in got] == [(2,), (2,)]
 
 
+def test_all_to_all_v_sizes_each_receive_and_skips_empty_pairs(fake_nccl):
+    """recv_rows: each receive buffer has the rows the peer sends; a pair with nothing to send
+    or receive issues no NCCL call (both sides skip it alike)."""
+    comm = NcclComm(0, 2, store=_Store(), backend=_Backend())
+    fake_nccl.calls.clear()
+    send = [_Array((0, 4), bfloat16), _Array((3, 4), bfloat16)]
+    got = comm.all_to_all(send, recv_rows=[0, 5])
+    assert [g.shape for g in got] == [(0, 4), (5, 4)]
+    assert [c[0] for c in fake_nccl.calls] == ["group_start", "send", "recv", "group_end"]
+    assert fake_nccl.calls[1][1:5] == (send[1].ptr, 12, _DataType.BFLOAT16, 1)
+    assert fake_nccl.calls[2][1:5] == (got[1].ptr, 20, _DataType.BFLOAT16, 1)
+    with pytest.raises(ValueError, match="one row shape and dtype for every array"):
+        comm.all_to_all([_Array((1, 4)), _Array((1, 3))], recv_rows=[1, 1])
+
+
 def test_bad_requests_say_what_to_do(fake_nccl):
     comm = NcclComm(0, 2, store=_Store(), backend=_Backend())
     with pytest.raises(ValueError, match="axis 0 only"):

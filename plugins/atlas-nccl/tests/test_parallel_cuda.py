@@ -89,6 +89,15 @@ def _rank(rank, root, out):
     replayed = backend.to_host(y).astype(np.float32)
     used_p2p = comm._p2p is not None
     failures, digests = _p2p_both_modes(backend, comm, rank) if used_p2p else ([], {})
+    # all-to-all-v: rank r sends rank d (r + d + 1) rows of 10 r + d; the counts exchanged first
+    send = [backend.from_host(np.full((rank + d + 1, 3), 10 * rank + d, np.float32))
+            for d in range(2)]
+    rows = comm.all_to_all_rows([rank + d + 1 for d in range(2)])
+    parts = [backend.to_host(a) for a in comm.all_to_all(send, rows)]
+    if rows != [rank + 1, rank + 2] or any(
+            not np.array_equal(p, np.full((src + rank + 1, 3), 10 * src + rank))
+            for src, p in enumerate(parts)):
+        failures.append(f"all-to-all-v: rows {rows}, parts {[p.shape for p in parts]}")
     big = backend.from_host(np.full((600, 1024), rank + 1, np.float32))  # 2.4 MB: NCCL
     calls = comm._p2p.calls if used_p2p else -1
     comm.all_reduce(big)
