@@ -19,7 +19,8 @@
 #           batch 1 / 8 / 32 at 1k beside HF eager, and at 32k (batch 32 at 32k never ran: a
 #           million-token prefill)
 #   part b (2 x H200): the peer-memory all-reduce's `ll` protocol (written in session 21, never
-#           run): the collectives test under each mode, then allreduce_bench.py
+#           run) and all-to-all-v (session 25): the two-GPU collectives test (every protocol bit
+#           for bit, eager and in graphs), then allreduce_bench.py
 # Run with carry [".whl", "dev"] as the command itself (no `| tail`); the logs and JSONs come
 # back as scripts/gpu_lib.sh says.
 set -uo pipefail
@@ -60,10 +61,8 @@ d)
   bench nem-32k 330 nemotron-3-nano-30b-a3b 1,8,32 32768
   ;;
 b)
-  for mode in push ll; do
-    ATLAS_P2P_ALLREDUCE_MODE=$mode tests "collectives-$mode" 150 \
-      plugins/atlas-nccl/tests/test_nccl_comm.py
-  done
+  # pull / push / ll bit for bit, eager and in graphs, and all-to-all-v (session 25)
+  tests collectives 240 plugins/atlas-nccl/tests/test_parallel_cuda.py -k "collectives"
   timeout 200 python3 scripts/allreduce_bench.py -n 2 >"$LOGS/allreduce.log" 2>&1
   el "allreduce bench: exit $?"; grep "|" "$LOGS/allreduce.log"; pack
   ;;
