@@ -6,25 +6,18 @@ Slow (three servers start): marked ``slow``."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.serving import free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
 
 REQUEST = {"prompt": "hello world", "max_tokens": 8, "temperature": 0}
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(path, port, *flags, env=None):
@@ -36,18 +29,8 @@ def _serve(path, port, *flags, env=None):
 
 
 def _text(server, port):
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert server.poll() is None, server.stdout.read()
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server did not become healthy"
-        time.sleep(0.5)
-    reply = httpx.post(f"{url}/v1/completions", json=REQUEST, timeout=60)
+    wait_healthy(server, port)
+    reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=REQUEST, timeout=60)
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["text"]
 
@@ -65,7 +48,7 @@ def _stop(front, others):
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     path = write_tiny_checkpoint("Qwen3ForCausalLM", tmp_path_factory.mktemp("nodes") / "m")
-    port = _free_port()
+    port = free_port()
     single = _serve(path, port)
     try:
         text = _text(single, port)
@@ -76,10 +59,10 @@ def model(tmp_path_factory):
 
 def test_two_nodes_by_flags(model):
     path, want = model
-    port, master = _free_port(), _free_port()
+    port, master = free_port(), free_port()
     common = ["-tp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port",
               str(master), "--distributed-timeout", "60"]
-    node1 = _serve(path, _free_port(), *common, "--node-rank", "1")
+    node1 = _serve(path, free_port(), *common, "--node-rank", "1")
     node0 = _serve(path, port, *common, "--node-rank", "0")
     try:
         assert _text(node0, port) == want
@@ -89,7 +72,7 @@ def test_two_nodes_by_flags(model):
 
 def test_two_ranks_by_torchrun_environment(model):
     path, want = model
-    port, master = _free_port(), _free_port()
+    port, master = free_port(), free_port()
     env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(master)}
     rank1 = _serve(path, port, "--distributed-timeout", "60",

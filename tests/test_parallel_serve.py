@@ -4,7 +4,6 @@ worker process is left behind. Slow (a server and two workers start): marked ``s
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ import httpx
 import pytest
 
 from atlas_core.testing.checkpoints import write_tiny_checkpoint
+from atlas_core.testing.serving import free_port, wait_healthy
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children(pid):
@@ -40,23 +34,14 @@ def _is_worker(pid):
 
 def test_killed_worker_fails_the_request_and_the_server_exits(tmp_path):
     path = write_tiny_checkpoint("Qwen3ForCausalLM", tmp_path / "model")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "atlas_core", "serve", str(path),
                                "--backend", "numpy", "-tp", "2", "--port", str(port),
                                "--num-kv-blocks", "64", "--distributed-timeout", "60"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the server did not become healthy"
-            time.sleep(0.5)
+        wait_healthy(server, port)
         workers = [p for p in _children(server.pid) if _is_worker(p)]
         assert len(workers) == 2
         body = {"model": str(path), "prompt": "hello", "max_tokens": 400, "stream": True,

@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from atlas_core.testing.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -66,12 +67,6 @@ def _commands(block: str) -> list[str]:
 
 def _skip_reason(command: str) -> str | None:
     return next((reason for pattern, reason in SKIPPED if re.search(pattern, command)), None)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env(tmp_path: Path, port: int) -> dict:
@@ -130,7 +125,7 @@ def test_readme_has_the_commands_this_test_knows():
 
 
 def test_readme_bash_commands(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = _env(tmp_path, port)
     server, skipped, ran = None, [], []
     try:

@@ -12,12 +12,18 @@ A plugin's serve test runs two kinds of engine behind :func:`serve`:
 Both use the same conversation: :data:`USER` asks for the weather in Paris, :data:`WEATHER` is
 the tool, :data:`TOOL_RESULT` the tool's answer. ``openai`` (a dev dependency) is imported only
 by :func:`openai_client`; tests should ``pytest.importorskip("openai")`` first.
+
+For tests that start ``atlas serve`` as a subprocess: :func:`free_port` and
+:func:`wait_healthy`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import time
+import urllib.request
 from typing import Any, Iterator
 
 #: The ``city`` argument's schema: a forced call must pick one of these.
@@ -32,6 +38,34 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 THOUGHT, CONTENT, ANSWER = "Need the weather tool.", "Checking.", "It is sunny in Paris."
 #: The tool result sent back in the second request.
 TOOL_RESULT = "sunny, 24 C"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(proc: Any, port: int, timeout: float = 120.0) -> None:
+    """Wait until the server subprocess ``proc`` answers ``GET /health`` with 200 on ``port``.
+
+    Raises:
+        AssertionError: it exited first (with its output when captured) or ``timeout`` passed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if getattr(proc, "stdout", None) else ""
+            raise AssertionError(f"the server exited ({proc.returncode}): {out}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the server did not become healthy in {timeout} s")
+        time.sleep(0.3)
 
 
 @contextlib.contextmanager
