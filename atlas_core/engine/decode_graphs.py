@@ -92,6 +92,11 @@ class DecodeGraphsMixin:
         keys = sched.scheduled[0].start + 1
         return next((w for w in self.narrow_tables if keys <= w), 0)
 
+    def _narrow_skip(self, width: int) -> tuple[str, ...]:
+        """The full-width tables a step on the narrow graph of ``width`` does not read (so
+        not uploaded: a 40k-token server's row is 10 KB a step)."""
+        return tuple(self.narrow_tables[width][0]) if width else ()
+
     def _narrow_upload(self, width: int, copies: list) -> None:
         """Append the narrow tables' upload (the first ``width`` tokens' blocks of row 0)."""
         host, dev = self.narrow_tables[width]
@@ -107,7 +112,7 @@ class DecodeGraphsMixin:
         self._ensure_graph(bucket)
         self._fill(sched, rows_of, bucket)
         copies: list = []
-        self._upload(bucket, bucket, bucket, copies)
+        self._upload(bucket, bucket, bucket, copies, skip=self._narrow_skip(width))
         if width:
             self._narrow_upload(width, copies)
         self.sampler.upload_params(rows, bucket, copies=copies)

@@ -178,7 +178,8 @@ class ModelRunner(DecodeGraphsMixin):
         self._ensure_graph(bucket)
         self._fill_decode(sched, bucket, chained=prev is not None)
         copies: list = []
-        self._upload(bucket, bucket, bucket, copies, device_ids=batch if prev is not None else 0)
+        self._upload(bucket, bucket, bucket, copies, device_ids=batch if prev is not None else 0,
+                     skip=self._narrow_skip(width))
         if width:
             self._narrow_upload(width, copies)
         self.sampler.upload_params(rows, bucket, ahead=int(prev is not None), copies=copies)
@@ -300,10 +301,12 @@ class ModelRunner(DecodeGraphsMixin):
             self._table_owner[b] = None
 
     def _upload(self, num_tokens: int, num_seqs: int, num_rows: int,
-                copies: list | None = None, device_ids: int = 0) -> dict:
+                copies: list | None = None, device_ids: int = 0,
+                skip: tuple[str, ...] = ()) -> dict:
         """Device views of the step's inputs, copied from the host buffers now or, given
         ``copies``, appended there as ``(device, host)`` pairs for one ``copy_many``; the first
-        ``device_ids`` input ids are left out (a chained step copies them on the device)."""
+        ``device_ids`` input ids are left out (a chained step copies them on the device), and
+        the buffers named in ``skip`` (a narrow decode graph's tables, uploaded apart)."""
         sizes = {"input_ids": num_tokens, "positions": num_tokens, "slot_mapping": num_tokens,
                  "cu_seqlens_q": num_seqs + 1, "seq_lens": num_seqs, "block_tables": num_seqs,
                  "logits_indices": num_rows, "state_indices": num_seqs}
@@ -312,7 +315,7 @@ class ModelRunner(DecodeGraphsMixin):
         views = {name: self.device[name][:n] for name, n in sizes.items()}
         pairs = [(self.device[name][device_ids if name == "input_ids" else 0:n],
                   self.host[name][device_ids if name == "input_ids" else 0:n])
-                 for name, n in sizes.items()]
+                 for name, n in sizes.items() if name not in skip]
         if copies is None:
             self.backend.copy_many(pairs)
         else:
